@@ -1,0 +1,1 @@
+//! api (work in progress)

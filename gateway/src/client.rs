@@ -1,0 +1,1 @@
+//! client (work in progress)

@@ -1,0 +1,1 @@
+//! demo (work in progress)

@@ -1,0 +1,1 @@
+//! server (work in progress)

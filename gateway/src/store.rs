@@ -1,0 +1,1 @@
+//! store (work in progress)

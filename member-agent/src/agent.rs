@@ -1,0 +1,1 @@
+//! agent (work in progress)

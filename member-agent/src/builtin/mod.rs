@@ -1,0 +1,1 @@
+//! builtin scheduler (work in progress)

@@ -1,0 +1,1 @@
+//! Conversions between wire (`pb`) and domain types. Filled in below.

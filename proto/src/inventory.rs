@@ -1,0 +1,187 @@
+//! What a member cluster reports about itself: identity, node shapes with their free resources,
+//! and queue pressure.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Owned clusters are paid for already; cloud clusters cost money per GPU-hour and are burst
+/// targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// On-prem or reserved capacity.
+    Owned,
+    /// Pay-as-you-go capacity used only for bursting.
+    Cloud,
+}
+
+/// The local scheduler a member cluster runs jobs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Meridian's own gang + fair-share scheduler over declared nodes.
+    Builtin,
+    /// A Slurm controller (sbatch/squeue/scancel).
+    Slurm,
+    /// Kubernetes with Volcano or Kueue.
+    Kubernetes,
+}
+
+/// A member cluster's identity and terms, sent once per connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterInfo {
+    /// Unique cluster name.
+    pub name: String,
+    /// Region the cluster sits in (matches region names in the gateway's network table).
+    pub region: String,
+    /// Owned or cloud.
+    pub tier: Tier,
+    /// Local scheduler.
+    pub backend: BackendKind,
+    /// US$ per GPU-hour by GPU type (owned clusters: the internal charge-back rate).
+    pub prices: BTreeMap<String, f64>,
+    /// Whether payloads with a container image can run.
+    pub supports_containers: bool,
+    /// Whether payloads with only a command (no image) can run.
+    pub supports_bare_commands: bool,
+}
+
+impl ClusterInfo {
+    /// Price of one GPU-hour of `gpu_type`, 0 when the cluster names none.
+    pub fn price(&self, gpu_type: &str) -> f64 {
+        self.prices.get(gpu_type).copied().unwrap_or(0.0)
+    }
+}
+
+/// Free resources of one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFree {
+    /// Free GPUs.
+    pub gpus: u32,
+    /// Free CPU cores.
+    pub cpu: u32,
+    /// Free host memory in GiB.
+    #[serde(rename = "memoryGiB")]
+    pub memory_gib: u32,
+}
+
+impl NodeFree {
+    /// How many replicas needing `gpus`/`cpu`/`memory_gib` each fit on this node at once.
+    /// A replica never spans nodes; a request of 0 of a resource does not limit the count.
+    pub fn replicas_fitting(&self, gpus: u32, cpu: u32, memory_gib: u32) -> u32 {
+        let by = |free: u32, need: u32| if need == 0 { u32::MAX } else { free / need };
+        by(self.gpus, gpus).min(by(self.cpu, cpu)).min(by(self.memory_gib, memory_gib))
+    }
+}
+
+/// A group of identical nodes, with each node's free resources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeShape {
+    /// Shape name (`dgx-h100`).
+    pub name: String,
+    /// GPU type of every node of the shape.
+    pub gpu_type: String,
+    /// Memory per GPU in GiB.
+    #[serde(rename = "gpuMemoryGiB")]
+    pub gpu_memory_gib: u32,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// CPU cores per node.
+    pub cpu_per_node: u32,
+    /// Host memory per node in GiB.
+    #[serde(rename = "memoryGiBPerNode")]
+    pub memory_gib_per_node: u32,
+    /// One entry per node: what is free on it now.
+    pub free: Vec<NodeFree>,
+}
+
+impl NodeShape {
+    /// Number of nodes of this shape.
+    pub fn node_count(&self) -> u32 {
+        u32::try_from(self.free.len()).unwrap_or(u32::MAX)
+    }
+
+    /// All GPUs of the shape.
+    pub fn gpus_total(&self) -> u32 {
+        self.gpus_per_node.saturating_mul(self.node_count())
+    }
+
+    /// Free GPUs summed over nodes (for display; placement counts per node).
+    pub fn gpus_free(&self) -> u32 {
+        self.free.iter().map(|n| n.gpus).sum()
+    }
+}
+
+/// Everything a cluster has, by node shape.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inventory {
+    /// Node shapes.
+    pub shapes: Vec<NodeShape>,
+}
+
+impl Inventory {
+    /// All GPUs of the cluster.
+    pub fn gpus_total(&self) -> u32 {
+        self.shapes.iter().map(NodeShape::gpus_total).sum()
+    }
+
+    /// Free GPUs summed over nodes.
+    pub fn gpus_free(&self) -> u32 {
+        self.shapes.iter().map(NodeShape::gpus_free).sum()
+    }
+}
+
+/// Load of one local queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueLoad {
+    /// Queue name.
+    pub queue: String,
+    /// Fair-share weight.
+    pub weight: f64,
+    /// Jobs waiting.
+    pub pending_jobs: u32,
+    /// GPUs the waiting jobs need.
+    pub pending_gpus: u32,
+    /// GPUs held by running jobs.
+    pub running_gpus: u32,
+}
+
+/// GPUs that running jobs are expected to give back `after_secs` from the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRelease {
+    /// Seconds from the report.
+    pub after_secs: u64,
+    /// GPUs freed then.
+    pub gpus: u32,
+}
+
+/// How busy the cluster's own queues are.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuePressure {
+    /// Per local queue.
+    pub queues: Vec<QueueLoad>,
+    /// Expected GPU releases of running jobs, ascending by time.
+    pub releases: Vec<GpuRelease>,
+    /// The agent's own estimate of how long a newly queued job waits.
+    pub estimated_wait_secs: u64,
+}
+
+impl QueuePressure {
+    /// GPUs wanted by jobs already waiting in the cluster's local queues.
+    pub fn pending_gpus(&self) -> u32 {
+        self.queues.iter().map(|q| q.pending_gpus).sum()
+    }
+
+    /// Jobs waiting in the cluster's local queues.
+    pub fn pending_jobs(&self) -> u32 {
+        self.queues.iter().map(|q| q.pending_jobs).sum()
+    }
+}

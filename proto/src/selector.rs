@@ -1,0 +1,1 @@
+//! Label selectors (`project=llm,type!=eval`). Filled in below.

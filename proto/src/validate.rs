@@ -1,0 +1,396 @@
+//! Turning submitted text into a valid [`JobSpec`], with every error naming its field path.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::gpu::GpuCatalog;
+use crate::spec::{BurstPolicy, JobSpec};
+
+/// Largest accepted spec text. Larger bodies are refused before parsing.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+/// Most replicas one gang may have.
+pub const MAX_REPLICAS: u32 = 4_096;
+/// Most GPUs one replica (one node) may ask for.
+pub const MAX_GPUS_PER_REPLICA: u32 = 64;
+/// Longest accepted run-time estimate or limit (one year).
+pub const MAX_RUNTIME_SECS: u64 = 365 * 86_400;
+/// Longest accepted `placement.burst.after` (30 days).
+pub const MAX_BURST_AFTER_SECS: u64 = 30 * 86_400;
+/// Largest accepted dataset (10 PiB, in GiB).
+pub const MAX_DATA_GIB: f64 = 10.0 * 1024.0 * 1024.0;
+/// Longest name, tenant, label key or label value.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// Dotted path such as `gang.resources.gpus` or `data[1].region`.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// Why a spec was refused. Every variant can name the field (or the place) at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The body is larger than [`MAX_SPEC_BYTES`].
+    #[error("spec is {size} bytes; the limit is {limit} bytes")]
+    TooLarge {
+        /// Bytes received.
+        size: usize,
+        /// Bytes allowed.
+        limit: usize,
+    },
+    /// The text is not well-formed YAML or JSON.
+    #[error("spec is not valid {format}: {message}")]
+    Syntax {
+        /// `YAML` or `JSON`.
+        format: &'static str,
+        /// The parser's message, with line and column where it gives them.
+        message: String,
+    },
+    /// Well-formed, but fields are wrong.
+    #[error("{}", join(.0))]
+    Invalid(Vec<FieldError>),
+}
+
+impl SpecError {
+    /// The field errors (a single pseudo-field `spec` for size and syntax errors).
+    pub fn field_errors(&self) -> Vec<FieldError> {
+        match self {
+            SpecError::Invalid(errors) => errors.clone(),
+            other => vec![FieldError { field: "spec".into(), reason: other.to_string() }],
+        }
+    }
+}
+
+fn join(errors: &[FieldError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Parses YAML or JSON (JSON when the first non-blank character is `{`) into a spec, then
+/// validates it. Unknown fields, wrong types and invalid values all come back with field paths.
+pub fn parse_job_spec(text: &str, catalog: &GpuCatalog) -> Result<JobSpec, SpecError> {
+    if text.len() > MAX_SPEC_BYTES {
+        return Err(SpecError::TooLarge { size: text.len(), limit: MAX_SPEC_BYTES });
+    }
+    let value: serde_json::Value = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| SpecError::Syntax { format: "JSON", message: e.to_string() })?
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| SpecError::Syntax { format: "YAML", message: e.to_string() })?
+    };
+    if !value.is_object() {
+        return Err(SpecError::Invalid(vec![FieldError {
+            field: "spec".into(),
+            reason: "expected a map of fields (name, tenant, gang, payload, ...)".into(),
+        }]));
+    }
+    let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "spec".to_string() } else { path };
+        SpecError::Invalid(vec![FieldError { field, reason: e.into_inner().to_string() }])
+    })?;
+    validate(&spec, catalog)?;
+    Ok(spec)
+}
+
+/// Checks every rule a spec must meet and reports all violations at once.
+pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
+    let mut v = Collector::default();
+    v.check_name("name", &spec.name);
+    v.check_name("tenant", &spec.tenant);
+    if spec.priority > 100 {
+        v.push("priority", format!("{} is out of range: use 0..100 (higher runs first)", spec.priority));
+    }
+    for (key, value) in &spec.labels {
+        let field = format!("labels.{key}");
+        if !is_label_key(key) {
+            v.push(&field, "label keys are 1-63 characters of letters, digits, `-`, `_`, `.`, `/`, starting with a letter or digit");
+        }
+        if value.len() > MAX_NAME_LEN || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            v.push(&field, "label values are up to 63 characters of letters, digits, `-`, `_`, `.`");
+        }
+    }
+    if let Some(key) = &spec.idempotency_key {
+        if key.is_empty() || key.len() > 128 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            v.push("idempotencyKey", "must be 1-128 characters without spaces");
+        }
+    }
+
+    let gang = &spec.gang;
+    if gang.replicas == 0 || gang.replicas > MAX_REPLICAS {
+        v.push("gang.replicas", format!("{} is out of range: use 1..{MAX_REPLICAS}", gang.replicas));
+    }
+    let r = &gang.resources;
+    if r.gpus == 0 {
+        v.push("gang.resources.gpus", "must be at least 1: Meridian schedules GPU jobs");
+    } else if r.gpus > MAX_GPUS_PER_REPLICA {
+        v.push(
+            "gang.resources.gpus",
+            format!("{} GPUs per replica is more than any node holds (max {MAX_GPUS_PER_REPLICA}); use more replicas", r.gpus),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, gpu_type) in r.gpu_types.iter().enumerate() {
+        let field = format!("gang.resources.gpuTypes[{i}]");
+        if !catalog.contains(gpu_type) {
+            let known: Vec<&str> = catalog.names().collect();
+            v.push(&field, format!("unknown GPU type `{gpu_type}`; known types: {}", known.join(", ")));
+        } else if !seen.insert(gpu_type.as_str()) {
+            v.push(&field, format!("`{gpu_type}` is listed twice"));
+        }
+    }
+    if r.gpu_memory_gib > catalog.max_memory_gib() {
+        v.push(
+            "gang.resources.gpuMemoryGiB",
+            format!("{} GiB is more than any known GPU has ({} GiB)", r.gpu_memory_gib, catalog.max_memory_gib()),
+        );
+    } else if r.gpu_memory_gib > 0
+        && !r.gpu_types.is_empty()
+        && r.gpu_types.iter().filter_map(|t| catalog.memory_gib(t)).all(|m| m < r.gpu_memory_gib)
+        && r.gpu_types.iter().all(|t| catalog.contains(t))
+    {
+        v.push(
+            "gang.resources.gpuMemoryGiB",
+            format!("none of the listed gpuTypes has {} GiB per GPU", r.gpu_memory_gib),
+        );
+    }
+    if r.cpu > 4_096 {
+        v.push("gang.resources.cpu", format!("{} cores per replica is more than any node holds (max 4096)", r.cpu));
+    }
+    if r.memory_gib > 65_536 {
+        v.push("gang.resources.memoryGiB", format!("{} GiB per replica is more than any node holds (max 65536)", r.memory_gib));
+    }
+
+    let estimate = spec.runtime.estimate.as_secs();
+    if estimate == 0 {
+        v.push("runtime.estimate", "must be longer than 0s");
+    } else if estimate > MAX_RUNTIME_SECS {
+        v.push("runtime.estimate", "must be at most 365d");
+    }
+    if let Some(limit) = spec.runtime.limit {
+        if limit.as_secs() > MAX_RUNTIME_SECS {
+            v.push("runtime.limit", "must be at most 365d");
+        } else if limit < spec.runtime.estimate {
+            v.push("runtime.limit", format!("{limit} is shorter than runtime.estimate {}", spec.runtime.estimate));
+        }
+    }
+
+    for (i, data) in spec.data.iter().enumerate() {
+        match data.uri.split_once("://") {
+            Some((scheme, rest)) if !scheme.is_empty() && !rest.is_empty() => {}
+            _ => v.push(&format!("data[{i}].uri"), "must be a URI such as s3://bucket/prefix"),
+        }
+        if !data.size_gib.is_finite() || data.size_gib < 0.0 || data.size_gib > MAX_DATA_GIB {
+            v.push(&format!("data[{i}].sizeGiB"), "must be a number from 0 to 10485760 (10 PiB)");
+        }
+        if data.region.trim().is_empty() {
+            v.push(&format!("data[{i}].region"), "must name the region the data lives in");
+        }
+    }
+
+    let placement = &spec.placement;
+    for (i, region) in placement.regions.iter().enumerate() {
+        if region.trim().is_empty() {
+            v.push(&format!("placement.regions[{i}]"), "must not be empty");
+        }
+    }
+    for name in &placement.clusters.include {
+        if placement.clusters.exclude.contains(name) {
+            v.push("placement.clusters", format!("`{name}` is both included and excluded"));
+        }
+    }
+    if let BurstPolicy::After { after, max_usd_per_hour } = placement.burst {
+        if after.as_secs() > MAX_BURST_AFTER_SECS {
+            v.push("placement.burst.after", "must be at most 30d (use `burst: never` to never burst)");
+        }
+        if let Some(max) = max_usd_per_hour {
+            if !max.is_finite() || max <= 0.0 {
+                v.push("placement.burst.maxUsdPerHour", "must be a positive number of US$ per hour (or use `burst: never`)");
+            }
+        }
+    }
+
+    let payload = &spec.payload;
+    if payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) && payload.command.is_empty() {
+        v.push("payload", "needs an `image`, a `command`, or both");
+    }
+    if payload.image.as_deref().is_some_and(|i| i.trim().is_empty() || i.contains(char::is_whitespace)) {
+        v.push("payload.image", "must be an image reference without spaces");
+    }
+    for key in payload.env.keys() {
+        let ok = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            v.push(&format!("payload.env.{key}"), "environment variable names are letters, digits and `_`, not starting with a digit");
+        }
+    }
+    v.finish()
+}
+
+#[derive(Default)]
+struct Collector(Vec<FieldError>);
+
+impl Collector {
+    fn push(&mut self, field: &str, reason: impl Into<String>) {
+        self.0.push(FieldError { field: field.to_string(), reason: reason.into() });
+    }
+
+    fn check_name(&mut self, field: &str, value: &str) {
+        if value.is_empty() {
+            self.push(field, "is required");
+        } else if value.len() > MAX_NAME_LEN
+            || !value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            self.push(field, format!("`{value}` must be 1-63 characters of letters, digits, `-`, `_`, `.`, starting with a letter or digit"));
+        }
+    }
+
+    fn finish(self) -> Result<(), SpecError> {
+        if self.0.is_empty() { Ok(()) } else { Err(SpecError::Invalid(self.0)) }
+    }
+}
+
+/// Whether `key` is a valid label key (also used by label selectors).
+pub fn is_label_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_NAME_LEN
+        && key.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name: llama-ft-7b
+tenant: nlp
+priority: 50
+labels: {project: llm, type: finetune}
+idempotencyKey: 3f1c-run-7
+gang:
+  replicas: 2
+  resources: {gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80, cpu: 32, memoryGiB: 256}
+runtime: {estimate: 6h, limit: 12h}
+data:
+  - {uri: s3://corpus/pile, sizeGiB: 800, region: us-east}
+placement:
+  regions: [us-east, eu-west]
+  clusters: {exclude: [cloud-spot]}
+  burst: {after: 30m, maxUsdPerHour: 80}
+payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py], env: {LR: "3e-4"}}
+"#;
+
+    fn parse(text: &str) -> Result<JobSpec, SpecError> {
+        parse_job_spec(text, &GpuCatalog::default())
+    }
+
+    fn fields(err: SpecError) -> Vec<String> {
+        err.field_errors().into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let spec = parse(GOOD).unwrap();
+        assert_eq!(spec.total_gpus(), 16);
+        assert_eq!(spec.runtime.estimate.as_secs(), 6 * 3600);
+        assert_eq!(
+            spec.placement.burst,
+            BurstPolicy::After { after: crate::duration::HumanDuration::from_secs(1800), max_usd_per_hour: Some(80.0) }
+        );
+        assert_eq!(spec.placement.clusters.exclude, vec!["cloud-spot".to_string()]);
+    }
+
+    #[test]
+    fn json_and_yaml_give_the_same_spec() {
+        let yaml = parse(GOOD).unwrap();
+        let json = serde_json::to_string(&yaml).unwrap();
+        assert_eq!(parse(&json).unwrap(), yaml);
+    }
+
+    #[test]
+    fn burst_never_is_accepted_and_round_trips() {
+        let text = GOOD.replace("burst: {after: 30m, maxUsdPerHour: 80}", "burst: never");
+        let spec = parse(&text).unwrap();
+        assert_eq!(spec.placement.burst, BurstPolicy::Never);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["placement"]["burst"], "never");
+    }
+
+    #[test]
+    fn unknown_fields_name_their_path() {
+        let text = GOOD.replace("cpu: 32", "cpu: 32, gpuz: 1");
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["gang.resources.gpuz"]);
+        assert!(err.to_string().contains("gpuz"), "{err}");
+    }
+
+    #[test]
+    fn zero_and_negative_gpus_are_refused() {
+        let zero = parse(&GOOD.replace("gpus: 8", "gpus: 0")).unwrap_err();
+        assert_eq!(fields(zero), vec!["gang.resources.gpus"]);
+        let negative = parse(&GOOD.replace("gpus: 8", "gpus: -2")).unwrap_err();
+        assert_eq!(fields(negative), vec!["gang.resources.gpus"]);
+    }
+
+    #[test]
+    fn unknown_gpu_type_is_named() {
+        let err = parse(&GOOD.replace("[h100, a100-80g]", "[h100, h10]")).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["gang.resources.gpuTypes[1]"]);
+        assert!(err.to_string().contains("h10"));
+    }
+
+    #[test]
+    fn all_errors_are_reported_at_once() {
+        let text = GOOD.replace("priority: 50", "priority: 150").replace("replicas: 2", "replicas: 0");
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err), vec!["priority", "gang.replicas"]);
+    }
+
+    #[test]
+    fn malformed_yaml_is_a_syntax_error() {
+        let err = parse("name: [unclosed").unwrap_err();
+        assert!(matches!(err, SpecError::Syntax { format: "YAML", .. }), "{err:?}");
+        let err = parse("{\"name\": ").unwrap_err();
+        assert!(matches!(err, SpecError::Syntax { format: "JSON", .. }), "{err:?}");
+    }
+
+    #[test]
+    fn oversize_bodies_are_refused_before_parsing() {
+        let big = format!("name: x\n#{}\n", "a".repeat(MAX_SPEC_BYTES));
+        assert!(matches!(parse(&big), Err(SpecError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn limit_shorter_than_estimate_is_refused() {
+        let err = parse(&GOOD.replace("limit: 12h", "limit: 1h")).unwrap_err();
+        assert_eq!(fields(err), vec!["runtime.limit"]);
+    }
+
+    #[test]
+    fn defaults_fill_optional_fields() {
+        let spec = parse("name: a\ntenant: t\ngang: {resources: {gpus: 1}}\npayload: {command: [sleep, '1']}\n").unwrap();
+        assert_eq!(spec.priority, 50);
+        assert_eq!(spec.gang.replicas, 1);
+        assert_eq!(spec.runtime.estimate.as_secs(), 3600);
+        assert_eq!(spec.placement.burst, BurstPolicy::default());
+    }
+
+    #[test]
+    fn missing_required_fields_are_named() {
+        let err = parse("name: a\ntenant: t\npayload: {command: [x]}\n").unwrap_err();
+        assert!(err.to_string().contains("gang"), "{err}");
+        let err = parse("name: a\ntenant: t\ngang: {resources: {gpus: 1}}\npayload: {}\n").unwrap_err();
+        assert_eq!(fields(err), vec!["payload"]);
+    }
+}

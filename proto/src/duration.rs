@@ -133,10 +133,7 @@ mod tests {
         assert!(matches!(parse_duration("3w"), Err(ParseDurationError::Malformed(_))));
         assert!(matches!(parse_duration("-1h"), Err(ParseDurationError::Malformed(_))));
         assert_eq!(parse_duration(""), Err(ParseDurationError::Empty));
-        assert!(matches!(
-            parse_duration("99999999999999999999h"),
-            Err(ParseDurationError::Overflow(_))
-        ));
+        assert!(matches!(parse_duration("99999999999999999999h"), Err(ParseDurationError::Overflow(_))));
     }
 
     #[test]

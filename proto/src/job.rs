@@ -67,7 +67,9 @@ impl fmt::Display for JobState {
 
 /// A state name that is not one of the eight.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown job state `{0}`: expected one of Queued, Offered, Bound, Running, Succeeded, Failed, Cancelled, Unknown")]
+#[error(
+    "unknown job state `{0}`: expected one of Queued, Offered, Bound, Running, Succeeded, Failed, Cancelled, Unknown"
+)]
 pub struct UnknownState(pub String);
 
 impl FromStr for JobState {

@@ -185,11 +185,7 @@ impl<'de> Deserialize<'de> for BurstPolicy {
                 f.write_str("`never` or a map such as `{after: 30m, maxUsdPerHour: 80}`")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<BurstPolicy, E> {
-                if v == "never" {
-                    Ok(BurstPolicy::Never)
-                } else {
-                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
-                }
+                if v == "never" { Ok(BurstPolicy::Never) } else { Err(E::invalid_value(de::Unexpected::Str(v), &self)) }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BurstPolicy, A::Error> {
                 let rule = BurstRule::deserialize(de::value::MapAccessDeserializer::new(map))?;

@@ -135,7 +135,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
     } else if r.gpus > MAX_GPUS_PER_REPLICA {
         v.push(
             "gang.resources.gpus",
-            format!("{} GPUs per replica is more than any node holds (max {MAX_GPUS_PER_REPLICA}); use more replicas", r.gpus),
+            format!(
+                "{} GPUs per replica is more than any node holds (max {MAX_GPUS_PER_REPLICA}); use more replicas",
+                r.gpus
+            ),
         );
     }
     let mut seen = BTreeSet::new();
@@ -167,7 +170,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         v.push("gang.resources.cpu", format!("{} cores per replica is more than any node holds (max 4096)", r.cpu));
     }
     if r.memory_gib > 65_536 {
-        v.push("gang.resources.memoryGiB", format!("{} GiB per replica is more than any node holds (max 65536)", r.memory_gib));
+        v.push(
+            "gang.resources.memoryGiB",
+            format!("{} GiB per replica is more than any node holds (max 65536)", r.memory_gib),
+        );
     }
 
     let estimate = spec.runtime.estimate.as_secs();
@@ -214,7 +220,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         }
         if let Some(max) = max_usd_per_hour {
             if !max.is_finite() || max <= 0.0 {
-                v.push("placement.burst.maxUsdPerHour", "must be a positive number of US$ per hour (or use `burst: never`)");
+                v.push(
+                    "placement.burst.maxUsdPerHour",
+                    "must be a positive number of US$ per hour (or use `burst: never`)",
+                );
             }
         }
     }
@@ -230,7 +239,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         let ok = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
-            v.push(&format!("payload.env.{key}"), "environment variable names are letters, digits and `_`, not starting with a digit");
+            v.push(
+                &format!("payload.env.{key}"),
+                "environment variable names are letters, digits and `_`, not starting with a digit",
+            );
         }
     }
     v.finish()
@@ -379,7 +391,8 @@ payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py], env: {LR
 
     #[test]
     fn defaults_fill_optional_fields() {
-        let spec = parse("name: a\ntenant: t\ngang: {resources: {gpus: 1}}\npayload: {command: [sleep, '1']}\n").unwrap();
+        let spec =
+            parse("name: a\ntenant: t\ngang: {resources: {gpus: 1}}\npayload: {command: [sleep, '1']}\n").unwrap();
         assert_eq!(spec.priority, 50);
         assert_eq!(spec.gang.replicas, 1);
         assert_eq!(spec.runtime.estimate.as_secs(), 3600);

@@ -1,1 +1,566 @@
-//! client (work in progress)
+//! A small HTTP client for the gateway's REST API (`/v1/...`).
+//!
+//! The `meridian` user commands, the demo and the end-to-end tests all talk to the gateway
+//! through [`Client`]. Responses are returned as [`serde_json::Value`] so that callers see exactly
+//! what the API sent (the CLI pretty-prints it for `-o json`) and the client keeps working while
+//! the API grows new fields.
+//!
+//! Each request opens its own HTTP/1.1 connection: the CLI makes one or two calls per process,
+//! so a connection pool would only add state. Only plain `http://` is supported.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{ACCEPT, CONTENT_TYPE, HOST, USER_AGENT};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+/// How long one request (connect, send, and read the whole answer) may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The port assumed when an address like `localhost` names no port (the gateway's default).
+pub const DEFAULT_PORT: u16 = 7070;
+
+/// Answers larger than this are refused rather than buffered.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Shown with connection failures: what a user most likely has to do.
+const CONNECT_HINT: &str = "is `meridian gateway` running? set --gateway or MERIDIAN_GATEWAY";
+
+/// Results of this module.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A client for one gateway's REST API.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// `host:port` as connected to and sent in the `Host` header.
+    authority: String,
+    timeout: Duration,
+}
+
+/// One invalid field reported by the API (`{"field": "gang.resources.gpus", "reason": "..."}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field in the job spec, such as `gang.resources.gpus`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Why a request to the gateway failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The gateway address could not be understood.
+    #[error("invalid gateway address `{addr}`: {reason}")]
+    InvalidAddress {
+        /// The address as given.
+        addr: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No TCP connection could be made to the gateway.
+    #[error("cannot reach the gateway at {addr}: {source} ({CONNECT_HINT})")]
+    Connect {
+        /// The `host:port` dialled.
+        addr: String,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gateway did not answer in time.
+    #[error("the gateway at {addr} did not answer within {after:?}")]
+    Timeout {
+        /// The `host:port` dialled.
+        addr: String,
+        /// The time limit that passed.
+        after: Duration,
+    },
+    /// The HTTP exchange broke off (connection reset, malformed HTTP).
+    #[error("HTTP exchange with the gateway at {addr} failed: {source}")]
+    Http {
+        /// The `host:port` dialled.
+        addr: String,
+        /// The HTTP library's reason.
+        #[source]
+        source: hyper::Error,
+    },
+    /// The gateway answered with an error status (4xx or 5xx).
+    #[error("{}", api_error_text(message, fields))]
+    Api {
+        /// HTTP status code.
+        status: u16,
+        /// Machine-readable error code, such as `invalid_spec` or `not_found`.
+        code: String,
+        /// Human-readable explanation.
+        message: String,
+        /// Invalid fields, for `invalid_spec` errors.
+        fields: Vec<FieldError>,
+    },
+    /// The gateway answered something that is not the API's JSON.
+    #[error("unexpected answer from the gateway: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The HTTP status of an [`ClientError::Api`] error, `None` for other errors.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The API error code (`not_found`, `invalid_spec`, ...) of an [`ClientError::Api`] error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+impl Client {
+    /// A client for the gateway at `addr`: `127.0.0.1:7070`, `localhost:7070`, `localhost`
+    /// (port 7070), `[::1]:7070` or `http://host:port` (port 80 when an `http://` URL names
+    /// none). `https://` is refused: the gateway's REST API speaks plain HTTP.
+    pub fn new(addr: &str) -> Result<Self> {
+        let authority =
+            parse_address(addr).map_err(|reason| ClientError::InvalidAddress { addr: addr.to_owned(), reason })?;
+        Ok(Client { authority, timeout: DEFAULT_TIMEOUT })
+    }
+
+    /// The same client with a different per-request time limit (default [`DEFAULT_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The `host:port` this client connects to.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// Submits a job spec (YAML or JSON text; JSON when it starts with `{`). Returns the job and
+    /// whether it was created now (`false`: the idempotency key was seen before and this is the
+    /// existing job).
+    pub async fn submit(&self, spec_text: &str) -> Result<(Value, bool)> {
+        let content_type = if spec_text.trim_start_matches('\u{feff}').trim_start().starts_with('{') {
+            "application/json"
+        } else {
+            "application/yaml"
+        };
+        let (status, job) =
+            self.request(Method::POST, "/v1/jobs", Some((content_type, spec_text.as_bytes().to_vec()))).await?;
+        Ok((job, status == StatusCode::CREATED))
+    }
+
+    /// Lists jobs, optionally only those of one tenant, in one state, or matching a label
+    /// selector such as `project=llm`. Returns the API's `{"jobs": [...]}` object.
+    pub async fn list(&self, tenant: Option<&str>, state: Option<&str>, selector: Option<&str>) -> Result<Value> {
+        let query: Vec<String> = [("tenant", tenant), ("state", state), ("selector", selector)]
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|value| format!("{key}={}", percent_encode(value))))
+            .collect();
+        let path = if query.is_empty() { "/v1/jobs".to_owned() } else { format!("/v1/jobs?{}", query.join("&")) };
+        self.get_json(&path).await
+    }
+
+    /// Fetches one job.
+    pub async fn get(&self, id: &str) -> Result<Value> {
+        self.get_json(&format!("/v1/jobs/{}", percent_encode(id))).await
+    }
+
+    /// Fetches the placement explanation of one job: why it went (or will go) where it did.
+    pub async fn explain(&self, id: &str) -> Result<Value> {
+        self.get_json(&format!("/v1/jobs/{}/explain", percent_encode(id))).await
+    }
+
+    /// Cancels a job. Returns the job, cancelled or already in a terminal state.
+    pub async fn cancel(&self, id: &str) -> Result<Value> {
+        let (_, job) = self.request(Method::DELETE, &format!("/v1/jobs/{}", percent_encode(id)), None).await?;
+        Ok(job)
+    }
+
+    /// Lists the member clusters with their capacity and queue. Returns the API's
+    /// `{"clusters": [...]}` object.
+    pub async fn clusters(&self) -> Result<Value> {
+        self.get_json("/v1/clusters").await
+    }
+
+    /// `GET`s any API path (with its query string, already encoded) and returns the JSON answer.
+    pub async fn get_json(&self, path_and_query: &str) -> Result<Value> {
+        let (_, body) = self.request(Method::GET, path_and_query, None).await?;
+        Ok(body)
+    }
+
+    /// Sends one request with an optional `(content type, bytes)` body and returns the status and
+    /// JSON answer of a successful (2xx) response; an empty answer reads as `null`. Error
+    /// statuses become [`ClientError::Api`].
+    pub async fn request(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<(StatusCode, Value)> {
+        let exchange = self.exchange(method, path_and_query, body);
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout { addr: self.authority.clone(), after: self.timeout })??;
+        interpret(status, &bytes).map(|value| (status, value))
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<(StatusCode, Bytes)> {
+        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .header(HOST, &self.authority)
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, concat!("meridian/", env!("CARGO_PKG_VERSION")));
+        let payload = match body {
+            Some((content_type, bytes)) => {
+                builder = builder.header(CONTENT_TYPE, content_type);
+                Bytes::from(bytes)
+            }
+            None => Bytes::new(),
+        };
+        let request = builder
+            .body(Full::new(payload))
+            .map_err(|e| ClientError::Protocol(format!("cannot build a request for `{path_and_query}`: {e}")))?;
+
+        let stream = TcpStream::connect(&self.authority)
+            .await
+            .map_err(|source| ClientError::Connect { addr: self.authority.clone(), source })?;
+        // Small request/response pairs: don't let Nagle delay them.
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http_error)?;
+
+        let response = async {
+            let response = sender.send_request(request).await.map_err(http_error)?;
+            let status = response.status();
+            let collected = Limited::new(response.into_body(), MAX_RESPONSE_BYTES).collect().await;
+            match collected {
+                Ok(collected) => Ok((status, collected.to_bytes())),
+                Err(error) => Err(match error.downcast::<hyper::Error>() {
+                    Ok(source) => http_error(*source),
+                    Err(_) => ClientError::Protocol(format!("answer larger than {MAX_RESPONSE_BYTES} bytes")),
+                }),
+            }
+        };
+        // The connection future does the socket I/O; drive it alongside the response in this
+        // task so nothing outlives the call. Dropping it closes the socket.
+        tokio::pin!(response, connection);
+        tokio::select! {
+            result = &mut response => result,
+            finished = &mut connection => {
+                finished.map_err(http_error)?;
+                response.await
+            }
+        }
+    }
+}
+
+/// Percent-encodes `text` for a URL path segment or query value: everything except the RFC 3986
+/// unreserved characters (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` of its UTF-8 bytes.
+pub fn percent_encode(text: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push('%');
+            encoded.push(char::from(HEX[usize::from(byte >> 4)]));
+            encoded.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+    encoded
+}
+
+/// Turns a user-given gateway address into `host:port`, or says what is wrong with it.
+fn parse_address(input: &str) -> std::result::Result<String, String> {
+    let trimmed = input.trim();
+    let (rest, default_port) = match trimmed.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (rest, 80),
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(
+                "https is not supported; the gateway's REST API speaks plain HTTP (use http://HOST:PORT)".into()
+            );
+        }
+        Some((scheme, _)) => return Err(format!("unsupported scheme `{scheme}`; use HOST:PORT or http://HOST:PORT")),
+        None => (trimmed, DEFAULT_PORT),
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() {
+        return Err("no host given; use HOST:PORT, such as 127.0.0.1:7070".into());
+    }
+    if let Some(bad) = authority.chars().find(|c| matches!(c, '/' | '?' | '#' | '@') || c.is_whitespace()) {
+        return Err(format!("unexpected `{bad}`; give only HOST:PORT, such as 127.0.0.1:7070"));
+    }
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        // IPv6 literal: [::1] or [::1]:7070.
+        let (address, after) = bracketed.split_once(']').ok_or_else(|| "unclosed `[` in IPv6 address".to_owned())?;
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':').ok_or_else(|| format!("unexpected `{after}` after `]`"))?),
+        };
+        (format!("[{address}]"), port)
+    } else {
+        match authority.split_once(':') {
+            Some((_, after)) if after.contains(':') => {
+                return Err("write IPv6 addresses in brackets, such as [::1]:7070".into());
+            }
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (authority.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("no host given; use HOST:PORT, such as 127.0.0.1:7070".into());
+    }
+    let port = match port {
+        None => default_port,
+        Some(port) => match port.parse::<u16>() {
+            Ok(port) if port > 0 => port,
+            _ => return Err(format!("`{port}` is not a port number (1-65535)")),
+        },
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Reads a response: JSON for 2xx, an [`ClientError::Api`] error otherwise.
+fn interpret(status: StatusCode, body: &[u8]) -> Result<Value> {
+    if !status.is_success() {
+        return Err(api_error(status, body));
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).map_err(|e| ClientError::Protocol(format!("{status} answer is not JSON: {e}")))
+}
+
+/// Builds the error for a 4xx/5xx answer from the API's `{"error": {...}}` body, or from the
+/// status alone when a proxy or an older gateway sent something else.
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    let text_of = |key: &str| error.and_then(|e| e.get(key)).and_then(Value::as_str).map(str::to_owned);
+    let code = text_of("code").unwrap_or_else(|| fallback_code(status));
+    let message = text_of("message").unwrap_or_else(|| {
+        let body_text = String::from_utf8_lossy(body);
+        let body_text = body_text.trim();
+        let reason = status.canonical_reason().unwrap_or("error");
+        if body_text.is_empty() || error.is_some() {
+            format!("the gateway answered {} {reason}", status.as_u16())
+        } else {
+            let snippet: String = body_text.chars().take(200).collect();
+            format!("the gateway answered {} {reason}: {snippet}", status.as_u16())
+        }
+    });
+    let fields = error
+        .and_then(|e| e.get("fields"))
+        .and_then(Value::as_array)
+        .map(|fields| {
+            fields
+                .iter()
+                .map(|f| FieldError {
+                    field: f.get("field").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                    reason: f.get("reason").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ClientError::Api { status: status.as_u16(), code, message, fields }
+}
+
+fn fallback_code(status: StatusCode) -> String {
+    match status.as_u16() {
+        400 => "bad_request".into(),
+        404 => "not_found".into(),
+        413 => "too_large".into(),
+        503 => "unavailable".into(),
+        500..=599 => "internal".into(),
+        other => format!("http_{other}"),
+    }
+}
+
+/// The message, then each invalid field on its own line (unless the message already is exactly
+/// that field's complaint).
+fn api_error_text(message: &str, fields: &[FieldError]) -> String {
+    let mut text = message.to_owned();
+    for field in fields {
+        let line = format!("{}: {}", field.field, field.reason);
+        if line != message {
+            text.push_str("\n  ");
+            text.push_str(&line);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn addresses_accept_host_port_and_http_urls() {
+        assert_eq!(parse_address("127.0.0.1:7070").unwrap(), "127.0.0.1:7070");
+        assert_eq!(parse_address("localhost:8080").unwrap(), "localhost:8080");
+        assert_eq!(parse_address("localhost").unwrap(), "localhost:7070");
+        assert_eq!(parse_address(" http://gw.example:9000/ ").unwrap(), "gw.example:9000");
+        assert_eq!(parse_address("HTTP://gw.example").unwrap(), "gw.example:80");
+        assert_eq!(parse_address("[::1]:7070").unwrap(), "[::1]:7070");
+        assert_eq!(parse_address("http://[::1]").unwrap(), "[::1]:80");
+    }
+
+    #[test]
+    fn addresses_reject_tls_paths_and_bad_ports() {
+        assert!(parse_address("https://gw:7070").unwrap_err().contains("https is not supported"));
+        assert!(parse_address("grpc://gw:7070").unwrap_err().contains("unsupported scheme"));
+        assert!(parse_address("http://gw:7070/v1").is_err());
+        assert!(parse_address("gw:0").is_err());
+        assert!(parse_address("gw:99999").is_err());
+        assert!(parse_address("gw:").is_err());
+        assert!(parse_address("").is_err());
+        assert!(parse_address(":7070").is_err());
+        assert!(parse_address("::1:7070").unwrap_err().contains("brackets"));
+        assert!(parse_address("[::1").is_err());
+        assert!(matches!(Client::new("https://x"), Err(ClientError::InvalidAddress { .. })));
+    }
+
+    #[test]
+    fn percent_encoding_keeps_unreserved_characters_only() {
+        assert_eq!(percent_encode("j-01ab_C.~"), "j-01ab_C.~");
+        assert_eq!(percent_encode("project=llm"), "project%3Dllm");
+        assert_eq!(percent_encode("a b/c?d&e#f%"), "a%20b%2Fc%3Fd%26e%23f%25");
+        assert_eq!(percent_encode("é"), "%C3%A9");
+        assert_eq!(percent_encode(""), "");
+    }
+
+    #[test]
+    fn api_errors_keep_code_message_and_fields() {
+        let body = br#"{"error":{"code":"invalid_spec","message":"gang.resources.gpus: must be at least 1","fields":[
+            {"field":"gang.resources.gpus","reason":"must be at least 1"},
+            {"field":"tenant","reason":"must not be empty"}]}}"#;
+        let error = api_error(StatusCode::BAD_REQUEST, body);
+        assert_eq!(error.status(), Some(400));
+        assert_eq!(error.code(), Some("invalid_spec"));
+        assert_eq!(
+            error.to_string(),
+            "gang.resources.gpus: must be at least 1\n  tenant: must not be empty",
+            "a field line that repeats the message is not printed twice"
+        );
+    }
+
+    #[test]
+    fn api_errors_without_json_fall_back_to_the_status() {
+        let error = api_error(StatusCode::BAD_GATEWAY, b"upstream down");
+        assert_eq!(error.code(), Some("internal"));
+        assert_eq!(error.to_string(), "the gateway answered 502 Bad Gateway: upstream down");
+        assert_eq!(api_error(StatusCode::NOT_FOUND, b"").code(), Some("not_found"));
+    }
+
+    #[test]
+    fn successful_answers_must_be_json() {
+        assert_eq!(interpret(StatusCode::OK, br#"{"a":1}"#).unwrap()["a"], 1);
+        assert_eq!(interpret(StatusCode::NO_CONTENT, b"").unwrap(), Value::Null);
+        assert!(matches!(interpret(StatusCode::OK, b"<html>"), Err(ClientError::Protocol(_))));
+    }
+
+    /// Serves one canned HTTP answer on a port-0 listener; returns its address and the request
+    /// it received.
+    async fn serve_once(status: &str, body: &str) -> (String, tokio::task::JoinHandle<String>) {
+        let answer = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut received = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Read until the end of the headers plus any declared body.
+            loop {
+                let n = socket.read(&mut buf).await.unwrap();
+                received.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&received).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if received.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            socket.shutdown().await.unwrap();
+            String::from_utf8_lossy(&received).to_string()
+        });
+        (addr, server)
+    }
+
+    #[tokio::test]
+    async fn submit_sends_yaml_and_reports_creation() {
+        let (addr, server) = serve_once("201 Created", r#"{"id":"j-1","state":"Queued"}"#).await;
+        let client = Client::new(&addr).unwrap();
+        let (job, created) = client.submit("name: x\ntenant: t\n").await.unwrap();
+        assert!(created);
+        assert_eq!(job["id"], "j-1");
+        let request = server.await.unwrap();
+        assert!(request.starts_with("POST /v1/jobs HTTP/1.1\r\n"), "{request}");
+        assert!(request.to_ascii_lowercase().contains("content-type: application/yaml"), "{request}");
+        assert!(request.ends_with("name: x\ntenant: t\n"), "{request}");
+    }
+
+    #[tokio::test]
+    async fn list_encodes_its_query_and_errors_become_api_errors() {
+        let body = r#"{"error":{"code":"not_found","message":"no such job"}}"#;
+        let (addr, server) = serve_once("404 Not Found", body).await;
+        let error = Client::new(&addr).unwrap().list(Some("ml team"), None, Some("project=llm")).await.unwrap_err();
+        assert_eq!(error.code(), Some("not_found"));
+        assert_eq!(error.to_string(), "no such job");
+        let request = server.await.unwrap();
+        assert!(request.starts_with("GET /v1/jobs?tenant=ml%20team&selector=project%3Dllm HTTP/1.1"), "{request}");
+    }
+
+    #[tokio::test]
+    async fn unreachable_gateways_say_what_to_do() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let error = Client::new(&addr).unwrap().clusters().await.unwrap_err();
+        assert!(matches!(error, ClientError::Connect { .. }), "{error:?}");
+        assert!(error.to_string().contains("meridian gateway"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn silent_gateways_time_out() {
+        // The listener accepts (in the kernel) but never answers.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let client = Client::new(&addr).unwrap().with_timeout(Duration::from_millis(200));
+        let error = client.get("j-1").await.unwrap_err();
+        assert!(matches!(error, ClientError::Timeout { .. }), "{error:?}");
+        drop(listener);
+    }
+}

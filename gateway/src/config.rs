@@ -1,1 +1,211 @@
-//! config (work in progress)
+//! The gateway's configuration: typed, defaulted, and checked as a whole before any port is bound.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::gpu::GpuCatalog;
+use serde::{Deserialize, Serialize};
+
+use crate::placement::{NetworkTable, PlacementConfig};
+
+/// Why a configuration was refused. Every problem is listed, not just the first.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML or has unknown or mistyped fields.
+    #[error("config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Field path and reason.
+        message: String,
+    },
+    /// Fields have values out of range.
+    #[error("config {path} is invalid:\n  {}", .problems.join("\n  "))]
+    Invalid {
+        /// The file (or `<defaults>`).
+        path: PathBuf,
+        /// One line per problem, each naming its field.
+        problems: Vec<String>,
+    },
+}
+
+/// Module result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the gateway needs to start. Every field has a default, so an empty file (or no file)
+/// runs a single-machine gateway on loopback with its data in `./meridian-data`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// REST/JSON API address (`GET /v1/jobs`, ...). Port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// gRPC address: the user `Jobs` service and the agents' `Federation` stream.
+    pub grpc_listen: SocketAddr,
+    /// Where the embedded store keeps its log.
+    pub data_dir: PathBuf,
+    /// Fair-share weight per tenant; tenants not listed get `default_tenant_weight`.
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// Weight of tenants not listed in `tenants`.
+    pub default_tenant_weight: f64,
+    /// Extra GPU types beyond the built-in list.
+    pub gpu_types: Vec<GpuTypeConfig>,
+    /// Region-pair network: overrides on top of the seeded defaults.
+    pub network: NetworkTable,
+    /// Placement weights.
+    pub placement: PlacementConfig,
+    /// How long an offer may stay unanswered before the job is placed again.
+    pub offer_timeout: HumanDuration,
+    /// A cluster silent for this long is marked disconnected and its jobs `Unknown`.
+    pub cluster_timeout: HumanDuration,
+    /// How often the queue is placed again even when nothing changed.
+    pub placement_interval: HumanDuration,
+}
+
+/// Per-tenant settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Share of GPUs relative to other tenants (2 gets twice what 1 gets under contention).
+    pub weight: f64,
+}
+
+/// An extra GPU model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuTypeConfig {
+    /// Name used in specs and inventories.
+    pub name: String,
+    /// Memory per GPU in GiB.
+    #[serde(rename = "memoryGiB")]
+    pub memory_gib: u32,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            data_dir: PathBuf::from("meridian-data"),
+            tenants: BTreeMap::new(),
+            default_tenant_weight: 1.0,
+            gpu_types: Vec::new(),
+            network: NetworkTable::default(),
+            placement: PlacementConfig::default(),
+            offer_timeout: HumanDuration::from_secs(30),
+            cluster_timeout: HumanDuration::from_secs(15),
+            placement_interval: HumanDuration::from_secs(2),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Reads and checks a YAML config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks YAML config text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let config: GatewayConfig = if text.trim().is_empty() {
+            GatewayConfig::default()
+        } else {
+            let value: serde_json::Value = serde_saphyr::from_str(text)
+                .map_err(|e| Error::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+            from_value_with_path(value).map_err(|message| Error::Parse { path: path.to_path_buf(), message })?
+        };
+        config.check(path)?;
+        Ok(config)
+    }
+
+    /// Checks values that types cannot express; lists every problem.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let mut problems = Vec::new();
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        for (tenant, t) in &self.tenants {
+            if !positive(t.weight) {
+                problems.push(format!("tenants.{tenant}.weight: {} must be a positive number", t.weight));
+            }
+        }
+        if !positive(self.default_tenant_weight) {
+            problems.push(format!("defaultTenantWeight: {} must be a positive number", self.default_tenant_weight));
+        }
+        for (i, gpu) in self.gpu_types.iter().enumerate() {
+            if gpu.name.trim().is_empty() {
+                problems.push(format!("gpuTypes[{i}].name: must not be empty"));
+            }
+            if gpu.memory_gib == 0 {
+                problems.push(format!("gpuTypes[{i}].memoryGiB: must be at least 1"));
+            }
+        }
+        for (field, value) in [
+            ("offerTimeout", self.offer_timeout),
+            ("clusterTimeout", self.cluster_timeout),
+            ("placementInterval", self.placement_interval),
+        ] {
+            if value.0.is_zero() {
+                problems.push(format!("{field}: must be longer than 0s"));
+            }
+        }
+        if self.listen == self.grpc_listen && self.listen.port() != 0 {
+            problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
+        }
+        if problems.is_empty() { Ok(()) } else { Err(Error::Invalid { path: path.to_path_buf(), problems }) }
+    }
+
+    /// The GPU catalog: built-in models plus `gpu_types`.
+    pub fn gpu_catalog(&self) -> GpuCatalog {
+        GpuCatalog::with_extra(self.gpu_types.iter().map(|g| (g.name.clone(), g.memory_gib)))
+    }
+
+    /// Fair-share weight of `tenant`.
+    pub fn tenant_weight(&self, tenant: &str) -> f64 {
+        self.tenants.get(tenant).map_or(self.default_tenant_weight, |t| t.weight)
+    }
+}
+
+/// Deserializes with the failing field's path in the message.
+fn from_value_with_path<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> std::result::Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{path}: {}", e.into_inner())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_gives_the_defaults() {
+        let config = GatewayConfig::parse("", Path::new("g.yaml")).unwrap();
+        assert_eq!(config.listen.port(), 7070);
+        assert_eq!(config.tenant_weight("anyone"), 1.0);
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = GatewayConfig::parse("listn: 1.2.3.4:5\n", Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn every_invalid_value_is_reported() {
+        let text = "tenants: {nlp: {weight: 0}}\ndefaultTenantWeight: -1\nofferTimeout: 0s\n";
+        match GatewayConfig::parse(text, Path::new("g.yaml")) {
+            Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 3, "{problems:?}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+}

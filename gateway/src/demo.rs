@@ -1,1 +1,336 @@
-//! demo (work in progress)
+//! `meridian demo`: a gateway and three member clusters in one process, on loopback gRPC, with a
+//! realistic mixed workload. No servers to install, no files written.
+//!
+//! The clusters are the ones in `deploy/examples/local/` (the same files, compiled in). Jobs run
+//! on the builtin scheduler with shrunk run times (by default one hour of job time per second),
+//! so the whole demo ends well under a minute. All times printed are job time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use meridian_agent::config::AgentConfig;
+use meridian_proto::inventory::Tier;
+use meridian_proto::job::JobState;
+use tokio::sync::{oneshot, watch};
+
+use crate::config::GatewayConfig;
+use crate::server::{self, Gateway, JobFilter};
+use crate::store::{JobRecord, MemoryStore};
+
+const GATEWAY_CONFIG: &str = include_str!("../../deploy/examples/local/gateway.yaml");
+const AGENT_CONFIGS: [(&str, &str); 3] = [
+    ("onprem-east.yaml", include_str!("../../deploy/examples/local/onprem-east.yaml")),
+    ("onprem-west.yaml", include_str!("../../deploy/examples/local/onprem-west.yaml")),
+    ("cloud-burst.yaml", include_str!("../../deploy/examples/local/cloud-burst.yaml")),
+];
+const GIB_TO_GB: f64 = 1.073_741_824;
+
+/// Demo options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Real seconds per hour of job time.
+    #[arg(long, default_value_t = 1.0)]
+    seconds_per_hour: f64,
+    /// Give up (and fail) after this many real seconds.
+    #[arg(long, default_value_t = 55)]
+    deadline_secs: u64,
+}
+
+/// One job of the demo workload.
+struct DemoJob {
+    spec: String,
+    /// Why it is in the workload, printed with the result.
+    story: &'static str,
+}
+
+fn workload() -> Vec<DemoJob> {
+    let mut jobs = vec![
+        DemoJob {
+            story: "2x8-GPU gang, 800 GiB in us-east: stays next to its data",
+            spec: "name: llama-ft-7b\ntenant: nlp\npriority: 60\nlabels: {project: llm, type: finetune}\n\
+                   gang: {replicas: 2, resources: {gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80, cpu: 32, memoryGiB: 256}}\n\
+                   runtime: {estimate: 6h, limit: 12h}\ndata: [{uri: s3://corpus/pile, sizeGiB: 800, region: us-east}]\n\
+                   placement: {regions: [us-east, eu-west], burst: {after: 30m, maxUsdPerHour: 80}}\n\
+                   payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py]}\n"
+                .into(),
+        },
+        DemoJob {
+            story: "4x8 A100 gang with its data in eu-west",
+            spec: "name: vit-l-pretrain\ntenant: vision\nlabels: {project: vit, type: pretrain}\n\
+                   gang: {replicas: 4, resources: {gpus: 8, gpuTypes: [a100-80g], cpu: 64, memoryGiB: 512}}\n\
+                   runtime: {estimate: 4h}\ndata: [{uri: s3://eu-images/laion-subset, sizeGiB: 500, region: eu-west}]\n\
+                   payload: {image: ghcr.io/acme/vision:2.0}\n"
+                .into(),
+        },
+        DemoJob {
+            story: "4x8 H100 gang that cannot start on owned clusters for hours: bursts to the cloud",
+            spec: "name: mixtral-pretrain\ntenant: nlp\npriority: 40\nlabels: {project: llm, type: pretrain}\n\
+                   gang: {replicas: 4, resources: {gpus: 8, gpuTypes: [h100], cpu: 96, memoryGiB: 1024}}\n\
+                   runtime: {estimate: 5h}\ndata: [{uri: s3://corpus/redpajama, sizeGiB: 300, region: us-east}]\n\
+                   placement: {burst: {after: 30m, maxUsdPerHour: 300}}\n\
+                   payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, pretrain.py]}\n"
+                .into(),
+        },
+        DemoJob {
+            story: "8-GPU job that may never burst: waits for an owned H100 node",
+            spec: "name: speech-asr\ntenant: vision\nlabels: {project: asr}\n\
+                   gang: {resources: {gpus: 8, gpuTypes: [h100], cpu: 64, memoryGiB: 512}}\n\
+                   runtime: {estimate: 2h}\ndata: [{uri: s3://audio/librilight, sizeGiB: 120, region: us-east}]\n\
+                   placement: {burst: never}\npayload: {image: ghcr.io/acme/asr:0.9}\n"
+                .into(),
+        },
+        DemoJob {
+            story: "2x4-GPU gang without data: goes where it fits best",
+            spec: "name: rl-agent\ntenant: research\nlabels: {project: rl}\n\
+                   gang: {replicas: 2, resources: {gpus: 4, cpu: 32, memoryGiB: 128}}\n\
+                   runtime: {estimate: 3h}\npayload: {image: ghcr.io/acme/rl:1.0}\n"
+                .into(),
+        },
+    ];
+    for i in 0..8 {
+        let (region, size) = if i % 2 == 0 { ("us-east", 10) } else { ("eu-west", 25) };
+        jobs.push(DemoJob {
+            story: "single-GPU sweep trial: follows its data's region",
+            spec: format!(
+                "name: bert-sweep-{i}\ntenant: research\nlabels: {{project: bert, type: sweep}}\n\
+                 gang: {{resources: {{gpus: 1, cpu: 8, memoryGiB: 32}}}}\nruntime: {{estimate: {}m}}\n\
+                 data: [{{uri: s3://bench/glue-{i}, sizeGiB: {size}, region: {region}}}]\n\
+                 payload: {{image: ghcr.io/acme/bert:3.1, command: [python, sweep.py, --trial, '{i}']}}\n",
+                20 + 10 * i
+            ),
+        });
+    }
+    for i in 0..4 {
+        jobs.push(DemoJob {
+            story: "1 L4 evaluation: small GPU, owned, no burst needed",
+            spec: format!(
+                "name: llm-eval-{i}\ntenant: nlp\nlabels: {{project: llm, type: eval}}\n\
+                 gang: {{resources: {{gpus: 1, gpuTypes: [l4], cpu: 8, memoryGiB: 48}}}}\nruntime: {{estimate: 30m}}\n\
+                 data: [{{uri: s3://corpus/evals, sizeGiB: 5, region: us-east}}]\n\
+                 payload: {{command: [python, eval.py]}}\n"
+            ),
+        });
+    }
+    jobs
+}
+
+/// Runs the demo, writing its report to `out`.
+pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    if !(args.seconds_per_hour.is_finite() && args.seconds_per_hour > 0.0) {
+        bail!("--seconds-per-hour must be a positive number");
+    }
+    let time_scale = args.seconds_per_hour / 3600.0;
+    let mut config = GatewayConfig::parse(GATEWAY_CONFIG, Path::new("deploy/examples/local/gateway.yaml"))?;
+    config.listen = "127.0.0.1:0".parse()?;
+    config.grpc_listen = "127.0.0.1:0".parse()?;
+    config.placement_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(200));
+    let network = config.network.clone();
+    let gateway = Gateway::new(config, Arc::new(MemoryStore::default()))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (bound_tx, bound_rx) = oneshot::channel();
+    let server_task = tokio::spawn(server::serve(gateway.clone(), wait_stop(stop_rx.clone()), move |addrs| {
+        let _ = bound_tx.send(addrs);
+    }));
+    let addrs = bound_rx.await.context("gateway did not start")?;
+
+    let mut agents = Vec::new();
+    let mut cluster_configs = BTreeMap::new();
+    for (file, text) in AGENT_CONFIGS {
+        let mut agent_config = AgentConfig::parse(text, Path::new(file))?;
+        agent_config.gateway = format!("http://{}", addrs.grpc);
+        agent_config.time_scale = time_scale;
+        agent_config.report_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(500));
+        let agent = meridian_agent::agent_from_config(&agent_config)?;
+        cluster_configs.insert(agent_config.cluster.clone(), agent_config);
+        agents.push(tokio::spawn(agent.run(wait_stop(stop_rx.clone()))));
+    }
+
+    let result = drive(&gateway, &cluster_configs, &network, time_scale, args.deadline_secs, out).await;
+    let _ = stop_tx.send(true);
+    for agent in agents {
+        let _ = agent.await;
+    }
+    server_task.await??;
+    result
+}
+
+async fn wait_stop(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn drive(
+    gateway: &Gateway,
+    clusters: &BTreeMap<String, AgentConfig>,
+    network: &crate::placement::NetworkTable,
+    time_scale: f64,
+    deadline_secs: u64,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(deadline_secs);
+    writeln!(out, "Meridian demo: one gateway, three member clusters, {} jobs.", workload().len())?;
+    writeln!(out, "(job time runs {:.0}x faster than real time; all times below are job time)\n", 1.0 / time_scale)?;
+    while gateway.clusters()?.iter().filter(|c| c.connected && c.gpus_total > 0).count() < clusters.len() {
+        if tokio::time::Instant::now() > deadline {
+            bail!("member clusters did not connect in time");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for c in gateway.clusters()? {
+        let prices: Vec<String> = c.prices.iter().map(|(g, p)| format!("{g} ${p:.2}/GPU-h")).collect();
+        writeln!(
+            out,
+            "  cluster {:<12} {:<8} {:<6} {:>3} GPUs  {}",
+            c.name,
+            c.region,
+            tier_name(c.tier),
+            c.gpus_total,
+            prices.join(", ")
+        )?;
+    }
+    writeln!(out)?;
+
+    let mut stories = BTreeMap::new();
+    for job in workload() {
+        let (record, _) = gateway.submit(&job.spec).with_context(|| format!("demo job refused:\n{}", job.spec))?;
+        stories.insert(record.id.clone(), job.story);
+    }
+    // A job no cluster could ever run is refused at submit, with the reason per cluster.
+    let giant = include_str!("../../deploy/examples/local/jobs/too-big.yaml");
+    match gateway.submit(giant) {
+        Err(e) => writeln!(out, "refused at submit: giant-sweep (8x8 A100): {e}\n")?,
+        Ok(_) => bail!("the never-fitting job was accepted"),
+    }
+
+    let mut last_state: BTreeMap<String, JobState> = BTreeMap::new();
+    loop {
+        let jobs = gateway.list(&JobFilter::default())?;
+        let hours = start.elapsed().as_secs_f64() / 3600.0 / time_scale;
+        for job in &jobs {
+            if last_state.get(&job.id) != Some(&job.state) {
+                last_state.insert(job.id.clone(), job.state);
+                let place = job.cluster.as_deref().map(|c| format!(" on {c}")).unwrap_or_default();
+                writeln!(out, "[{hours:5.1}h] {:<16} {:<9}{place}", job.spec.name, job.state.as_str())?;
+            }
+        }
+        if jobs.iter().all(|j| j.state.is_terminal()) {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("jobs still running at the deadline");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let jobs = gateway.list(&JobFilter::default())?;
+    writeln!(out, "\nWhere each job went and why:")?;
+    for job in &jobs {
+        let explanation = gateway.explain(&job.id)?;
+        writeln!(
+            out,
+            "  {:<16} -> {:<12} {}\n  {:<16}    why: {}",
+            job.spec.name,
+            job.cluster.as_deref().unwrap_or("-"),
+            stories.get(&job.id).copied().unwrap_or(""),
+            "",
+            explanation.summary
+        )?;
+    }
+    write_summary(out, &jobs, clusters, network, time_scale)?;
+    if jobs.iter().any(|j| j.state != JobState::Succeeded) {
+        bail!("some jobs did not succeed");
+    }
+    Ok(())
+}
+
+fn tier_name(tier: Tier) -> &'static str {
+    match tier {
+        Tier::Owned => "owned",
+        Tier::Cloud => "cloud",
+    }
+}
+
+/// Per-cluster totals of the finished workload.
+#[derive(Default)]
+struct ClusterTotals {
+    jobs: u32,
+    gpu_hours: f64,
+    queue_hours: f64,
+    compute_usd: f64,
+    egress_usd: f64,
+    moved_gib: f64,
+}
+
+fn write_summary(
+    out: &mut impl Write,
+    jobs: &[JobRecord],
+    clusters: &BTreeMap<String, AgentConfig>,
+    network: &crate::placement::NetworkTable,
+    time_scale: f64,
+) -> anyhow::Result<()> {
+    let to_hours = |ms: i64| ms as f64 / 1000.0 / 3600.0 / time_scale;
+    let first_start = jobs.iter().filter_map(|j| j.started_at_ms).min().unwrap_or(0);
+    let last_end = jobs.iter().filter_map(|j| j.finished_at_ms).max().unwrap_or(first_start);
+    let makespan_h = to_hours(last_end - first_start).max(1e-9);
+    let mut totals: BTreeMap<String, ClusterTotals> = clusters.keys().map(|c| (c.clone(), Default::default())).collect();
+    let mut regions_moved = BTreeSet::new();
+    for job in jobs {
+        let (Some(cluster), Some(started), Some(finished)) = (&job.cluster, job.started_at_ms, job.finished_at_ms)
+        else {
+            continue;
+        };
+        let Some(config) = clusters.get(cluster) else { continue };
+        let t = totals.entry(cluster.clone()).or_default();
+        let gpus = f64::from(job.spec.total_gpus());
+        let hours = to_hours(finished - started);
+        let gpu_type = config.nodes.iter().map(|n| n.gpu_type.as_str()).find(|g| {
+            job.spec.gang.resources.gpu_types.is_empty() || job.spec.gang.resources.gpu_types.iter().any(|t| t == g)
+        });
+        let price = gpu_type.and_then(|g| config.prices.get(g)).copied().unwrap_or(0.0);
+        t.jobs += 1;
+        t.gpu_hours += gpus * hours;
+        t.queue_hours += to_hours(started - job.submitted_at_ms);
+        t.compute_usd += gpus * hours * price;
+        for data in &job.spec.data {
+            if data.region != config.region {
+                t.moved_gib += data.size_gib;
+                t.egress_usd += data.size_gib * GIB_TO_GB * network.usd_per_gb(&data.region, &config.region);
+                regions_moved.insert((data.region.clone(), config.region.clone()));
+            }
+        }
+    }
+    writeln!(out, "\nSummary per cluster (makespan {makespan_h:.1}h of job time):")?;
+    writeln!(
+        out,
+        "  {:<12} {:>5} {:>5} {:>7} {:>11} {:>10} {:>10} {:>10}",
+        "CLUSTER", "TIER", "JOBS", "GPU-UTIL", "MEAN-QUEUE", "COMPUTE$", "EGRESS$", "MOVED-GiB"
+    )?;
+    let (mut all_usd, mut all_moved) = (0.0, 0.0);
+    for (name, t) in &totals {
+        let Some(config) = clusters.get(name) else { continue };
+        let gpus: u32 = config.nodes.iter().map(|n| n.gpus * n.count).sum();
+        let util = t.gpu_hours / (f64::from(gpus) * makespan_h);
+        let mean_queue = if t.jobs > 0 { t.queue_hours / f64::from(t.jobs) } else { 0.0 };
+        all_usd += t.compute_usd + t.egress_usd;
+        all_moved += t.moved_gib;
+        writeln!(
+            out,
+            "  {:<12} {:>5} {:>5} {:>7.0}% {:>10.2}h {:>10.0} {:>10.2} {:>10.0}",
+            name,
+            tier_name(config.tier),
+            t.jobs,
+            util * 100.0,
+            mean_queue,
+            t.compute_usd,
+            t.egress_usd,
+            t.moved_gib
+        )?;
+    }
+    writeln!(out, "  total cost ${all_usd:.0}; data moved {all_moved:.0} GiB across {} region pairs", regions_moved.len())?;
+    Ok(())
+}

@@ -1,1 +1,284 @@
-//! dispatch (work in progress)
+//! Offers, fencing and the job state changes that agents report.
+//!
+//! Every binding of a job to a cluster carries a fencing token that grows with each offer. An
+//! agent report or reply with an older token (or from another cluster) describes a stale copy:
+//! the gateway answers it with a cancel instead of applying it, so a job never runs twice
+//! knowingly.
+
+use meridian_proto::inventory::{ClusterInfo, Inventory, QueuePressure};
+use meridian_proto::job::JobState;
+use meridian_proto::pb;
+use tokio::time::Instant;
+
+use crate::server::{ApiError, Inner, State, now_ms};
+use crate::store::{self, JobRecord, KnownCluster};
+
+/// The message that tells an agent to stop `job_id` (binding `fencing_token`).
+pub fn cancel_message(job_id: &str, fencing_token: u64) -> pb::GatewayMessage {
+    pb::GatewayMessage {
+        body: Some(pb::gateway_message::Body::Cancel(pb::Cancel { job_id: job_id.to_string(), fencing_token })),
+    }
+}
+
+fn offer_message(job: &JobRecord) -> pb::Offer {
+    pb::Offer { job_id: job.id.clone(), fencing_token: job.fencing_token, spec: Some(pb::JobSpec::from(&job.spec)) }
+}
+
+/// The first message on a new agent stream: the jobs the gateway believes the cluster runs.
+/// The agent keeps exactly those (matching tokens) and stops everything else.
+pub fn welcome_message<'a>(jobs: impl Iterator<Item = &'a JobRecord>) -> pb::GatewayMessage {
+    pb::GatewayMessage {
+        body: Some(pb::gateway_message::Body::Welcome(pb::Welcome {
+            gateway_version: env!("CARGO_PKG_VERSION").to_string(),
+            bound_jobs: jobs.map(offer_message).collect(),
+        })),
+    }
+}
+
+fn persist(inner: &Inner, job: &JobRecord) {
+    if let Err(e) = store::save_job(inner.store.as_ref(), job) {
+        // The in-memory state stays authoritative for this run; the next change retries.
+        tracing::error!(job = %job.id, error = %e, "could not save job");
+    }
+}
+
+fn send(state: &State, cluster: &str, message: pb::GatewayMessage) -> bool {
+    state.registry.get(cluster).and_then(|c| c.link.as_ref()).is_some_and(|link| link.tx.try_send(Ok(message)).is_ok())
+}
+
+/// Offers a queued job to `cluster` with a new fencing token.
+pub(crate) fn offer(inner: &Inner, state: &mut State, job_id: &str, cluster: &str, summary: &str) {
+    let Some(job) = state.jobs.get_mut(job_id) else { return };
+    job.state = JobState::Offered;
+    job.cluster = Some(cluster.to_string());
+    job.fencing_token += 1;
+    job.message = summary.to_string();
+    let message = pb::GatewayMessage { body: Some(pb::gateway_message::Body::Offer(offer_message(job))) };
+    let job = job.clone();
+    persist(inner, &job);
+    state.offered_at.insert(job_id.to_string(), Instant::now());
+    if !send(state, cluster, message) {
+        // The link died between the snapshot and now; the offer expires and the job is placed again.
+        tracing::warn!(job = %job_id, cluster, "offer could not be sent");
+    }
+    tracing::info!(job = %job_id, cluster, token = job.fencing_token, "offered");
+}
+
+/// Applies one agent message. Returns whether placement should run again.
+pub(crate) fn handle_agent_message(
+    inner: &Inner,
+    state: &mut State,
+    cluster: &str,
+    connection: u64,
+    message: pb::AgentMessage,
+) -> Result<bool, ApiError> {
+    let Some(entry) = state.registry.get_mut(cluster) else { return Ok(false) };
+    if entry.link.as_ref().is_none_or(|l| l.connection != connection) {
+        // A message from a replaced stream; the new one is authoritative.
+        return Ok(false);
+    }
+    entry.last_seen = Instant::now();
+    let Some(body) = message.body else { return Ok(false) };
+    match body {
+        pb::agent_message::Body::Hello(_) => Ok(false),
+        pb::agent_message::Body::Inventory(inv) => {
+            let inventory = match Inventory::try_from(inv) {
+                Ok(inventory) => inventory,
+                Err(e) => {
+                    tracing::warn!(cluster, error = %e, "ignoring invalid inventory");
+                    return Ok(false);
+                }
+            };
+            let shapes_changed = !same_shapes(&entry.inventory, &inventory);
+            entry.inventory = inventory;
+            if shapes_changed {
+                let known = KnownCluster { info: entry.info.clone(), inventory: entry.inventory.clone() };
+                if let Err(e) = store::save_cluster(inner.store.as_ref(), &known) {
+                    tracing::warn!(cluster, error = %e, "could not save cluster");
+                }
+            }
+            Ok(true)
+        }
+        pb::agent_message::Body::Pressure(p) => {
+            match QueuePressure::try_from(p) {
+                Ok(pressure) => entry.pressure = pressure,
+                Err(e) => tracing::warn!(cluster, error = %e, "ignoring invalid queue pressure"),
+            }
+            Ok(true)
+        }
+        pb::agent_message::Body::OfferReply(reply) => Ok(offer_reply(inner, state, cluster, reply)),
+        pb::agent_message::Body::Status(status) => Ok(job_status(inner, state, cluster, status)),
+    }
+}
+
+/// Whether two inventories have the same node shapes (ignoring what is free).
+fn same_shapes(a: &Inventory, b: &Inventory) -> bool {
+    a.shapes.len() == b.shapes.len()
+        && a.shapes.iter().zip(&b.shapes).all(|(x, y)| {
+            x.name == y.name
+                && x.gpu_type == y.gpu_type
+                && x.gpus_per_node == y.gpus_per_node
+                && x.cpu_per_node == y.cpu_per_node
+                && x.memory_gib_per_node == y.memory_gib_per_node
+                && x.free.len() == y.free.len()
+        })
+}
+
+/// Whether `job` is currently bound to `cluster` under `token`.
+fn is_current(job: &JobRecord, cluster: &str, token: u64) -> bool {
+    job.cluster.as_deref() == Some(cluster) && job.fencing_token == token
+}
+
+fn offer_reply(inner: &Inner, state: &mut State, cluster: &str, reply: pb::OfferReply) -> bool {
+    let current = state
+        .jobs
+        .get(&reply.job_id)
+        .is_some_and(|j| is_current(j, cluster, reply.fencing_token) && j.state == JobState::Offered);
+    if !current {
+        if reply.accepted {
+            // Accepted too late (cancelled, timed out, re-offered elsewhere): stop that copy.
+            send(state, cluster, cancel_message(&reply.job_id, reply.fencing_token));
+        }
+        return false;
+    }
+    state.offered_at.remove(&reply.job_id);
+    let Some(job) = state.jobs.get_mut(&reply.job_id) else { return false };
+    if reply.accepted {
+        job.state = JobState::Bound;
+    } else {
+        job.state = JobState::Queued;
+        job.cluster = None;
+        job.message = format!("{cluster} declined the offer: {}", reply.reason);
+        tracing::info!(job = %job.id, cluster, reason = %reply.reason, "offer declined");
+    }
+    let job = job.clone();
+    persist(inner, &job);
+    true
+}
+
+fn job_status(inner: &Inner, state: &mut State, cluster: &str, status: pb::JobStatus) -> bool {
+    let reported = pb::JobState::try_from(status.state).ok().and_then(|s| JobState::try_from(s).ok());
+    let Some(reported) = reported else {
+        tracing::warn!(cluster, job = %status.job_id, state = status.state, "ignoring status with an invalid state");
+        return false;
+    };
+    let current = state.jobs.get(&status.job_id).is_some_and(|j| is_current(j, cluster, status.fencing_token));
+    if !current {
+        if !reported.is_terminal() {
+            tracing::warn!(job = %status.job_id, cluster, token = status.fencing_token, "stale copy reported; cancelling it");
+            send(state, cluster, cancel_message(&status.job_id, status.fencing_token));
+        }
+        return false;
+    }
+    let Some(job) = state.jobs.get_mut(&status.job_id) else { return false };
+    if job.state.is_terminal() {
+        if !reported.is_terminal() {
+            // The user cancelled while the stop was in flight or the cluster was away.
+            let message = cancel_message(&job.id, job.fencing_token);
+            send(state, cluster, message);
+        } else if job.state == JobState::Cancelled && reported == JobState::Cancelled {
+            job.message = format!("cancelled by user; stopped on {cluster}");
+            let job = job.clone();
+            persist(inner, &job);
+        }
+        return false;
+    }
+    let previous = job.state;
+    match reported {
+        JobState::Bound | JobState::Offered => job.state = JobState::Bound,
+        JobState::Running => {
+            job.state = JobState::Running;
+            if job.started_at_ms.is_none() {
+                job.started_at_ms = Some(now_ms());
+            }
+            if !status.nodes.is_empty() {
+                job.nodes = status.nodes.clone();
+            }
+            job.message = format!("running on {cluster}");
+        }
+        JobState::Succeeded | JobState::Failed | JobState::Cancelled => {
+            job.state = reported;
+            job.finished_at_ms = Some(now_ms());
+            job.message = if status.message.is_empty() {
+                format!("{} on {cluster}", reported.as_str().to_lowercase())
+            } else {
+                status.message.clone()
+            };
+        }
+        JobState::Queued | JobState::Unknown => return false,
+    }
+    state.offered_at.remove(&status.job_id);
+    let job = job.clone();
+    if job.state != previous {
+        tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
+    }
+    persist(inner, &job);
+    job.state.is_terminal() || previous == JobState::Offered
+}
+
+/// A cluster's stream is gone: offers return to the queue, bound and running jobs become Unknown.
+pub(crate) fn cluster_lost(inner: &Inner, state: &mut State, cluster: &str) {
+    let ids: Vec<String> = state
+        .jobs
+        .values()
+        .filter(|j| j.cluster.as_deref() == Some(cluster) && crate::server::holds_gpus(j.state))
+        .map(|j| j.id.clone())
+        .collect();
+    for id in ids {
+        let Some(job) = state.jobs.get_mut(&id) else { continue };
+        if job.state == JobState::Offered {
+            job.state = JobState::Queued;
+            job.cluster = None;
+            job.message = format!("{cluster} disconnected before answering the offer");
+            state.offered_at.remove(&id);
+        } else {
+            job.state = JobState::Unknown;
+            job.message = format!("{cluster} stopped reporting; the job's fate is unknown until it returns");
+        }
+        let job = job.clone();
+        persist(inner, &job);
+    }
+}
+
+/// Expires unanswered offers and silent clusters.
+pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
+    let offer_timeout = inner.config.offer_timeout.0;
+    let expired: Vec<String> = state
+        .offered_at
+        .iter()
+        .filter(|(_, at)| now.saturating_duration_since(**at) > offer_timeout)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in expired {
+        state.offered_at.remove(&id);
+        let Some(job) = state.jobs.get_mut(&id) else { continue };
+        if job.state != JobState::Offered {
+            continue;
+        }
+        let cluster = job.cluster.take().unwrap_or_default();
+        let message = cancel_message(&job.id, job.fencing_token);
+        job.state = JobState::Queued;
+        job.message = format!("offer to {cluster} was not answered within {}", inner.config.offer_timeout);
+        let job = job.clone();
+        persist(inner, &job);
+        send(state, &cluster, message);
+    }
+    let cluster_timeout = inner.config.cluster_timeout.0;
+    let silent: Vec<(String, u64)> = state
+        .registry
+        .iter()
+        .filter(|c| now.saturating_duration_since(c.last_seen) > cluster_timeout)
+        .filter_map(|c| c.link.as_ref().map(|l| (c.info.name.clone(), l.connection)))
+        .collect();
+    for (cluster, connection) in silent {
+        tracing::warn!(cluster = %cluster, "cluster silent past the timeout; marking it disconnected");
+        if state.registry.disconnect(&cluster, connection) {
+            cluster_lost(inner, state, &cluster);
+        }
+    }
+}
+
+/// Turns a hello into cluster identity, or says what is wrong with it.
+pub(crate) fn hello_info(hello: pb::Hello) -> Result<ClusterInfo, String> {
+    ClusterInfo::try_from(hello).map_err(|e| e.to_string())
+}

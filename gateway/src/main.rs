@@ -1,1 +1,142 @@
-fn main() {}
+//! `meridian`: the gateway server, the demo, and the user command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use meridian_gateway::cli::{ClientArgs, UserCommand};
+use meridian_gateway::config::GatewayConfig;
+use meridian_gateway::server::{self, Gateway};
+use meridian_gateway::store::FileStore;
+
+/// Meridian: submit GPU jobs once, run them on the best cluster of the federation.
+#[derive(Parser)]
+#[command(name = "meridian", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the federation gateway (control plane).
+    Gateway(GatewayArgs),
+    /// Run a self-contained demo: a gateway and three member clusters in this process.
+    Demo(meridian_gateway::demo::DemoArgs),
+    #[command(flatten)]
+    User(UserCommand),
+}
+
+#[derive(clap::Args)]
+struct GatewayArgs {
+    /// Gateway configuration (YAML). Without one, defaults apply (see docs/operations.md).
+    #[arg(short, long, env = "MERIDIAN_CONFIG")]
+    config: Option<PathBuf>,
+    /// REST address; overrides `listen`.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// gRPC address; overrides `grpcListen`.
+    #[arg(long)]
+    grpc_listen: Option<SocketAddr>,
+    /// Data directory of the embedded store; overrides `dataDir`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Once listening, write `{"rest": ADDR, "grpc": ADDR}` here (useful with port 0).
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Gateway(args) => {
+            meridian_agent::init_logging("info");
+            run_gateway(args).await
+        }
+        Command::Demo(args) => {
+            meridian_agent::init_logging("warn");
+            match meridian_gateway::demo::run(args, &mut std::io::stdout()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::User(command) => {
+            let mut out = std::io::stdout();
+            match meridian_gateway::cli::run(command, &cli.client, &mut out).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run_gateway(args: GatewayArgs) -> ExitCode {
+    let path = args.config.clone().unwrap_or_else(|| PathBuf::from("<defaults>"));
+    let mut config = match &args.config {
+        Some(path) => match GatewayConfig::load(path) {
+            Ok(config) => config,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(64);
+            }
+        },
+        None => GatewayConfig::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(grpc) = args.grpc_listen {
+        config.grpc_listen = grpc;
+    }
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Err(e) = config.check(&path) {
+        eprintln!("error: {e}");
+        return ExitCode::from(64);
+    }
+    let store = match FileStore::open(&config.data_dir) {
+        Ok(store) => Arc::new(store),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gateway = match Gateway::new(config, store) {
+        Ok(gateway) => gateway,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ready_file = args.ready_file;
+    let result = server::serve(gateway, meridian_agent::shutdown_signal(), move |addrs| {
+        println!("meridian gateway listening: rest={} grpc={}", addrs.rest, addrs.grpc);
+        if let Some(path) = &ready_file {
+            let text = format!("{{\"rest\":\"{}\",\"grpc\":\"{}\"}}\n", addrs.rest, addrs.grpc);
+            let tmp = path.with_extension("tmp");
+            if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+                eprintln!("warning: cannot write ready file {}: {e}", path.display());
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,287 @@
-//! config (work in progress)
+//! The agent's configuration: which cluster it speaks for, where the gateway is, and (for the
+//! builtin backend) the nodes and queues it schedules.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
+use serde::{Deserialize, Serialize};
+
+use crate::builtin::{NodeSpec, QueueSpec};
+
+/// Why a configuration was refused. Every problem is listed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML, or unknown / mistyped fields.
+    #[error("config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Field path and reason.
+        message: String,
+    },
+    /// Values out of range.
+    #[error("config {path} is invalid:\n  {}", .problems.join("\n  "))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// One line per problem, naming the field.
+        problems: Vec<String>,
+    },
+}
+
+/// Module result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything an agent needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Unique cluster name.
+    pub cluster: String,
+    /// Region (as named in the gateway's network table).
+    pub region: String,
+    /// `owned` or `cloud`.
+    #[serde(default = "default_tier")]
+    pub tier: Tier,
+    /// Gateway gRPC address, e.g. `http://127.0.0.1:7071`.
+    #[serde(default = "default_gateway")]
+    pub gateway: String,
+    /// US$ per GPU-hour by GPU type.
+    #[serde(default)]
+    pub prices: BTreeMap<String, f64>,
+    /// Local scheduler; only `builtin` runs jobs in this release.
+    #[serde(default = "default_backend")]
+    pub backend: BackendKind,
+    /// Whether payloads with container images can run here.
+    #[serde(default = "yes")]
+    pub supports_containers: bool,
+    /// Whether payloads with only a command can run here.
+    #[serde(default = "yes")]
+    pub supports_bare_commands: bool,
+    /// Local queues and their fair-share weights (builtin backend). A job goes to the queue named
+    /// like its tenant, else `default`.
+    #[serde(default = "default_queues")]
+    pub queues: Vec<QueueConfig>,
+    /// Node groups (builtin backend).
+    #[serde(default)]
+    pub nodes: Vec<NodeGroup>,
+    /// Builtin backend: a job runs for `runtime.estimate × timeScale` (1 = real time).
+    #[serde(default = "one")]
+    pub time_scale: f64,
+    /// Inventory and queue pressure are sent on change and at least this often.
+    #[serde(default = "default_report_interval")]
+    pub report_interval: HumanDuration,
+}
+
+/// A local queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Queue name.
+    pub name: String,
+    /// Fair-share weight.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+/// `count` identical nodes named `{shape}-{index}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeGroup {
+    /// Shape name, also the node name prefix.
+    pub shape: String,
+    /// How many nodes.
+    pub count: u32,
+    /// GPU type of every node.
+    pub gpu_type: String,
+    /// Memory per GPU; defaults to the GPU type's known memory.
+    #[serde(default, rename = "gpuMemoryGiB")]
+    pub gpu_memory_gib: Option<u32>,
+    /// GPUs per node.
+    pub gpus: u32,
+    /// CPU cores per node.
+    pub cpu: u32,
+    /// Host memory per node in GiB.
+    #[serde(rename = "memoryGiB")]
+    pub memory_gib: u32,
+}
+
+fn default_tier() -> Tier {
+    Tier::Owned
+}
+fn default_gateway() -> String {
+    "http://127.0.0.1:7071".into()
+}
+fn default_backend() -> BackendKind {
+    BackendKind::Builtin
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_queues() -> Vec<QueueConfig> {
+    vec![QueueConfig { name: "default".into(), weight: 1.0 }]
+}
+fn default_report_interval() -> HumanDuration {
+    HumanDuration::from_secs(2)
+}
+
+impl AgentConfig {
+    /// Reads and checks a YAML config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks YAML text; `path` is used in messages only.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let value: serde_json::Value = serde_saphyr::from_str(text)
+            .map_err(|e| Error::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        let config: AgentConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let field = e.path().to_string();
+            Error::Parse { path: path.to_path_buf(), message: format!("{field}: {}", e.into_inner()) }
+        })?;
+        config.check(path)?;
+        Ok(config)
+    }
+
+    /// Checks what types cannot; lists every problem.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let mut problems = Vec::new();
+        let catalog = GpuCatalog::default();
+        if self.cluster.trim().is_empty() {
+            problems.push("cluster: must name the cluster".to_string());
+        }
+        if self.region.trim().is_empty() {
+            problems.push("region: must name the region".to_string());
+        }
+        if !(self.gateway.starts_with("http://") || self.gateway.starts_with("https://")) {
+            problems.push(format!("gateway: `{}` must start with http:// or https://", self.gateway));
+        }
+        for (gpu, price) in &self.prices {
+            if !price.is_finite() || *price < 0.0 {
+                problems.push(format!("prices.{gpu}: {price} must be a non-negative number of US$ per GPU-hour"));
+            }
+        }
+        if self.backend != BackendKind::Builtin {
+            problems.push("backend: only `builtin` is available in this release".to_string());
+        }
+        if self.queues.is_empty() {
+            problems.push("queues: at least one queue is needed".to_string());
+        }
+        for (i, q) in self.queues.iter().enumerate() {
+            if !q.weight.is_finite() || q.weight <= 0.0 {
+                problems.push(format!("queues[{i}].weight: {} must be a positive number", q.weight));
+            }
+        }
+        if self.nodes.is_empty() {
+            problems.push("nodes: the builtin backend needs at least one node group".to_string());
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.count == 0 {
+                problems.push(format!("nodes[{i}].count: must be at least 1"));
+            }
+            if n.gpus == 0 {
+                problems.push(format!("nodes[{i}].gpus: must be at least 1"));
+            }
+            if n.gpu_memory_gib.is_none() && !catalog.contains(&n.gpu_type) {
+                problems.push(format!(
+                    "nodes[{i}].gpuType: unknown GPU type `{}`; set gpuMemoryGiB or use one of {}",
+                    n.gpu_type,
+                    catalog.names().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        if !self.time_scale.is_finite() || self.time_scale <= 0.0 {
+            problems.push(format!("timeScale: {} must be a positive number", self.time_scale));
+        }
+        if self.report_interval.0.is_zero() {
+            problems.push("reportInterval: must be longer than 0s".to_string());
+        }
+        if problems.is_empty() { Ok(()) } else { Err(Error::Invalid { path: path.to_path_buf(), problems }) }
+    }
+
+    /// The cluster identity sent in the hello.
+    pub fn cluster_info(&self) -> ClusterInfo {
+        ClusterInfo {
+            name: self.cluster.clone(),
+            region: self.region.clone(),
+            tier: self.tier,
+            backend: self.backend,
+            prices: self.prices.clone(),
+            supports_containers: self.supports_containers,
+            supports_bare_commands: self.supports_bare_commands,
+        }
+    }
+
+    /// Declared nodes, expanded from their groups.
+    pub fn node_specs(&self) -> Vec<NodeSpec> {
+        let catalog = GpuCatalog::default();
+        self.nodes
+            .iter()
+            .flat_map(|group| {
+                let memory = group.gpu_memory_gib.or_else(|| catalog.memory_gib(&group.gpu_type)).unwrap_or(0);
+                (0..group.count).map(move |i| NodeSpec {
+                    name: format!("{}-{i}", group.shape),
+                    shape: group.shape.clone(),
+                    gpu_type: group.gpu_type.clone(),
+                    gpu_memory_gib: memory,
+                    gpus: group.gpus,
+                    cpu: group.cpu,
+                    memory_gib: group.memory_gib,
+                })
+            })
+            .collect()
+    }
+
+    /// Declared queues.
+    pub fn queue_specs(&self) -> Vec<QueueSpec> {
+        self.queues.iter().map(|q| QueueSpec { name: q.name.clone(), weight: q.weight }).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "cluster: east\nregion: us-east\nnodes:\n  - {shape: dgx, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+
+    #[test]
+    fn a_minimal_config_gets_defaults_and_expands_nodes() {
+        let config = AgentConfig::parse(GOOD, Path::new("a.yaml")).unwrap();
+        assert_eq!(config.tier, Tier::Owned);
+        let nodes = config.node_specs();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[1].name, "dgx-1");
+        assert_eq!(nodes[0].gpu_memory_gib, 80);
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        let text = "cluster: ''\nregion: r\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 5, "{problems:?}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = AgentConfig::parse(&format!("{GOOD}colour: red\n"), Path::new("a.yaml")).unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+}

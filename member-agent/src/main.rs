@@ -1,1 +1,54 @@
-fn main() {}
+//! `meridian-agent`: the member agent of one cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use meridian_agent::config::AgentConfig;
+
+/// Connects a member cluster to a Meridian gateway and runs the jobs it is offered.
+#[derive(Parser)]
+#[command(name = "meridian-agent", version)]
+struct Args {
+    /// Agent configuration (YAML): cluster, region, tier, prices, nodes, queues.
+    #[arg(short, long, env = "MERIDIAN_AGENT_CONFIG")]
+    config: PathBuf,
+    /// Gateway gRPC address; overrides the config's `gateway`.
+    #[arg(long, env = "MERIDIAN_GATEWAY_GRPC")]
+    gateway: Option<String>,
+    /// Builtin backend: jobs run for `runtime.estimate × SCALE`; overrides `timeScale`.
+    #[arg(long, value_name = "SCALE")]
+    time_scale: Option<f64>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    meridian_agent::init_logging("info");
+    let args = Args::parse();
+    let mut config = match AgentConfig::load(&args.config) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    if let Some(gateway) = args.gateway {
+        config.gateway = gateway;
+    }
+    if let Some(scale) = args.time_scale {
+        config.time_scale = scale;
+    }
+    if let Err(e) = config.check(&args.config) {
+        eprintln!("error: {e}");
+        return ExitCode::from(64);
+    }
+    let agent = match meridian_agent::agent_from_config(&config) {
+        Ok(agent) => agent,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    agent.run(meridian_agent::shutdown_signal()).await;
+    ExitCode::SUCCESS
+}

@@ -72,7 +72,7 @@ impl NodeFree {
     /// How many replicas needing `gpus`/`cpu`/`memory_gib` each fit on this node at once.
     /// A replica never spans nodes; a request of 0 of a resource does not limit the count.
     pub fn replicas_fitting(&self, gpus: u32, cpu: u32, memory_gib: u32) -> u32 {
-        let by = |free: u32, need: u32| if need == 0 { u32::MAX } else { free / need };
+        let by = |free: u32, need: u32| free.checked_div(need).unwrap_or(u32::MAX);
         by(self.gpus, gpus).min(by(self.cpu, cpu)).min(by(self.memory_gib, memory_gib))
     }
 }
@@ -112,7 +112,7 @@ impl NodeShape {
 
     /// Free GPUs summed over nodes (for display; placement counts per node).
     pub fn gpus_free(&self) -> u32 {
-        self.free.iter().map(|n| n.gpus).sum()
+        self.free.iter().fold(0u32, |sum, n| sum.saturating_add(n.gpus))
     }
 }
 
@@ -127,12 +127,12 @@ pub struct Inventory {
 impl Inventory {
     /// All GPUs of the cluster.
     pub fn gpus_total(&self) -> u32 {
-        self.shapes.iter().map(NodeShape::gpus_total).sum()
+        self.shapes.iter().fold(0u32, |sum, s| sum.saturating_add(s.gpus_total()))
     }
 
     /// Free GPUs summed over nodes.
     pub fn gpus_free(&self) -> u32 {
-        self.shapes.iter().map(NodeShape::gpus_free).sum()
+        self.shapes.iter().fold(0u32, |sum, s| sum.saturating_add(s.gpus_free()))
     }
 }
 
@@ -177,11 +177,11 @@ pub struct QueuePressure {
 impl QueuePressure {
     /// GPUs wanted by jobs already waiting in the cluster's local queues.
     pub fn pending_gpus(&self) -> u32 {
-        self.queues.iter().map(|q| q.pending_gpus).sum()
+        self.queues.iter().fold(0u32, |sum, q| sum.saturating_add(q.pending_gpus))
     }
 
     /// Jobs waiting in the cluster's local queues.
     pub fn pending_jobs(&self) -> u32 {
-        self.queues.iter().map(|q| q.pending_jobs).sum()
+        self.queues.iter().fold(0u32, |sum, q| sum.saturating_add(q.pending_jobs))
     }
 }

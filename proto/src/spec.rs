@@ -1,7 +1,7 @@
 //! The user-facing job spec: what a researcher writes once and submits.
 //!
 //! Field names are the public contract (`docs/job-spec.md` documents each one). Unknown fields are
-//! rejected so a typo never silently changes a job. Parse with [`parse_job_spec`], which accepts
+//! rejected so a typo never silently changes a job. Parse with [`crate::validate::parse_job_spec`], which accepts
 //! YAML or JSON and reports errors with the field path.
 
 use std::collections::BTreeMap;

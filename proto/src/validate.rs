@@ -83,7 +83,12 @@ pub fn parse_job_spec(text: &str, catalog: &GpuCatalog) -> Result<JobSpec, SpecE
         return Err(SpecError::TooLarge { size: text.len(), limit: MAX_SPEC_BYTES });
     }
     let value: serde_json::Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| SpecError::Syntax { format: "JSON", message: e.to_string() })?
+        // JSON, or a YAML document written in flow style: JSON's error is the one to show.
+        match serde_json::from_str(text) {
+            Ok(value) => value,
+            Err(json_error) => serde_saphyr::from_str(text)
+                .map_err(|_| SpecError::Syntax { format: "JSON", message: json_error.to_string() })?,
+        }
     } else {
         serde_saphyr::from_str(text).map_err(|e| SpecError::Syntax { format: "YAML", message: e.to_string() })?
     };
@@ -108,7 +113,7 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
     v.check_name("name", &spec.name);
     v.check_name("tenant", &spec.tenant);
     if spec.priority > 100 {
-        v.push("priority", format!("{} is out of range: use 0..100 (higher runs first)", spec.priority));
+        v.push("priority", format!("{} is out of range: use 0 to 100 (higher runs first)", spec.priority));
     }
     for (key, value) in &spec.labels {
         let field = format!("labels.{key}");
@@ -119,15 +124,15 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
             v.push(&field, "label values are up to 63 characters of letters, digits, `-`, `_`, `.`");
         }
     }
-    if let Some(key) = &spec.idempotency_key {
-        if key.is_empty() || key.len() > 128 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            v.push("idempotencyKey", "must be 1-128 characters without spaces");
-        }
+    if let Some(key) = &spec.idempotency_key
+        && (key.is_empty() || key.chars().count() > 128 || key.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        v.push("idempotencyKey", "must be 1-128 characters without spaces");
     }
 
     let gang = &spec.gang;
     if gang.replicas == 0 || gang.replicas > MAX_REPLICAS {
-        v.push("gang.replicas", format!("{} is out of range: use 1..{MAX_REPLICAS}", gang.replicas));
+        v.push("gang.replicas", format!("{} is out of range: use 1 to {MAX_REPLICAS}", gang.replicas));
     }
     let r = &gang.resources;
     if r.gpus == 0 {
@@ -178,7 +183,7 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
 
     let estimate = spec.runtime.estimate.as_secs();
     if estimate == 0 {
-        v.push("runtime.estimate", "must be longer than 0s");
+        v.push("runtime.estimate", "must be at least 1s");
     } else if estimate > MAX_RUNTIME_SECS {
         v.push("runtime.estimate", "must be at most 365d");
     }
@@ -218,13 +223,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         if after.as_secs() > MAX_BURST_AFTER_SECS {
             v.push("placement.burst.after", "must be at most 30d (use `burst: never` to never burst)");
         }
-        if let Some(max) = max_usd_per_hour {
-            if !max.is_finite() || max <= 0.0 {
-                v.push(
-                    "placement.burst.maxUsdPerHour",
-                    "must be a positive number of US$ per hour (or use `burst: never`)",
-                );
-            }
+        if let Some(max) = max_usd_per_hour
+            && (!max.is_finite() || max <= 0.0)
+        {
+            v.push("placement.burst.maxUsdPerHour", "must be a positive number of US$ per hour (or use `burst: never`)");
         }
     }
 

@@ -1,1 +1,230 @@
-//! Helpers for end-to-end tests.
+//! Harness for end-to-end tests: builds and starts the real `meridian gateway` and
+//! `meridian-agent` processes on `127.0.0.1:0` ports, talks to them over REST, gRPC and the CLI,
+//! and stops them when dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use meridian_gateway::client::Client;
+use serde_json::Value;
+
+/// Paths of the two binaries under test.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `meridian`.
+    pub meridian: PathBuf,
+    /// `meridian-agent`.
+    pub agent: PathBuf,
+}
+
+/// Builds the binaries once per test process (a no-op when they are fresh) and returns their
+/// paths. Building through cargo guarantees the tests never run stale binaries.
+pub fn binaries() -> &'static Binaries {
+    static BINARIES: OnceLock<Binaries> = OnceLock::new();
+    BINARIES.get_or_init(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&workspace)
+            .args(["build", "--quiet", "-p", "meridian-gateway", "-p", "meridian-agent", "--bins"])
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!("building the binaries failed: {other:?}"),
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
+        let dir = target.join("debug");
+        Binaries { meridian: dir.join("meridian"), agent: dir.join("meridian-agent") }
+    })
+}
+
+/// A child process killed on drop, with its stderr kept in a file for failure messages.
+pub struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(mut command: Command, log: PathBuf) -> Result<Self> {
+        let file = std::fs::File::create(&log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .env("MERIDIAN_LOG", "info")
+            .spawn()
+            .context("spawning process")?;
+        Ok(Self { child, log })
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running gateway.
+pub struct Gateway {
+    /// The process.
+    pub proc: Proc,
+    /// REST address.
+    pub rest: SocketAddr,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// Its working directory (config, data, logs).
+    pub dir: PathBuf,
+}
+
+impl Gateway {
+    /// Starts a gateway with `config` (YAML) in `dir`, on free ports, and waits until it listens.
+    pub async fn start(dir: &Path, config: &str) -> Result<Self> {
+        let config_path = dir.join("gateway.yaml");
+        std::fs::write(&config_path, config)?;
+        let ready = dir.join("gateway.ready");
+        let _ = std::fs::remove_file(&ready);
+        let mut command = Command::new(&binaries().meridian);
+        command.current_dir(dir).args(["gateway", "--config"]).arg(&config_path).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ]);
+        command.arg(dir.join("data")).arg("--ready-file").arg(&ready);
+        let mut proc = Proc::spawn(command, dir.join("gateway.log"))?;
+        let text = wait_for_file(&ready, &mut proc).await?;
+        let addrs: Value = serde_json::from_str(&text)?;
+        let rest = addrs["rest"].as_str().ok_or_else(|| anyhow!("ready file lacks rest"))?.parse()?;
+        let grpc = addrs["grpc"].as_str().ok_or_else(|| anyhow!("ready file lacks grpc"))?.parse()?;
+        Ok(Self { proc, rest, grpc, dir: dir.to_path_buf() })
+    }
+
+    /// A REST client for this gateway.
+    pub fn client(&self) -> Client {
+        Client::new(&self.rest.to_string()).unwrap_or_else(|e| panic!("client for {}: {e}", self.rest))
+    }
+
+    /// Runs the `meridian` CLI against this gateway.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(&binaries().meridian)
+            .args(args)
+            .env("MERIDIAN_GATEWAY", self.rest.to_string())
+            .output()
+            .unwrap_or_else(|e| panic!("running meridian {args:?}: {e}"))
+    }
+
+    /// Waits until `count` clusters are connected and have reported GPUs.
+    pub async fn wait_for_clusters(&self, count: usize) -> Result<Value> {
+        let client = self.client();
+        poll(Duration::from_secs(20), || async {
+            let clusters = client.clusters().await.ok()?;
+            let ready = clusters["clusters"]
+                .as_array()?
+                .iter()
+                .filter(|c| c["connected"] == true && c["gpusTotal"].as_u64().unwrap_or(0) > 0)
+                .count();
+            (ready >= count).then_some(clusters)
+        })
+        .await
+        .with_context(|| format!("{count} clusters did not connect; gateway log:\n{}", self.proc.log()))
+    }
+
+    /// Waits until job `id` is in `state` and returns it.
+    pub async fn wait_for_state(&self, id: &str, state: &str, timeout: Duration) -> Result<Value> {
+        let client = self.client();
+        let mut last = Value::Null;
+        let found = poll(timeout, || {
+            let client = &client;
+            let last = &mut last;
+            async move {
+                let job = client.get(id).await.ok()?;
+                let reached = job["state"] == state;
+                *last = job.clone();
+                reached.then_some(job)
+            }
+        })
+        .await;
+        found.with_context(|| format!("job {id} never reached {state}; last seen {last}\ngateway log:\n{}", self.proc.log()))
+    }
+}
+
+/// A running member agent.
+pub struct Agent {
+    /// The process.
+    pub proc: Proc,
+}
+
+impl Agent {
+    /// Starts an agent with `config` (YAML, its `gateway` replaced by `gateway`'s address).
+    pub fn start(dir: &Path, name: &str, config: &str, gateway: &Gateway) -> Result<Self> {
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, config)?;
+        let mut command = Command::new(&binaries().agent);
+        command.arg("--config").arg(&path).arg("--gateway").arg(format!("http://{}", gateway.grpc));
+        Ok(Self { proc: Proc::spawn(command, dir.join(format!("{name}.log")))? })
+    }
+}
+
+/// Polls `check` every 50 ms until it yields a value or `timeout` passes. Tests wait for a
+/// condition, never for a fixed time.
+pub async fn poll<T, F, Fut>(timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("condition not met within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_for_file(path: &Path, proc: &mut Proc) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.is_empty() {
+                return Ok(text);
+            }
+        }
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            bail!("gateway exited with {status}:\n{}", proc.log());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("gateway did not start:\n{}", proc.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An agent config for a builtin cluster. `nodes` is YAML list items (without the `nodes:` key).
+pub fn agent_config(cluster: &str, region: &str, tier: &str, prices: &str, nodes: &str, time_scale: f64) -> String {
+    format!(
+        "cluster: {cluster}\nregion: {region}\ntier: {tier}\nprices: {prices}\nbackend: builtin\n\
+         queues: [{{name: default, weight: 1}}]\nnodes:\n{nodes}\ntimeScale: {time_scale}\nreportInterval: 300ms\n"
+    )
+}
+
+/// A gateway config with quick placement rounds.
+pub const GATEWAY_CONFIG: &str = "placementInterval: 200ms\nofferTimeout: 10s\nclusterTimeout: 10s\n";

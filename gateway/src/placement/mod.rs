@@ -1,1 +1,114 @@
-//! placement (work in progress)
+//! Placement v1: which member cluster should run a job, as pure functions over a snapshot.
+//!
+//! 1. **Filter** ([`filter`]): per cluster, can it ever run the job (GPU type and memory, the gang
+//!    fits the node shapes counted per node, residency, include/exclude, payload kind, burst
+//!    rules and budget), and is its agent connected.
+//! 2. **Score** ([`score`]): expected start (queue wait vs. data transfer), compute and egress
+//!    cost, fragmentation, combined into one number of seconds.
+//! 3. **Burst**: cloud clusters stay out unless the best owned cluster's expected wait exceeds the
+//!    job's `burst.after` (or no owned cluster can run it).
+//! 4. **Decide** ([`decision`]): the lowest score wins, ties by cluster name. Late binding: the
+//!    caller offers the job only when [`Choice::starts_now`]; otherwise it stays queued.
+//!
+//! There is no I/O here, so the same code is unit-tested, property-tested, benchmarked
+//! (`benches/placement.rs`) and replayed by the simulator.
+
+pub mod decision;
+pub mod filter;
+pub mod network;
+pub mod score;
+pub mod snapshot;
+
+#[cfg(test)]
+mod tests;
+
+use meridian_proto::inventory::Tier;
+use meridian_proto::spec::{BurstPolicy, JobSpec};
+
+pub use decision::{Candidate, Choice, Decision, Verdict};
+pub use filter::{PayloadKind, Rejection};
+pub use network::{LinkCost, NetworkError, NetworkLink, NetworkTable};
+pub use score::{PlacementConfig, ScoreBreakdown};
+pub use snapshot::{ClusterSnapshot, FederationSnapshot};
+
+use decision::{GangShape, rank, summarize};
+use filter::{Need, static_rejections};
+use score::{RegionCosts, score};
+
+/// Decides where `job` should run given `snapshot`, keeping every cluster's verdict.
+///
+/// Deterministic: the same inputs give the same decision, whatever the order of clusters.
+pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementConfig) -> Decision {
+    let need = Need::of(job);
+    let mut regions = RegionCosts::new(&job.data, &snapshot.network);
+    let mut candidates = Vec::with_capacity(snapshot.clusters.len());
+    let mut best_owned_wait = f64::INFINITY;
+
+    for cluster in &snapshot.clusters {
+        let info = cluster.info();
+        let mut reasons = Vec::new();
+        if !cluster.is_connected() {
+            reasons.push(Rejection::Disconnected);
+        }
+        let mask = static_rejections(&need, cluster, &mut reasons);
+        let verdict = if reasons.is_empty() {
+            let breakdown = score(&need, cluster, mask, &mut regions, config);
+            if info.tier == Tier::Owned {
+                best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
+            }
+            Verdict::Scored(breakdown)
+        } else {
+            Verdict::Rejected { reasons }
+        };
+        candidates.push(Candidate {
+            cluster: info.name.clone(),
+            region: info.region.clone(),
+            tier: info.tier,
+            verdict,
+        });
+    }
+
+    // Burst gate, once the best owned wait is known. `burst: never` was already a static reason.
+    if let BurstPolicy::After { after, .. } = job.placement.burst {
+        let after_secs = after.as_secs();
+        let owned_is_slow = best_owned_wait > after_secs as f64; // also true when no owned cluster fits
+        if !owned_is_slow {
+            for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
+                candidate.verdict = Verdict::Rejected {
+                    reasons: vec![Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, after_secs }],
+                };
+            }
+        }
+    }
+
+    let best = candidates.iter().filter(|c| c.score().is_some()).min_by(|a, b| rank(a, b));
+    let chosen = best.and_then(|candidate| {
+        candidate.score().map(|s| Choice {
+            cluster: candidate.cluster.clone(),
+            gpu_type: s.gpu_type.clone(),
+            starts_now: s.fits_now,
+            expected_start_secs: s.expected_start_secs,
+            score: s.total,
+        })
+    });
+    let shape = GangShape { replicas: job.gang.replicas, gpus: job.gang.resources.gpus };
+    let summary = summarize(&job.name, shape, best, &candidates);
+    Decision { chosen, candidates, summary }
+}
+
+/// For submit-time rejection: `Some` with every (cluster, reason) when no known cluster could
+/// ever run `job`, even empty and connected; `None` when at least one could, or when no cluster
+/// is known yet (the job may wait for one to join).
+pub fn never_fits(job: &JobSpec, snapshot: &FederationSnapshot) -> Option<Vec<(String, Rejection)>> {
+    let need = Need::of(job);
+    let mut all = Vec::new();
+    for cluster in &snapshot.clusters {
+        let mut reasons = Vec::new();
+        static_rejections(&need, cluster, &mut reasons);
+        if reasons.is_empty() {
+            return None;
+        }
+        all.extend(reasons.into_iter().map(|r| (cluster.info().name.clone(), r)));
+    }
+    (!all.is_empty()).then_some(all)
+}

@@ -1,1 +1,254 @@
-//! builtin scheduler (work in progress)
+//! Meridian's builtin local scheduler: gang placement plus weighted fair share between queues,
+//! over the nodes declared in the agent's config.
+//!
+//! The scheduler is a pure, deterministic state machine. It does no I/O, spawns nothing and never
+//! reads a clock: every call that depends on time takes `now`, a [`Duration`] since an epoch the
+//! caller picks (monotonic). That is what lets the agent drive it with real time and the simulator
+//! drive the very same code in virtual time.
+//!
+//! Policy, in short (details on [`BuiltinScheduler`]):
+//! - **Gang, all or nothing.** A job starts only when every replica has a node; a replica never
+//!   spans nodes. Nodes are chosen best fit, fewest nodes (`gang.rs`).
+//! - **Weighted dominant resource fairness between queues** (`fairshare.rs`): the queue whose
+//!   dominant share divided by its weight is smallest goes first.
+//! - **Strict order inside a queue, no backfill.** Priority (higher first), then submit time, then
+//!   job id. A queue whose head does not fit waits; other queues may proceed meanwhile.
+
+use std::time::Duration;
+
+use meridian_proto::spec::JobSpec;
+
+mod fairshare;
+mod gang;
+mod report;
+mod scheduler;
+
+#[cfg(test)]
+mod proptests;
+
+pub use report::MAX_RELEASE_BUCKETS;
+pub use scheduler::BuiltinScheduler;
+
+/// Module-local result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A node the builtin backend manages, as declared in the agent's config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Unique node name; placements name nodes by it.
+    pub name: String,
+    /// Shape name (`dgx-h100`); nodes of one shape must be identical.
+    pub shape: String,
+    /// GPU type of the node's GPUs (`h100`).
+    pub gpu_type: String,
+    /// Memory per GPU in GiB.
+    pub gpu_memory_gib: u32,
+    /// GPUs of the node (at least 1).
+    pub gpus: u32,
+    /// CPU cores of the node.
+    pub cpu: u32,
+    /// Host memory of the node in GiB.
+    pub memory_gib: u32,
+}
+
+/// A local queue and its fair-share weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSpec {
+    /// Unique queue name; [`BuiltinScheduler::queue_for`] maps tenants to queues by it.
+    pub name: String,
+    /// Relative weight (finite, > 0): a queue of weight 2 is entitled to twice the share of a
+    /// queue of weight 1 when both have work.
+    pub weight: f64,
+}
+
+/// A job as the builtin scheduler sees it: one gang of identical replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalJob {
+    /// Unique job id (the gateway's id).
+    pub id: String,
+    /// Queue the job waits in and whose share it counts against.
+    pub queue: String,
+    /// Higher runs first within its queue.
+    pub priority: u32,
+    /// Number of replicas (at least 1); each lands on one node.
+    pub replicas: u32,
+    /// GPUs per replica (at least 1).
+    pub gpus: u32,
+    /// CPU cores per replica.
+    pub cpu: u32,
+    /// Host memory per replica in GiB.
+    pub memory_gib: u32,
+    /// Acceptable GPU types; empty means any.
+    pub gpu_types: Vec<String>,
+    /// Minimum memory per GPU in GiB; 0 means any.
+    pub gpu_memory_gib: u32,
+    /// How long the job runs once started (the builtin backend runs it for exactly this long).
+    pub run_for: Duration,
+}
+
+/// A job the scheduler has just started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    /// The job's id.
+    pub job_id: String,
+    /// One node name per replica, in replica order; a name repeats when replicas share a node.
+    pub nodes: Vec<String>,
+    /// When the job will complete (`now + run_for`).
+    pub ends_at: Duration,
+}
+
+/// A job waiting in a queue, as shown by [`BuiltinScheduler::pending`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingJob {
+    /// The job.
+    pub job: LocalJob,
+    /// When it was submitted; orders jobs of equal priority.
+    pub submitted_at: Duration,
+}
+
+/// A job holding nodes, as shown by [`BuiltinScheduler::running`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningJob {
+    /// The job.
+    pub job: LocalJob,
+    /// One node name per replica.
+    pub nodes: Vec<String>,
+    /// When it started.
+    pub started_at: Duration,
+    /// When it will complete.
+    pub ends_at: Duration,
+}
+
+/// What [`BuiltinScheduler::cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The job was waiting; it left its queue.
+    WasPending,
+    /// The job was running; its nodes are free again.
+    WasRunning,
+    /// No pending or running job has this id (it may have completed already).
+    NotFound,
+}
+
+/// Why the builtin scheduler refused a config or a job.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// The config declares no node, so nothing could ever run.
+    #[error("builtin backend: no nodes declared; add at least one node to the agent config")]
+    NoNodes,
+    /// Two nodes share a name, so placements would be ambiguous.
+    #[error("builtin backend: node `{name}` is declared twice; node names must be unique")]
+    DuplicateNode {
+        /// The repeated name.
+        name: String,
+    },
+    /// A node declares zero GPUs; the builtin backend only runs GPU jobs.
+    #[error("builtin backend: node `{name}` declares 0 GPUs; declare its GPUs or leave it out")]
+    NodeWithoutGpus {
+        /// The node.
+        name: String,
+    },
+    /// A node differs from the first node of its shape; a shape must describe identical nodes
+    /// because the inventory reports one description per shape.
+    #[error("builtin backend: node `{node}` differs from earlier nodes of shape `{shape}`; give it its own shape")]
+    InconsistentShape {
+        /// The shape.
+        shape: String,
+        /// The node that differs.
+        node: String,
+    },
+    /// The config declares no queue, so no job has anywhere to wait.
+    #[error("builtin backend: no queues declared; add at least one queue (e.g. `default`)")]
+    NoQueues,
+    /// Two queues share a name.
+    #[error("builtin backend: queue `{name}` is declared twice; queue names must be unique")]
+    DuplicateQueue {
+        /// The repeated name.
+        name: String,
+    },
+    /// A queue weight is zero, negative, NaN or infinite, which makes shares meaningless.
+    #[error("builtin backend: queue `{queue}` has weight {weight}; weights must be finite and > 0")]
+    InvalidWeight {
+        /// The queue.
+        queue: String,
+        /// The weight given.
+        weight: f64,
+    },
+    /// A job names a queue that does not exist.
+    #[error("job `{job_id}`: unknown queue `{queue}`")]
+    UnknownQueue {
+        /// The job.
+        job_id: String,
+        /// The queue it named.
+        queue: String,
+    },
+    /// A job with this id is already pending or running.
+    #[error("job `{job_id}` is already pending or running")]
+    DuplicateJob {
+        /// The job.
+        job_id: String,
+    },
+    /// A job asks for something meaningless (zero replicas or zero GPUs per replica).
+    #[error("job `{job_id}`: {reason}")]
+    InvalidJob {
+        /// The job.
+        job_id: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The job could not start even on a completely empty cluster (GPU type, GPU memory, or a gang
+    /// bigger than the nodes), so queueing it would wait forever.
+    #[error("job `{job_id}` can never fit this cluster's nodes, even when all are free")]
+    NeverFits {
+        /// The job.
+        job_id: String,
+    },
+    /// [`BuiltinScheduler::start_now`]: the whole gang does not fit on the free nodes now.
+    #[error("job `{job_id}` does not fit on the free nodes now")]
+    DoesNotFitNow {
+        /// The job.
+        job_id: String,
+    },
+    /// [`BuiltinScheduler::start_now`]: starting the job would overtake a pending job of equal or
+    /// higher priority in the same queue.
+    #[error("job `{job_id}` would overtake pending job `{ahead}` in queue `{queue}`")]
+    WouldOvertake {
+        /// The job.
+        job_id: String,
+        /// Its queue.
+        queue: String,
+        /// The pending job it would overtake (the queue's head).
+        ahead: String,
+    },
+}
+
+impl LocalJob {
+    /// Builds the local view of a submitted job spec; `queue` usually comes from
+    /// [`BuiltinScheduler::queue_for`] with the spec's tenant.
+    pub fn from_spec(id: impl Into<String>, spec: &JobSpec, queue: impl Into<String>, run_for: Duration) -> Self {
+        let resources = &spec.gang.resources;
+        Self {
+            id: id.into(),
+            queue: queue.into(),
+            priority: spec.priority,
+            replicas: spec.gang.replicas,
+            gpus: resources.gpus,
+            cpu: resources.cpu,
+            memory_gib: resources.memory_gib,
+            gpu_types: resources.gpu_types.clone(),
+            gpu_memory_gib: resources.gpu_memory_gib,
+            run_for,
+        }
+    }
+
+    /// GPUs of the whole gang, widened so large gangs cannot overflow.
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.gpus)
+    }
+
+    /// Whether a node of `gpu_type` with `gpu_memory_gib` per GPU is acceptable to this job.
+    pub fn accepts_gpu(&self, gpu_type: &str, gpu_memory_gib: u32) -> bool {
+        (self.gpu_types.is_empty() || self.gpu_types.iter().any(|t| t == gpu_type))
+            && gpu_memory_gib >= self.gpu_memory_gib
+    }
+}

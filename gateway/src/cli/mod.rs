@@ -1,0 +1,260 @@
+//! The `meridian` user commands: submit, list, inspect, explain and cancel jobs, and list member
+//! clusters, by talking to a running gateway through [`crate::client::Client`].
+//!
+//! The binary parses [`UserCommand`] and [`ClientArgs`] with clap and calls [`run`]; everything
+//! printed goes to the writer it passes, so the commands can be tested without a terminal.
+
+pub mod format;
+pub mod render;
+pub mod table;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::client::{Client, ClientError};
+
+/// The job states the API knows, in their canonical spelling.
+const STATES: [&str; 8] = ["Queued", "Offered", "Bound", "Running", "Succeeded", "Failed", "Cancelled", "Unknown"];
+
+/// The commands a user runs against a gateway.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum UserCommand {
+    /// Submit a job spec (YAML or JSON).
+    Submit {
+        /// The job spec file; `-` reads standard input.
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// List jobs.
+    Jobs {
+        /// Only jobs whose labels match, such as `project=llm`.
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        /// Only jobs of this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only jobs in this state (Queued, Offered, Bound, Running, Succeeded, Failed, Cancelled).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one job.
+    Job {
+        /// The job's id (`j-...`).
+        id: String,
+    },
+    /// Explain where a job was placed and why the other clusters were not chosen.
+    Explain {
+        /// The job's id (`j-...`).
+        id: String,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// The job's id (`j-...`).
+        id: String,
+    },
+    /// List member clusters with their free GPUs, queue and prices.
+    Clusters,
+}
+
+/// Options shared by every user command: which gateway to ask and how to print the answer.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ClientArgs {
+    /// The gateway's REST address: HOST:PORT or http://HOST:PORT.
+    #[arg(long, env = "MERIDIAN_GATEWAY", default_value = "127.0.0.1:7070", global = true)]
+    pub gateway: String,
+    /// How to print answers: readable tables, or the API's JSON.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    pub output: OutputFormat,
+}
+
+/// How the user commands print what the gateway answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned tables and short sentences for people.
+    #[default]
+    Table,
+    /// The API's JSON, pretty-printed, for scripts.
+    Json,
+}
+
+/// Why a user command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Talking to the gateway failed, or it refused the request (the message lists each invalid
+    /// field on its own line).
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The job spec file could not be read.
+    #[error("cannot read the job spec from {}: {source}", describe_path(path))]
+    ReadSpec {
+        /// The path given with `-f` (`-` for standard input).
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer could not be written out.
+    #[error("cannot write the output: {0}")]
+    Output(#[source] std::io::Error),
+}
+
+/// Runs one user command against the gateway named in `args` and writes what it prints to
+/// `out`. A closed pipe (`meridian jobs | head`) is not an error.
+pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let client = Client::new(&args.gateway)?;
+    let now = now_ms();
+    let (answer, table): (Value, String) = match cmd {
+        UserCommand::Submit { file } => {
+            let spec = read_spec(&file).await?;
+            let (job, created) = client.submit(&spec).await?;
+            let text = render::submitted(&job, created);
+            (job, text)
+        }
+        UserCommand::Jobs { selector, tenant, state } => {
+            let state = state.map(|s| canonical_state(&s));
+            let list = client.list(tenant.as_deref(), state.as_deref(), selector.as_deref()).await?;
+            let text = render::jobs(&list, now);
+            (list, text)
+        }
+        UserCommand::Job { id } => {
+            let job = client.get(&id).await?;
+            let text = render::job(&job, now);
+            (job, text)
+        }
+        UserCommand::Explain { id } => {
+            let explanation = client.explain(&id).await?;
+            let text = render::explain(&explanation);
+            (explanation, text)
+        }
+        UserCommand::Cancel { id } => {
+            let job = client.cancel(&id).await?;
+            let text = render::cancelled(&job);
+            (job, text)
+        }
+        UserCommand::Clusters => {
+            let list = client.clusters().await?;
+            let text = render::clusters(&list);
+            (list, text)
+        }
+    };
+    let text = match args.output {
+        OutputFormat::Table => table,
+        OutputFormat::Json => {
+            let mut json = serde_json::to_string_pretty(&answer).map_err(|e| CliError::Output(e.into()))?;
+            json.push('\n');
+            json
+        }
+    };
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.map_err(CliError::Output),
+    }
+}
+
+/// Reads the spec text from a file, or from standard input for `-`.
+async fn read_spec(path: &Path) -> Result<String, CliError> {
+    let read_error = |source| CliError::ReadSpec { path: path.to_owned(), source };
+    if path == Path::new("-") {
+        // tokio's stdin needs a feature the workspace does not enable; read on a blocking thread.
+        tokio::task::spawn_blocking(|| std::io::read_to_string(std::io::stdin()))
+            .await
+            .map_err(|join| read_error(std::io::Error::other(join)))?
+            .map_err(read_error)
+    } else {
+        tokio::fs::read_to_string(path).await.map_err(read_error)
+    }
+}
+
+/// `running` → `Running`, so users need not remember the API's capitalisation; unknown words
+/// pass through for the gateway to judge.
+fn canonical_state(state: &str) -> String {
+    STATES.iter().find(|known| known.eq_ignore_ascii_case(state)).map_or_else(|| state.to_owned(), |k| (*k).to_owned())
+}
+
+fn describe_path(path: &Path) -> String {
+    if path == Path::new("-") { "standard input".to_owned() } else { path.display().to_string() }
+}
+
+/// Wall-clock milliseconds since the Unix epoch, the clock the API's timestamps use.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, clap::Parser)]
+    struct TestCli {
+        #[command(subcommand)]
+        command: UserCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    }
+
+    fn parse(args: &[&str]) -> TestCli {
+        TestCli::try_parse_from(std::iter::once("meridian").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn commands_parse_with_global_options_anywhere() {
+        let cli = parse(&["--gateway", "gw:1", "jobs", "-l", "project=llm", "--state", "running", "-o", "json"]);
+        assert_eq!(
+            cli.command,
+            UserCommand::Jobs { selector: Some("project=llm".into()), tenant: None, state: Some("running".into()) }
+        );
+        assert_eq!(cli.client.output, OutputFormat::Json);
+        assert_eq!(cli.client.gateway, "gw:1");
+
+        let cli = parse(&["--gateway", "gw:1", "submit", "-f", "-"]);
+        assert_eq!(cli.command, UserCommand::Submit { file: PathBuf::from("-") });
+        assert_eq!(cli.client.output, OutputFormat::Table);
+        assert_eq!(parse(&["--gateway", "x", "explain", "j-1"]).command, UserCommand::Explain { id: "j-1".into() });
+        assert_eq!(parse(&["--gateway", "x", "clusters"]).command, UserCommand::Clusters);
+        assert!(TestCli::try_parse_from(["meridian", "-o", "yaml", "clusters"]).is_err());
+    }
+
+    #[test]
+    fn command_definitions_are_consistent() {
+        <TestCli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn states_are_capitalised_like_the_api() {
+        assert_eq!(canonical_state("running"), "Running");
+        assert_eq!(canonical_state("CANCELLED"), "Cancelled");
+        assert_eq!(canonical_state("weird"), "weird");
+    }
+
+    #[test]
+    fn api_errors_print_the_message_then_each_field() {
+        let error = CliError::from(ClientError::Api {
+            status: 400,
+            code: "invalid_spec".into(),
+            message: "the job spec has 2 problems".into(),
+            fields: vec![
+                crate::client::FieldError { field: "gang.resources.gpus".into(), reason: "must be at least 1".into() },
+                crate::client::FieldError { field: "tenant".into(), reason: "must not be empty".into() },
+            ],
+        });
+        assert_eq!(
+            error.to_string(),
+            "the job spec has 2 problems\n  gang.resources.gpus: must be at least 1\n  tenant: must not be empty"
+        );
+    }
+
+    #[tokio::test]
+    async fn unreadable_spec_files_are_named() {
+        let args = ClientArgs { gateway: "127.0.0.1:9".into(), output: OutputFormat::Table };
+        let missing = PathBuf::from("/definitely/not/here.yaml");
+        let mut out = Vec::new();
+        let error = run(UserCommand::Submit { file: missing }, &args, &mut out).await.unwrap_err();
+        assert!(error.to_string().starts_with("cannot read the job spec from /definitely/not/here.yaml: "), "{error}");
+    }
+}

@@ -1,0 +1,463 @@
+//! Turns API answers (as JSON) into the text the user commands print.
+//!
+//! Every function takes the API's JSON and returns the whole text, so the output can be tested
+//! without a gateway. Missing or null fields print as `-`, so an older or newer gateway still
+//! renders.
+
+use serde_json::Value;
+
+use super::format;
+use super::table::{Table, key_values};
+
+/// Placeholder for a missing value.
+const NONE: &str = "-";
+
+/// `meridian submit`: `job j-... submitted (Queued)`, or `already submitted` when the gateway
+/// returned an existing job for the same idempotency key.
+pub fn submitted(job: &Value, created: bool) -> String {
+    let verb = if created { "submitted" } else { "already submitted" };
+    format!("job {} {verb} ({})\n", text(job, "/id"), text(job, "/state"))
+}
+
+/// `meridian cancel`: `job j-... Cancelled`, or what state the job had already reached.
+pub fn cancelled(job: &Value) -> String {
+    let id = text(job, "/id");
+    match str_at(job, "/state") {
+        Some("Cancelled") => format!("job {id} Cancelled\n"),
+        Some(state @ ("Succeeded" | "Failed")) => format!("job {id} had already {state}; nothing to cancel\n"),
+        _ => {
+            let message = str_at(job, "/message").filter(|m| !m.is_empty());
+            match message {
+                Some(message) => format!("job {id} {}: {message}\n", text(job, "/state")),
+                None => format!("job {id} {}\n", text(job, "/state")),
+            }
+        }
+    }
+}
+
+/// `meridian jobs`: ID, NAME, TENANT, STATE, CLUSTER, GPUS (replicas×GPUs), AGE.
+pub fn jobs(list: &Value, now_ms: i64) -> String {
+    let jobs = list.get("jobs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if jobs.is_empty() {
+        return "no jobs\n".to_owned();
+    }
+    let mut table = Table::new(["ID", "NAME", "TENANT", "STATE", "CLUSTER", "GPUS", "AGE"]);
+    for job in jobs {
+        table.row([
+            text(job, "/id"),
+            text(job, "/spec/name"),
+            text(job, "/spec/tenant"),
+            text(job, "/state"),
+            text(job, "/cluster"),
+            gang_gpus(job),
+            time_ago(job, "/submittedAtMs", now_ms),
+        ]);
+    }
+    table.render()
+}
+
+/// `meridian job ID`: the job's status as a key/value block, then a summary of its spec.
+pub fn job(job: &Value, now_ms: i64) -> String {
+    let nodes = job.get("nodes").and_then(Value::as_array).map(|nodes| join(nodes.iter().filter_map(Value::as_str)));
+    let mut status = vec![
+        ("ID", text(job, "/id")),
+        ("Name", text(job, "/spec/name")),
+        ("Tenant", text(job, "/spec/tenant")),
+        ("State", text(job, "/state")),
+        ("Cluster", text(job, "/cluster")),
+        ("Nodes", nodes.filter(|n| !n.is_empty()).unwrap_or_else(|| NONE.to_owned())),
+        ("Fencing token", text(job, "/fencingToken")),
+        ("Submitted", ago(job, "/submittedAtMs", now_ms)),
+        ("Started", ago(job, "/startedAtMs", now_ms)),
+        ("Finished", ago(job, "/finishedAtMs", now_ms)),
+    ];
+    if let (Some(started), end) = (int_at(job, "/startedAtMs"), int_at(job, "/finishedAtMs")) {
+        let end = end.unwrap_or(now_ms);
+        status.push(("Run time", format::age(end, started)));
+    }
+    if let Some(message) = str_at(job, "/message").filter(|m| !m.is_empty()) {
+        status.push(("Message", message.to_owned()));
+    }
+    let mut out = key_values(&status);
+    let Some(spec) = job.get("spec").filter(|s| s.is_object()) else {
+        return out;
+    };
+    out.push_str("\nSpec:\n");
+    for line in key_values(&spec_summary(spec)).lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `meridian explain ID`: the summary sentence, a table of every candidate cluster with its
+/// score, and why each rejected cluster was rejected.
+pub fn explain(explanation: &Value) -> String {
+    let mut out = String::new();
+    match str_at(explanation, "/summary").filter(|s| !s.is_empty()) {
+        Some(summary) => out.push_str(summary),
+        None => {
+            out.push_str(&format!("job {} is {}", text(explanation, "/jobId"), text(explanation, "/state")));
+        }
+    }
+    out.push('\n');
+    let candidates = explanation.get("candidates").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if candidates.is_empty() {
+        out.push_str("\nno member clusters were considered\n");
+        return out;
+    }
+    let mut table = Table::new(["CLUSTER", "REGION", "TIER", "VERDICT", "WAIT", "TRANSFER", "COST($)", "SCORE"]);
+    for candidate in candidates {
+        let score = candidate.get("score").filter(|s| s.is_object());
+        let wait = score.map(|score| {
+            let wait = num_at(score, "/expectedWaitSecs");
+            match (score.get("fitsNow").and_then(Value::as_bool), wait) {
+                (Some(true), None | Some(0.0)) => "now".to_owned(),
+                (_, Some(wait)) => format::duration(wait),
+                (_, None) => NONE.to_owned(),
+            }
+        });
+        let transfer = score.and_then(|s| num_at(s, "/transferSecs")).map(format::duration);
+        let cost = score.and_then(|s| {
+            let egress = num_at(s, "/egressUsd");
+            let compute = num_at(s, "/computeUsd");
+            (egress.is_some() || compute.is_some()).then(|| format::usd(egress.unwrap_or(0.0) + compute.unwrap_or(0.0)))
+        });
+        let total = score.and_then(|s| num_at(s, "/total")).map(|total| format!("{total:.1}"));
+        table.row([
+            text(candidate, "/cluster"),
+            text(candidate, "/region"),
+            text(candidate, "/tier"),
+            text(candidate, "/verdict"),
+            or_none(wait),
+            or_none(transfer),
+            or_none(cost),
+            or_none(total),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&table.render());
+
+    let mut rejections = String::new();
+    for candidate in candidates.iter().filter(|c| str_at(c, "/verdict") == Some("rejected")) {
+        let cluster = text(candidate, "/cluster");
+        let reasons: Vec<&str> = candidate
+            .get("reasons")
+            .and_then(Value::as_array)
+            .map(|reasons| reasons.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if reasons.is_empty() {
+            rejections.push_str(&format!("  {cluster}: no reason given\n"));
+        }
+        for reason in reasons {
+            rejections.push_str(&format!("  {cluster}: {reason}\n"));
+        }
+    }
+    if !rejections.is_empty() {
+        out.push_str("\nrejected:\n");
+        out.push_str(&rejections);
+    }
+    out
+}
+
+/// `meridian clusters`: NAME, REGION, TIER, BACKEND, UP, GPUS (free/total), PENDING (jobs and
+/// their GPUs), WAIT (estimated), PRICE (per GPU-hour by type).
+pub fn clusters(list: &Value) -> String {
+    let clusters = list.get("clusters").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if clusters.is_empty() {
+        return "no member clusters\n".to_owned();
+    }
+    let mut table = Table::new(["NAME", "REGION", "TIER", "BACKEND", "UP", "GPUS", "PENDING", "WAIT", "PRICE"]);
+    for cluster in clusters {
+        let up = match cluster.get("connected").and_then(Value::as_bool) {
+            Some(true) => "yes".to_owned(),
+            Some(false) => match num_at(cluster, "/lastSeenSecsAgo") {
+                Some(ago) => format!("no ({} ago)", format::duration(ago)),
+                None => "no".to_owned(),
+            },
+            None => NONE.to_owned(),
+        };
+        let gpus = format!("{}/{}", text(cluster, "/gpusFree"), text(cluster, "/gpusTotal"));
+        let pending = match int_at(cluster, "/pendingGpus") {
+            Some(gpus) => format!("{} ({gpus} GPUs)", text(cluster, "/pendingJobs")),
+            None => text(cluster, "/pendingJobs"),
+        };
+        let wait = num_at(cluster, "/estimatedWaitSecs").map(format::duration);
+        let prices = cluster.get("prices").and_then(Value::as_object).map(|prices| {
+            join(prices.iter().filter_map(|(gpu, price)| price.as_f64().map(|p| format!("{gpu} ${}", format::usd(p)))))
+        });
+        table.row([
+            text(cluster, "/name"),
+            text(cluster, "/region"),
+            text(cluster, "/tier"),
+            text(cluster, "/backend"),
+            up,
+            gpus,
+            pending,
+            or_none(wait),
+            or_none(prices.filter(|p| !p.is_empty())),
+        ]);
+    }
+    table.render()
+}
+
+/// The spec lines of `meridian job ID`.
+fn spec_summary(spec: &Value) -> Vec<(&'static str, String)> {
+    let mut lines = vec![("Priority", text(spec, "/priority"))];
+    if let Some(labels) = spec.get("labels").and_then(Value::as_object).filter(|l| !l.is_empty()) {
+        lines.push(("Labels", join(labels.iter().map(|(key, value)| format!("{key}={}", scalar(value))))));
+    }
+    if let Some(key) = str_at(spec, "/idempotencyKey") {
+        lines.push(("Idempotency key", key.to_owned()));
+    }
+
+    let resources = spec.pointer("/gang/resources");
+    let mut gang = format!(
+        "{} replica(s) × {} GPU",
+        int_at(spec, "/gang/replicas").unwrap_or(1),
+        text(spec, "/gang/resources/gpus")
+    );
+    if let Some(types) = resources.and_then(|r| r.get("gpuTypes")).and_then(Value::as_array).filter(|t| !t.is_empty()) {
+        gang.push_str(&format!(" ({})", join(types.iter().map(scalar))));
+    }
+    for (pointer, unit) in [("/gpuMemoryGiB", "GiB per GPU"), ("/cpu", "CPU"), ("/memoryGiB", "GiB memory")] {
+        if let Some(amount) = resources.and_then(|r| r.pointer(pointer)).and_then(Value::as_u64).filter(|&a| a > 0) {
+            gang.push_str(&format!(", {amount} {unit}"));
+        }
+    }
+    lines.push(("Gang", gang));
+
+    if spec.get("runtime").is_some() {
+        let mut runtime = format!("estimate {}", text(spec, "/runtime/estimate"));
+        if let Some(limit) = str_at(spec, "/runtime/limit") {
+            runtime.push_str(&format!(", limit {limit}"));
+        }
+        lines.push(("Runtime", runtime));
+    }
+    if let Some(data) = spec.get("data").and_then(Value::as_array).filter(|d| !d.is_empty()) {
+        let data =
+            data.iter().map(|d| format!("{} ({} GiB in {})", text(d, "/uri"), text(d, "/sizeGiB"), text(d, "/region")));
+        lines.push(("Data", data.collect::<Vec<_>>().join("\n")));
+    }
+    if let Some(placement) = spec.get("placement") {
+        let mut rules = Vec::new();
+        for (pointer, name) in [("/regions", "regions"), ("/clusters/include", "only"), ("/clusters/exclude", "never")]
+        {
+            if let Some(list) = placement.pointer(pointer).and_then(Value::as_array).filter(|l| !l.is_empty()) {
+                rules.push(format!("{name} {}", join(list.iter().map(scalar))));
+            }
+        }
+        match placement.get("burst") {
+            Some(Value::String(never)) => rules.push(format!("burst {never}")),
+            Some(burst @ Value::Object(_)) => {
+                let mut rule = format!("burst after {}", text(burst, "/after"));
+                if let Some(cap) = num_at(burst, "/maxUsdPerHour") {
+                    rule.push_str(&format!(" up to ${}/h", format::usd(cap)));
+                }
+                rules.push(rule);
+            }
+            _ => {}
+        }
+        if !rules.is_empty() {
+            lines.push(("Placement", rules.join("; ")));
+        }
+    }
+    if let Some(image) = str_at(spec, "/payload/image") {
+        lines.push(("Image", image.to_owned()));
+    }
+    if let Some(command) = spec.pointer("/payload/command").and_then(Value::as_array).filter(|c| !c.is_empty()) {
+        lines.push(("Command", command.iter().map(scalar).collect::<Vec<_>>().join(" ")));
+    }
+    lines
+}
+
+/// `replicas×gpus` of a job, such as `2×8`.
+fn gang_gpus(job: &Value) -> String {
+    match int_at(job, "/spec/gang/resources/gpus") {
+        Some(gpus) => format!("{}×{gpus}", int_at(job, "/spec/gang/replicas").unwrap_or(1)),
+        None => NONE.to_owned(),
+    }
+}
+
+/// The age of a millisecond timestamp, `-` when absent.
+fn time_ago(value: &Value, pointer: &str, now_ms: i64) -> String {
+    int_at(value, pointer).map(|then| format::age(now_ms, then)).unwrap_or_else(|| NONE.to_owned())
+}
+
+/// Like [`time_ago`], with ` ago` appended.
+fn ago(value: &Value, pointer: &str, now_ms: i64) -> String {
+    match int_at(value, pointer) {
+        Some(then) => format!("{} ago", format::age(now_ms, then)),
+        None => NONE.to_owned(),
+    }
+}
+
+fn str_at<'v>(value: &'v Value, pointer: &str) -> Option<&'v str> {
+    value.pointer(pointer).and_then(Value::as_str)
+}
+
+fn int_at(value: &Value, pointer: &str) -> Option<i64> {
+    let found = value.pointer(pointer)?;
+    found.as_i64().or_else(|| found.as_f64().map(|f| f as i64))
+}
+
+fn num_at(value: &Value, pointer: &str) -> Option<f64> {
+    value.pointer(pointer).and_then(Value::as_f64)
+}
+
+/// A scalar at `pointer` as text; `-` when missing or null.
+fn text(value: &Value, pointer: &str) -> String {
+    value.pointer(pointer).map(scalar).unwrap_or_else(|| NONE.to_owned())
+}
+
+/// Strings without quotes, numbers and booleans as written, null as `-`, anything else as JSON.
+fn scalar(value: &Value) -> String {
+    match value {
+        Value::Null => NONE.to_owned(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn or_none(value: Option<String>) -> String {
+    value.unwrap_or_else(|| NONE.to_owned())
+}
+
+fn join<I, S>(items: I) -> String
+where
+    I: Iterator<Item = S>,
+    S: AsRef<str>,
+{
+    items.map(|item| item.as_ref().to_owned()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SUBMITTED_MS: i64 = 1_764_000_000_000;
+
+    fn sample_job() -> Value {
+        json!({
+            "id": "j-7f3a", "state": "Running", "cluster": "onprem-east", "fencingToken": 3,
+            "message": "", "submittedAtMs": SUBMITTED_MS, "startedAtMs": SUBMITTED_MS + 60_000,
+            "finishedAtMs": null, "nodes": ["node-a", "node-b"],
+            "spec": {
+                "name": "llm-pretrain", "tenant": "research", "priority": 70,
+                "labels": {"project": "llm"},
+                "gang": {"replicas": 2, "resources": {"gpus": 8, "gpuTypes": ["h100"], "cpu": 32}},
+                "runtime": {"estimate": "6h"},
+                "data": [{"uri": "s3://corpus/v3", "sizeGiB": 500.0, "region": "us-east"}],
+                "placement": {"regions": ["us-east"], "burst": {"after": "30m", "maxUsdPerHour": 80.0}},
+                "payload": {"command": ["python", "train.py"]}
+            }
+        })
+    }
+
+    #[test]
+    fn jobs_table_shows_gang_size_and_age() {
+        let list = json!({"jobs": [
+            sample_job(),
+            {"id": "j-2", "state": "Queued", "cluster": null, "submittedAtMs": SUBMITTED_MS + 180_000,
+             "spec": {"name": "eval", "tenant": "ml", "gang": {"replicas": 1, "resources": {"gpus": 1}}}}
+        ]});
+        let text = jobs(&list, SUBMITTED_MS + 192_000);
+        assert_eq!(
+            text,
+            "ID       NAME           TENANT     STATE     CLUSTER       GPUS   AGE\n\
+             j-7f3a   llm-pretrain   research   Running   onprem-east   2×8    3m12s\n\
+             j-2      eval           ml         Queued    -             1×1    12s\n"
+        );
+        assert_eq!(jobs(&json!({"jobs": []}), 0), "no jobs\n");
+    }
+
+    #[test]
+    fn job_detail_lists_status_and_spec() {
+        let text = job(&sample_job(), SUBMITTED_MS + 3_600_000);
+        assert!(text.starts_with("ID:             j-7f3a\n"), "{text}");
+        assert!(text.contains("Nodes:          node-a, node-b\n"), "{text}");
+        assert!(text.contains("Submitted:      1h ago\n"), "{text}");
+        assert!(text.contains("Finished:       -\n"), "{text}");
+        assert!(text.contains("Run time:       59m\n"), "{text}");
+        assert!(text.contains("  Gang:       2 replica(s) × 8 GPU (h100), 32 CPU\n"), "{text}");
+        assert!(text.contains("  Labels:     project=llm\n"), "{text}");
+        assert!(text.contains("  Data:       s3://corpus/v3 (500.0 GiB in us-east)\n"), "{text}");
+        assert!(text.contains("  Placement:  regions us-east; burst after 30m up to $80.00/h\n"), "{text}");
+        assert!(text.contains("  Command:    python train.py\n"), "{text}");
+    }
+
+    #[test]
+    fn explain_shows_scores_and_rejection_reasons() {
+        let explanation = json!({
+            "jobId": "j-7f3a", "state": "Bound", "cluster": "onprem-west", "decidedAtMs": SUBMITTED_MS,
+            "summary": "Placed on onprem-west: it fits now and the data is 12s away.",
+            "candidates": [
+                {"cluster": "onprem-west", "region": "us-west", "tier": "owned", "verdict": "chosen",
+                 "reasons": ["fits now"],
+                 "score": {"fitsNow": true, "expectedWaitSecs": 0.0, "transferSecs": 12.5, "egressUsd": 1.2,
+                           "computeUsd": 40.0, "fragmentation": 0.1, "total": 123.0}},
+                {"cluster": "gcp-central", "region": "us-central", "tier": "cloud", "verdict": "feasible",
+                 "reasons": [],
+                 "score": {"fitsNow": false, "expectedWaitSecs": 720.0, "transferSecs": 95.0, "egressUsd": 10.0,
+                           "computeUsd": 80.5, "fragmentation": 0.0, "total": 310.25}},
+                {"cluster": "onprem-east", "region": "us-east", "tier": "owned", "verdict": "rejected",
+                 "reasons": ["the gang of 2×8 GPUs never fits: the largest node has 4 GPUs", "region not allowed"],
+                 "score": null}
+            ]
+        });
+        assert_eq!(
+            explain(&explanation),
+            "Placed on onprem-west: it fits now and the data is 12s away.\n\
+             \n\
+             CLUSTER       REGION       TIER    VERDICT    WAIT   TRANSFER   COST($)   SCORE\n\
+             onprem-west   us-west      owned   chosen     now    13s        41.20     123.0\n\
+             gcp-central   us-central   cloud   feasible   12m    1m35s      90.50     310.2\n\
+             onprem-east   us-east      owned   rejected   -      -          -         -\n\
+             \n\
+             rejected:\n  \
+               onprem-east: the gang of 2×8 GPUs never fits: the largest node has 4 GPUs\n  \
+               onprem-east: region not allowed\n"
+        );
+    }
+
+    #[test]
+    fn explain_without_candidates_says_so() {
+        let text = explain(&json!({"jobId": "j-1", "state": "Queued", "summary": "", "candidates": []}));
+        assert_eq!(text, "job j-1 is Queued\n\nno member clusters were considered\n");
+    }
+
+    #[test]
+    fn clusters_table_shows_capacity_queue_and_prices() {
+        let list = json!({"clusters": [
+            {"name": "onprem-east", "region": "us-east", "tier": "owned", "backend": "slurm", "connected": true,
+             "lastSeenSecsAgo": 1.2, "gpusTotal": 64, "gpusFree": 12, "gpuTypes": ["h100"], "pendingJobs": 3,
+             "pendingGpus": 24, "estimatedWaitSecs": 600, "federatedJobs": 5, "prices": {}},
+            {"name": "gcp", "region": "us-central", "tier": "cloud", "backend": "kubernetes", "connected": false,
+             "lastSeenSecsAgo": 95.0, "gpusTotal": 32, "gpusFree": 32, "gpuTypes": ["a100", "h100"],
+             "pendingJobs": 0, "pendingGpus": 0, "estimatedWaitSecs": 0, "federatedJobs": 0,
+             "prices": {"a100": 1.8, "h100": 2.5}}
+        ]});
+        assert_eq!(
+            clusters(&list),
+            "NAME          REGION       TIER    BACKEND      UP               GPUS    PENDING       WAIT   PRICE\n\
+             onprem-east   us-east      owned   slurm        yes              12/64   3 (24 GPUs)   10m    -\n\
+             gcp           us-central   cloud   kubernetes   no (1m35s ago)   32/32   0 (0 GPUs)    0s     a100 $1.80, h100 $2.50\n"
+        );
+        assert_eq!(clusters(&json!({"clusters": []})), "no member clusters\n");
+    }
+
+    #[test]
+    fn submit_and_cancel_lines() {
+        let job = json!({"id": "j-1", "state": "Queued"});
+        assert_eq!(submitted(&job, true), "job j-1 submitted (Queued)\n");
+        assert_eq!(submitted(&job, false), "job j-1 already submitted (Queued)\n");
+        assert_eq!(cancelled(&json!({"id": "j-1", "state": "Cancelled"})), "job j-1 Cancelled\n");
+        assert_eq!(
+            cancelled(&json!({"id": "j-1", "state": "Succeeded"})),
+            "job j-1 had already Succeeded; nothing to cancel\n"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! The outcome of placing one job, with every cluster's verdict kept for `meridian explain`.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::inventory::Tier;
+use serde::{Deserialize, Serialize};
+
+use super::filter::Rejection;
+use super::score::ScoreBreakdown;
+
+/// What placement decided for one job, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// The best-scored cluster, or None when no cluster may take the job now.
+    pub chosen: Option<Choice>,
+    /// One entry per cluster of the snapshot, in snapshot order.
+    pub candidates: Vec<Candidate>,
+    /// One sentence for people, with the numbers that decided it.
+    pub summary: String,
+}
+
+/// The cluster placement picked. Late binding: the caller offers the job there only when
+/// `starts_now`; otherwise the job stays queued, waiting for that cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Choice {
+    /// Cluster name.
+    pub cluster: String,
+    /// GPU type the gang would use there.
+    pub gpu_type: String,
+    /// The whole gang fits on free nodes there now.
+    pub starts_now: bool,
+    /// When the job is expected to start there, seconds from now (waiting and data transfer).
+    pub expected_start_secs: f64,
+    /// Its score (lower is better).
+    pub score: f64,
+}
+
+/// One cluster's verdict for the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    /// Cluster name.
+    pub cluster: String,
+    /// Cluster region.
+    pub region: String,
+    /// Owned or cloud.
+    pub tier: Tier,
+    /// Why not, or how good.
+    pub verdict: Verdict,
+}
+
+/// Whether a cluster may take the job and, if so, its score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Verdict {
+    /// The cluster may not take the job now; every reason is listed.
+    Rejected {
+        /// Why not.
+        reasons: Vec<Rejection>,
+    },
+    /// The cluster may take the job; lower `total` is better.
+    Scored(ScoreBreakdown),
+}
+
+/// Seconds shown the human way (`1h5m`), for messages.
+pub(crate) struct Secs(pub(crate) f64);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.0.is_finite() {
+            return f.write_str("never");
+        }
+        // Seconds are enough precision for a person; the cast saturates on huge values.
+        let whole = self.0.max(0.0).round() as u64;
+        write!(f, "{}", HumanDuration::from_secs(whole))
+    }
+}
+
+impl Candidate {
+    /// The score breakdown, if the cluster was not rejected.
+    pub fn score(&self) -> Option<&ScoreBreakdown> {
+        match &self.verdict {
+            Verdict::Scored(score) => Some(score),
+            Verdict::Rejected { .. } => None,
+        }
+    }
+
+    /// The reasons the cluster was rejected (empty when it was scored).
+    pub fn reasons(&self) -> &[Rejection] {
+        match &self.verdict {
+            Verdict::Rejected { reasons } => reasons,
+            Verdict::Scored(_) => &[],
+        }
+    }
+}
+
+impl Decision {
+    /// Candidates best first: scored by total (ties by name), then rejected by name. For display;
+    /// `candidates` itself stays in snapshot order so placing does not pay for sorting.
+    pub fn ranked(&self) -> Vec<&Candidate> {
+        let mut ranked: Vec<&Candidate> = self.candidates.iter().collect();
+        ranked.sort_by(|a, b| rank(a, b));
+        ranked
+    }
+
+    /// The chosen cluster's candidate entry.
+    pub fn chosen_candidate(&self) -> Option<&Candidate> {
+        let chosen = self.chosen.as_ref()?;
+        self.candidates.iter().find(|c| c.cluster == chosen.cluster)
+    }
+}
+
+/// Order for ranking: better score first, then name; rejected last.
+pub(crate) fn rank(a: &Candidate, b: &Candidate) -> Ordering {
+    match (a.score(), b.score()) {
+        (Some(x), Some(y)) => x.total.total_cmp(&y.total).then_with(|| a.cluster.cmp(&b.cluster)),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => a.cluster.cmp(&b.cluster),
+    }
+}
+
+/// The one-sentence summary of a decision.
+pub(crate) fn summarize(job_name: &str, shape: GangShape, chosen: Option<&Candidate>, candidates: &[Candidate]) -> String {
+    let feasible = candidates.iter().filter(|c| c.score().is_some()).count();
+    let rejected = candidates.len() - feasible;
+    let GangShape { replicas, gpus } = shape;
+    let Some(chosen) = chosen else {
+        if candidates.is_empty() {
+            return format!("No cluster is registered, so job '{job_name}' ({replicas}×{gpus} GPUs) waits.");
+        }
+        // Name one reason: the first rejected cluster by name, so the sentence is stable.
+        let example = candidates.iter().min_by(|a, b| a.cluster.cmp(&b.cluster));
+        let reason = example.and_then(|c| c.reasons().first().map(|r| (c.cluster.as_str(), r)));
+        return match reason {
+            Some((cluster, reason)) => format!(
+                "No cluster can take job '{job_name}' ({replicas}×{gpus} GPUs) now: all {rejected} were rejected, \
+                 e.g. {cluster}: {reason}."
+            ),
+            None => format!("No cluster can take job '{job_name}' ({replicas}×{gpus} GPUs) now."),
+        };
+    };
+    let Some(score) = chosen.score() else {
+        return format!("Chose {} for job '{job_name}'.", chosen.cluster);
+    };
+    let tier = match chosen.tier {
+        Tier::Owned => "owned",
+        Tier::Cloud => "cloud",
+    };
+    let when = if score.fits_now {
+        "starts now".to_owned()
+    } else {
+        format!("expected to start in {} (queued for it)", Secs(score.expected_start_secs))
+    };
+    format!(
+        "Chose {} ({tier}, {}) for job '{job_name}' ({replicas}×{gpus} {}): {when}; data transfer {}, compute \
+         ${:.2} + egress ${:.2}, fragmentation {:.2}, score {:.0}; best of {feasible} feasible, {rejected} rejected.",
+        chosen.cluster,
+        chosen.region,
+        score.gpu_type,
+        Secs(score.transfer_secs),
+        score.compute_usd,
+        score.egress_usd,
+        score.fragmentation,
+        score.total,
+    )
+}
+
+/// Replicas × GPUs per replica, for the summary.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GangShape {
+    pub(crate) replicas: u32,
+    pub(crate) gpus: u32,
+}

@@ -1,0 +1,280 @@
+//! Which clusters may run a job at all, and why the others may not.
+//!
+//! The checks here depend only on the job and on what a cluster *is* (shapes, region, backend,
+//! tier, prices), never on what is free now, so the same code answers both "can it go there now"
+//! (with [`Rejection::Disconnected`] and [`Rejection::BurstNotYet`] added by the caller) and
+//! "could it ever go anywhere" at submit time.
+
+use std::fmt;
+
+use meridian_proto::inventory::{BackendKind, Tier};
+use meridian_proto::spec::{BurstPolicy, JobSpec};
+use serde::{Deserialize, Serialize};
+
+use super::decision::Secs;
+use super::snapshot::{ClusterSnapshot, Demand};
+
+/// Why one cluster cannot take a job. Built as data while placing (no text is formatted on the hot
+/// path); [`Display`](fmt::Display) turns it into a sentence for people.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Rejection {
+    /// The cluster's agent is not connected, so nothing can be offered to it.
+    Disconnected,
+    /// None of the cluster's GPU types is one the job accepts.
+    GpuTypeUnavailable {
+        /// GPU types the job accepts.
+        wanted: Vec<String>,
+        /// GPU types the cluster has.
+        available: Vec<String>,
+    },
+    /// The acceptable GPUs have less memory than the job needs.
+    GpuMemoryTooSmall {
+        /// Minimum memory per GPU the job asks for, GiB.
+        wanted_gib: u32,
+        /// Most memory of any acceptable GPU here, GiB.
+        largest_gib: u32,
+    },
+    /// Even with every node empty, the cluster's nodes cannot hold all replicas (each replica must
+    /// fit on one node; capacity is counted per node, not summed over the cluster).
+    GangNeverFits {
+        /// Replicas in the gang.
+        replicas: u32,
+        /// GPUs per replica.
+        gpus_per_replica: u32,
+        /// Most replicas the cluster could hold at once on one GPU type, all nodes empty.
+        max_replicas: u64,
+        /// GPUs of the largest acceptable node.
+        largest_node_gpus: u32,
+    },
+    /// Residency: the job may only run in other regions.
+    RegionNotAllowed {
+        /// The cluster's region.
+        region: String,
+        /// Regions the job allows.
+        allowed: Vec<String>,
+    },
+    /// The job's `placement.clusters.exclude` names this cluster.
+    ClusterExcluded,
+    /// The job's `placement.clusters.include` does not name this cluster.
+    ClusterNotIncluded,
+    /// The cluster's backend cannot run this kind of payload.
+    PayloadUnsupported {
+        /// What the payload needs.
+        needs: PayloadKind,
+        /// The cluster's backend.
+        backend: BackendKind,
+    },
+    /// A cloud (burst) cluster, and the job says `burst: never`.
+    BurstNever,
+    /// A cloud (burst) cluster, and owned clusters are expected to start the job soon enough.
+    BurstNotYet {
+        /// Best expected wait on an owned cluster, seconds.
+        owned_wait_secs: f64,
+        /// The job's `burst.after`, seconds.
+        after_secs: u64,
+    },
+    /// A cloud (burst) cluster whose GPUs would cost more per hour than the job's burst budget.
+    OverBudget {
+        /// What the whole gang would cost here per hour, US$ (cheapest acceptable GPU type).
+        usd_per_hour: f64,
+        /// The job's `burst.maxUsdPerHour`.
+        max_usd_per_hour: f64,
+    },
+}
+
+/// What a payload needs from a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PayloadKind {
+    /// It has a container image.
+    ContainerImage,
+    /// It has only a command, run on the bare node.
+    BareCommand,
+}
+
+/// What placement derives from a job once per decision, so per-cluster work is arithmetic.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Need<'a> {
+    pub(crate) job: &'a JobSpec,
+    pub(crate) demand: Demand,
+    pub(crate) total_gpus: u64,
+    pub(crate) payload: PayloadKind,
+}
+
+impl<'a> Need<'a> {
+    pub(crate) fn of(job: &'a JobSpec) -> Self {
+        let demand = Demand::of(job);
+        let payload =
+            if job.payload.image.is_some() { PayloadKind::ContainerImage } else { PayloadKind::BareCommand };
+        Self { job, demand, total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus), payload }
+    }
+}
+
+/// Checks everything about `cluster` that does not change with load, pushing each reason it may
+/// not run the job onto `reasons`. Returns the GPU groups (bit i = `cluster.groups[i]`) the gang
+/// may use; meaningful only when no reason was pushed.
+pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reasons: &mut Vec<Rejection>) -> u64 {
+    let job = need.job;
+    let demand = &need.demand;
+    let info = cluster.info();
+    let shapes = &cluster.inventory().shapes;
+    let cloud = info.tier == Tier::Cloud;
+    let budget = match job.placement.burst {
+        BurstPolicy::After { max_usd_per_hour: Some(max), .. } if cloud => Some(max),
+        _ => None,
+    };
+
+    let (mut any_type, mut any_memory) = (false, false);
+    let (mut largest_gib, mut largest_node_gpus, mut max_replicas) = (0u32, 0u32, 0u64);
+    let mut cheapest_over_budget = f64::INFINITY;
+    let mut mask = 0u64;
+    // Bits of a u64 mask: no cluster has anywhere near 64 GPU types (13 are known).
+    for (index, group) in cluster.groups.iter().enumerate().take(64) {
+        let accepted = job.gang.resources.gpu_types.is_empty()
+            || job.gang.resources.gpu_types.iter().any(|t| *t == group.gpu_type);
+        if !accepted {
+            continue;
+        }
+        any_type = true;
+        let mut capacity = 0u64;
+        for shape in group.shapes.iter().filter_map(|&i| shapes.get(i)) {
+            largest_gib = largest_gib.max(shape.gpu_memory_gib);
+            if shape.gpu_memory_gib < demand.min_gpu_memory_gib {
+                continue;
+            }
+            any_memory = true;
+            largest_node_gpus = largest_node_gpus.max(shape.gpus_per_node);
+            let per_node = u64::from(demand.per_empty_node(shape));
+            capacity = capacity.saturating_add(per_node.saturating_mul(u64::from(shape.node_count())));
+        }
+        max_replicas = max_replicas.max(capacity);
+        if capacity < u64::from(demand.replicas) {
+            continue;
+        }
+        if let Some(max) = budget {
+            let hourly = need.total_gpus as f64 * group.price_per_gpu_hour;
+            if hourly > max {
+                cheapest_over_budget = cheapest_over_budget.min(hourly);
+                continue;
+            }
+        }
+        mask |= 1u64 << index;
+    }
+
+    if !any_type {
+        reasons.push(Rejection::GpuTypeUnavailable {
+            wanted: job.gang.resources.gpu_types.clone(),
+            available: cluster.groups.iter().map(|g| g.gpu_type.clone()).collect(),
+        });
+    } else if !any_memory {
+        reasons.push(Rejection::GpuMemoryTooSmall { wanted_gib: demand.min_gpu_memory_gib, largest_gib });
+    } else if max_replicas < u64::from(demand.replicas) {
+        reasons.push(Rejection::GangNeverFits {
+            replicas: demand.replicas,
+            gpus_per_replica: demand.gpus,
+            max_replicas,
+            largest_node_gpus,
+        });
+    } else if mask == 0 {
+        if let Some(max) = budget {
+            reasons.push(Rejection::OverBudget { usd_per_hour: cheapest_over_budget, max_usd_per_hour: max });
+        }
+    }
+
+    let rules = &job.placement;
+    if !rules.regions.is_empty() && !rules.regions.contains(&info.region) {
+        reasons.push(Rejection::RegionNotAllowed { region: info.region.clone(), allowed: rules.regions.clone() });
+    }
+    if !rules.clusters.include.is_empty() && !rules.clusters.include.contains(&info.name) {
+        reasons.push(Rejection::ClusterNotIncluded);
+    }
+    if rules.clusters.exclude.contains(&info.name) {
+        reasons.push(Rejection::ClusterExcluded);
+    }
+    let payload_ok = match need.payload {
+        PayloadKind::ContainerImage => info.supports_containers,
+        PayloadKind::BareCommand => info.supports_bare_commands,
+    };
+    if !payload_ok {
+        reasons.push(Rejection::PayloadUnsupported { needs: need.payload, backend: info.backend });
+    }
+    if cloud && rules.burst == BurstPolicy::Never {
+        reasons.push(Rejection::BurstNever);
+    }
+    mask
+}
+
+/// The GPU groups the job may use on `cluster`, or None when the cluster may never run it.
+pub(crate) fn eligible_groups(need: &Need<'_>, cluster: &ClusterSnapshot) -> Option<u64> {
+    let mut reasons = Vec::new();
+    let mask = static_rejections(need, cluster, &mut reasons);
+    reasons.is_empty().then_some(mask)
+}
+
+/// Comma-separated list for messages.
+struct List<'a>(&'a [String]);
+
+impl fmt::Display for List<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, item) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(item)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Disconnected => f.write_str("the cluster's agent is disconnected, so no job can be offered to it"),
+            Rejection::GpuTypeUnavailable { wanted, available } if available.is_empty() => {
+                write!(f, "the job needs GPU type {} but the cluster reports no GPUs", List(wanted))
+            }
+            Rejection::GpuTypeUnavailable { wanted, available } => write!(
+                f,
+                "the job accepts GPU types {} but the cluster only has {}",
+                List(wanted),
+                List(available)
+            ),
+            Rejection::GpuMemoryTooSmall { wanted_gib, largest_gib } => write!(
+                f,
+                "the job needs {wanted_gib} GiB per GPU but the acceptable GPUs here have at most {largest_gib} GiB"
+            ),
+            Rejection::GangNeverFits { replicas, gpus_per_replica, max_replicas, largest_node_gpus } => write!(
+                f,
+                "the gang needs {replicas} replicas of {gpus_per_replica} GPUs, each on a single node, but even with \
+                 every node empty this cluster holds at most {max_replicas} (largest node: {largest_node_gpus} GPUs)"
+            ),
+            Rejection::RegionNotAllowed { region, allowed } => {
+                write!(f, "the cluster is in {region} but the job may only run in {}", List(allowed))
+            }
+            Rejection::ClusterExcluded => f.write_str("the job's placement.clusters.exclude lists this cluster"),
+            Rejection::ClusterNotIncluded => {
+                f.write_str("the job's placement.clusters.include does not list this cluster")
+            }
+            Rejection::PayloadUnsupported { needs: PayloadKind::ContainerImage, backend } => {
+                write!(f, "the job has a container image but this {backend:?} backend does not run containers")
+            }
+            Rejection::PayloadUnsupported { needs: PayloadKind::BareCommand, backend } => write!(
+                f,
+                "the job has a command without an image but this {backend:?} backend does not run bare commands"
+            ),
+            Rejection::BurstNever => f.write_str("the cluster is cloud (burst) capacity and the job says burst: never"),
+            Rejection::BurstNotYet { owned_wait_secs, after_secs } => write!(
+                f,
+                "cloud (burst) capacity is used only when owned clusters would make the job wait more than {}; the \
+                 best owned cluster is expected to start it in {}",
+                Secs(*after_secs as f64),
+                Secs(*owned_wait_secs)
+            ),
+            Rejection::OverBudget { usd_per_hour, max_usd_per_hour } => write!(
+                f,
+                "the gang would cost ${usd_per_hour:.2}/h here, over the job's burst budget of ${max_usd_per_hour:.2}/h"
+            ),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! How good a feasible cluster is for a job, in seconds: lower is better.
+//!
+//! ```text
+//! total = max(expected wait, data transfer time)          // data copies while the job waits
+//!       + usd_to_seconds × (compute US$ + egress US$)
+//!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
+//! ```
+
+use meridian_proto::spec::DataRef;
+use serde::{Deserialize, Serialize};
+
+use super::filter::Need;
+use super::network::NetworkTable;
+use super::snapshot::{ClusterSnapshot, GpuGroup, in_mask};
+
+/// Bytes in a GiB over bytes in a GB: sizes are given in GiB, prices and link speeds per GB.
+const GB_PER_GIB: f64 = 1.073_741_824;
+
+/// Weights that turn money and fragmentation into seconds of delay. The defaults read as
+/// documentation of what the federation values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// Seconds of waiting one US$ is worth. Default 60: a job may wait one more minute to save a
+    /// dollar, so an 8×H100 hour on cloud (≈US$32) must save about half an hour of waiting.
+    pub usd_to_seconds: f64,
+    /// Seconds of delay that breaking a whole node (fragmentation 1.0) is worth. Default 300:
+    /// enough to prefer a half-used node over a fresh one, far too little to make a job wait.
+    pub fragmentation_weight_secs: f64,
+    /// Expected wait when a cluster's release profile never frees enough GPUs and its agent gives
+    /// no estimate of its own. Default 21,600 (6 h): an unknown wait is long, not free.
+    pub unknown_wait_secs: f64,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self { usd_to_seconds: 60.0, fragmentation_weight_secs: 300.0, unknown_wait_secs: 21_600.0 }
+    }
+}
+
+/// Each term of a cluster's score, kept so `meridian explain` can say why here and not there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScoreBreakdown {
+    /// The whole gang fits on free nodes now.
+    pub fits_now: bool,
+    /// GPU type the gang would use here.
+    pub gpu_type: String,
+    /// Seconds until enough GPUs are expected to be free (0 when it fits now).
+    pub expected_wait_secs: f64,
+    /// Seconds to copy the job's data from other regions.
+    pub transfer_secs: f64,
+    /// max(wait, transfer): when the job is expected to start.
+    pub expected_start_secs: f64,
+    /// US$ of egress for that copy.
+    pub egress_usd: f64,
+    /// US$ for the gang's GPUs over the runtime estimate (charge-back rate on owned clusters).
+    pub compute_usd: f64,
+    /// 0..1: mean share of a touched node's GPUs left free after placing (0 = fills nodes).
+    pub fragmentation: f64,
+    /// The score; lower is better.
+    pub total: f64,
+}
+
+/// Transfer time and egress per cluster region, computed once per region per decision: clusters
+/// share a handful of regions, so this saves most network lookups.
+pub(crate) struct RegionCosts<'a> {
+    data: &'a [DataRef],
+    network: &'a NetworkTable,
+    cache: Vec<(&'a str, f64, f64)>,
+}
+
+impl<'a> RegionCosts<'a> {
+    pub(crate) fn new(data: &'a [DataRef], network: &'a NetworkTable) -> Self {
+        Self { data, network, cache: Vec::new() }
+    }
+
+    /// (transfer seconds, egress US$) to bring all data to `region`.
+    pub(crate) fn get(&mut self, region: &'a str) -> (f64, f64) {
+        if self.data.is_empty() {
+            return (0.0, 0.0);
+        }
+        if let Some(&(_, secs, usd)) = self.cache.iter().find(|(r, _, _)| *r == region) {
+            return (secs, usd);
+        }
+        let (mut secs, mut usd) = (0.0, 0.0);
+        for data in self.data.iter().filter(|d| d.region != region) {
+            let link = self.network.link(&data.region, region);
+            let gb = data.size_gib * GB_PER_GIB;
+            // Links are validated positive; the guard keeps a hand-built table from dividing by 0.
+            secs += if link.gbps > 0.0 { gb * 8.0 / link.gbps } else { f64::INFINITY };
+            usd += gb * link.usd_per_gb;
+        }
+        self.cache.push((region, secs, usd));
+        (secs, usd)
+    }
+}
+
+/// Scores a cluster that passed the filter. `mask` is the set of GPU groups the job may use.
+pub(crate) fn score<'a>(
+    need: &Need<'_>,
+    cluster: &'a ClusterSnapshot,
+    mask: u64,
+    regions: &mut RegionCosts<'a>,
+    config: &PlacementConfig,
+) -> ScoreBreakdown {
+    let demand = &need.demand;
+    let now = cluster.fit_now(demand, mask);
+    let (group, fragmentation, expected_wait_secs) = match now {
+        Some(fit) => (cluster.groups.get(fit.group), fit.fragmentation, 0.0),
+        None => {
+            // The cheapest usable type; which nodes free up first is unknown, so fragmentation is
+            // what the gang would leave on empty nodes.
+            let group = cluster.groups.iter().enumerate().find(|(i, _)| in_mask(mask, *i)).map(|(_, g)| g);
+            let fragmentation = group.map_or(0.0, |g| empty_node_fragmentation(need, cluster, g));
+            (group, fragmentation, expected_wait_secs(cluster, need.total_gpus, config))
+        }
+    };
+    let price = group.map_or(0.0, |g| g.price_per_gpu_hour);
+    let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
+    let compute_usd = need.total_gpus as f64 * price * hours;
+    let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
+    let expected_start_secs = expected_wait_secs.max(transfer_secs);
+    let total = expected_start_secs
+        + config.usd_to_seconds * (compute_usd + egress_usd)
+        + config.fragmentation_weight_secs * fragmentation;
+    ScoreBreakdown {
+        fits_now: now.is_some(),
+        gpu_type: group.map(|g| g.gpu_type.clone()).unwrap_or_default(),
+        expected_wait_secs,
+        transfer_secs,
+        expected_start_secs,
+        egress_usd,
+        compute_usd,
+        fragmentation,
+        total,
+    }
+}
+
+/// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting plus
+/// this one: free GPUs now plus the release profile. GPUs free now but not in the right places
+/// (the gang did not fit) still need at least the first release.
+fn expected_wait_secs(cluster: &ClusterSnapshot, job_gpus: u64, config: &PlacementConfig) -> f64 {
+    let needed = cluster.pending_gpus.saturating_add(job_gpus);
+    let mut available = cluster.free_gpus;
+    let releases = &cluster.pressure().releases;
+    for release in releases {
+        available = available.saturating_add(u64::from(release.gpus));
+        if available >= needed {
+            return release.after_secs as f64;
+        }
+    }
+    // Beyond the profile: trust the agent's own estimate if it gave one, but never less than the
+    // last release it already predicted.
+    let last = releases.last().map_or(0.0, |r| r.after_secs as f64);
+    match cluster.pressure().estimated_wait_secs {
+        0 => config.unknown_wait_secs.max(last),
+        estimate => (estimate as f64).max(last),
+    }
+}
+
+/// Fragmentation if the gang landed on empty nodes of the best-suited shape of `group`.
+fn empty_node_fragmentation(need: &Need<'_>, cluster: &ClusterSnapshot, group: &GpuGroup) -> f64 {
+    let demand = &need.demand;
+    let shapes = &cluster.inventory().shapes;
+    group
+        .shapes
+        .iter()
+        .filter_map(|&i| shapes.get(i))
+        .filter(|s| s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0)
+        .filter_map(|shape| {
+            let per_node = demand.per_empty_node(shape).min(demand.replicas);
+            (per_node > 0).then(|| {
+                let left = shape.gpus_per_node.saturating_sub(per_node.saturating_mul(demand.gpus));
+                f64::from(left) / f64::from(shape.gpus_per_node)
+            })
+        })
+        .fold(f64::INFINITY, f64::min)
+        .min(1.0)
+}

@@ -1,0 +1,453 @@
+//! Placement behaviour end to end: one test per rule, plus properties over random federations.
+
+use std::collections::BTreeMap;
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::inventory::{
+    BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
+};
+use meridian_proto::spec::{
+    BurstPolicy, ClusterRules, DataRef, GangSpec, Payload, PlacementRules, Resources, RuntimeSpec, JobSpec,
+};
+use proptest::prelude::*;
+
+use super::*;
+
+fn shape(gpu_type: &str, gpus_per_node: u32, free_gpus: &[u32]) -> NodeShape {
+    NodeShape {
+        name: format!("{gpu_type}-x{gpus_per_node}"),
+        gpu_type: gpu_type.to_owned(),
+        gpu_memory_gib: match gpu_type {
+            "h100" | "a100-80g" => 80,
+            "l4" => 24,
+            _ => 40,
+        },
+        gpus_per_node,
+        cpu_per_node: 16 * gpus_per_node,
+        memory_gib_per_node: 128 * gpus_per_node,
+        free: free_gpus
+            .iter()
+            .map(|&g| NodeFree { gpus: g, cpu: 16 * g, memory_gib: 128 * g })
+            .collect(),
+    }
+}
+
+fn info(name: &str, region: &str, tier: Tier) -> ClusterInfo {
+    let prices = [("h100", 4.0), ("a100-80g", 2.0), ("l4", 0.8)];
+    ClusterInfo {
+        name: name.to_owned(),
+        region: region.to_owned(),
+        tier,
+        backend: BackendKind::Builtin,
+        prices: prices.iter().map(|(t, p)| ((*t).to_owned(), if tier == Tier::Cloud { *p } else { 0.0 })).collect(),
+        supports_containers: true,
+        supports_bare_commands: true,
+    }
+}
+
+fn cluster(name: &str, region: &str, tier: Tier, shapes: Vec<NodeShape>) -> ClusterSnapshot {
+    ClusterSnapshot::new(info(name, region, tier), Inventory { shapes }, QueuePressure::default(), true)
+}
+
+fn busy(name: &str, region: &str, tier: Tier, shapes: Vec<NodeShape>, wait_secs: u64) -> ClusterSnapshot {
+    let total: u32 = shapes.iter().map(NodeShape::gpus_total).sum();
+    let pressure = QueuePressure {
+        queues: vec![QueueLoad {
+            queue: "default".into(),
+            weight: 1.0,
+            pending_jobs: 1,
+            pending_gpus: 0,
+            running_gpus: total,
+        }],
+        releases: vec![GpuRelease { after_secs: wait_secs, gpus: total }],
+        estimated_wait_secs: wait_secs,
+    };
+    ClusterSnapshot::new(info(name, region, tier), Inventory { shapes }, pressure, true)
+}
+
+fn job(replicas: u32, gpus: u32) -> JobSpec {
+    JobSpec {
+        name: "train".into(),
+        tenant: "research".into(),
+        priority: 50,
+        labels: BTreeMap::new(),
+        idempotency_key: None,
+        gang: GangSpec {
+            replicas,
+            resources: Resources { gpus, gpu_types: vec![], gpu_memory_gib: 0, cpu: 4 * gpus, memory_gib: 32 * gpus },
+        },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(3600), limit: None },
+        data: vec![],
+        placement: PlacementRules::default(),
+        payload: Payload { image: Some("registry/train:1".into()), command: vec![], env: BTreeMap::new() },
+    }
+}
+
+fn federation(clusters: Vec<ClusterSnapshot>) -> FederationSnapshot {
+    FederationSnapshot::new(clusters, NetworkTable::default_seeded())
+}
+
+fn rejections(decision: &Decision, cluster: &str) -> Vec<Rejection> {
+    decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.reasons().to_vec()).unwrap_or_default()
+}
+
+fn chosen(decision: &Decision) -> Option<&str> {
+    decision.chosen.as_ref().map(|c| c.cluster.as_str())
+}
+
+#[test]
+fn gpu_type_and_memory_are_filtered() {
+    let fed = federation(vec![cluster("l4s", "us-east", Tier::Owned, vec![shape("l4", 4, &[4])])]);
+    let mut spec = job(1, 1);
+    spec.gang.resources.gpu_types = vec!["h100".into()];
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert!(matches!(&rejections(&d, "l4s")[..], [Rejection::GpuTypeUnavailable { .. }]));
+    assert_eq!(rejections(&d, "l4s")[0].to_string(), "the job accepts GPU types h100 but the cluster only has l4");
+
+    spec.gang.resources.gpu_types.clear();
+    spec.gang.resources.gpu_memory_gib = 80;
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(rejections(&d, "l4s"), vec![Rejection::GpuMemoryTooSmall { wanted_gib: 80, largest_gib: 24 }]);
+    assert!(d.chosen.is_none());
+}
+
+#[test]
+fn gang_capacity_is_counted_per_node_not_summed() {
+    // 16 nodes × 4 GPUs = 64 GPUs, yet no node can hold one 8-GPU replica.
+    let fed = federation(vec![cluster("small-nodes", "us-east", Tier::Owned, vec![shape("h100", 4, &[4; 16])])]);
+    let d = place(&job(1, 8), &fed, &PlacementConfig::default());
+    let reasons = rejections(&d, "small-nodes");
+    assert_eq!(
+        reasons,
+        vec![Rejection::GangNeverFits { replicas: 1, gpus_per_replica: 8, max_replicas: 0, largest_node_gpus: 4 }]
+    );
+    assert!(reasons[0].to_string().contains("at most 0 (largest node: 4 GPUs)"), "{}", reasons[0]);
+}
+
+#[test]
+fn two_by_eight_gang_goes_only_where_two_nodes_each_have_eight_free() {
+    let spread = cluster("spread", "us-east", Tier::Owned, vec![shape("h100", 8, &[4, 4, 4, 4, 8])]);
+    let whole = cluster("whole", "us-east", Tier::Owned, vec![shape("h100", 8, &[8, 0, 8])]);
+    let fed = federation(vec![spread, whole]);
+    let d = place(&job(2, 8), &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("whole"));
+    assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now));
+    let spread_score = d.candidates[0].score().cloned();
+    assert!(spread_score.is_some_and(|s| !s.fits_now), "spread can run it later, not now");
+}
+
+#[test]
+fn residency_include_exclude_and_payload_are_enforced() {
+    let mut slurm = info("slurm-eu", "eu-west", Tier::Owned);
+    slurm.backend = BackendKind::Slurm;
+    slurm.supports_containers = false;
+    let eu = ClusterSnapshot::new(
+        slurm,
+        Inventory { shapes: vec![shape("h100", 8, &[8])] },
+        QueuePressure::default(),
+        true,
+    );
+    let us = cluster("us", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let fed = federation(vec![eu, us]);
+    let mut spec = job(1, 1);
+    spec.placement.regions = vec!["us-east".into()];
+    spec.placement.clusters = ClusterRules { include: vec!["us".into()], exclude: vec!["us".into()] };
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(
+        rejections(&d, "slurm-eu"),
+        vec![
+            Rejection::RegionNotAllowed { region: "eu-west".into(), allowed: vec!["us-east".into()] },
+            Rejection::ClusterNotIncluded,
+            Rejection::PayloadUnsupported { needs: PayloadKind::ContainerImage, backend: BackendKind::Slurm },
+        ]
+    );
+    assert_eq!(rejections(&d, "us"), vec![Rejection::ClusterExcluded]);
+    assert!(d.summary.starts_with("No cluster can take job 'train'"), "{}", d.summary);
+
+    // A command without an image needs bare-command support.
+    let mut bare = job(1, 1);
+    bare.payload = Payload { image: None, command: vec!["python".into()], env: BTreeMap::new() };
+    let mut k8s = info("k8s", "us-east", Tier::Owned);
+    k8s.supports_bare_commands = false;
+    let fed = federation(vec![ClusterSnapshot::new(
+        k8s,
+        Inventory { shapes: vec![shape("h100", 8, &[8])] },
+        QueuePressure::default(),
+        true,
+    )]);
+    let d = place(&bare, &fed, &PlacementConfig::default());
+    assert!(matches!(
+        &rejections(&d, "k8s")[..],
+        [Rejection::PayloadUnsupported { needs: PayloadKind::BareCommand, .. }]
+    ));
+}
+
+#[test]
+fn disconnected_clusters_are_never_chosen() {
+    let mut gone = cluster("gone", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    gone.set_connected(false);
+    let d = place(&job(1, 1), &federation(vec![gone]), &PlacementConfig::default());
+    assert_eq!(rejections(&d, "gone"), vec![Rejection::Disconnected]);
+    assert!(d.chosen.is_none());
+}
+
+#[test]
+fn data_locality_picks_the_data_region() {
+    let east = cluster("east", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let west = cluster("west", "us-west", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let fed = federation(vec![east, west]);
+    let mut spec = job(1, 8);
+    spec.data = vec![DataRef { uri: "s3://corpus".into(), size_gib: 2048.0, region: "us-west".into() }];
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("west"));
+    let east_score = d.candidates[0].score().cloned().unwrap();
+    // 2 TiB at 4.35 Gbit/s and US$0.02/GB.
+    assert!((east_score.transfer_secs - 2048.0 * 1.073_741_824 * 8.0 / 4.35).abs() < 1e-6);
+    assert!((east_score.egress_usd - 2048.0 * 1.073_741_824 * 0.02).abs() < 1e-9);
+}
+
+#[test]
+fn burst_only_after_owned_wait_exceeds_after() {
+    let cloud = cluster("cloud", "us-east", Tier::Cloud, vec![shape("h100", 8, &[8, 8])]);
+    let mut spec = job(1, 8);
+    spec.placement.burst = BurstPolicy::After { after: HumanDuration::from_secs(1800), max_usd_per_hour: None };
+
+    // Owned cluster full for 10 minutes: wait it out.
+    let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 600);
+    let d = place(&spec, &federation(vec![owned, cloud.clone()]), &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("owned"));
+    assert!(d.chosen.as_ref().is_some_and(|c| !c.starts_now));
+    let reasons = rejections(&d, "cloud");
+    assert_eq!(reasons, vec![Rejection::BurstNotYet { owned_wait_secs: 600.0, after_secs: 1800 }]);
+    assert!(reasons[0].to_string().contains("more than 30m; the best owned cluster is expected to start it in 10m"));
+
+    // Full for 3 hours: burst.
+    let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 3 * 3600);
+    let d = place(&spec, &federation(vec![owned, cloud.clone()]), &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("cloud"));
+    assert!(d.summary.contains("cloud"), "{}", d.summary);
+
+    // No owned cluster at all: burst right away.
+    let d = place(&spec, &federation(vec![cloud.clone()]), &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("cloud"));
+
+    spec.placement.burst = BurstPolicy::Never;
+    let d = place(&spec, &federation(vec![cloud]), &PlacementConfig::default());
+    assert_eq!(rejections(&d, "cloud"), vec![Rejection::BurstNever]);
+}
+
+#[test]
+fn burst_respects_the_hourly_budget() {
+    let cloud = cluster("cloud", "us-east", Tier::Cloud, vec![shape("h100", 8, &[8])]);
+    let mut spec = job(1, 8);
+    spec.placement.burst = BurstPolicy::After { after: HumanDuration::from_secs(0), max_usd_per_hour: Some(20.0) };
+    let d = place(&spec, &federation(vec![cloud.clone()]), &PlacementConfig::default());
+    let reasons = rejections(&d, "cloud");
+    assert_eq!(reasons, vec![Rejection::OverBudget { usd_per_hour: 32.0, max_usd_per_hour: 20.0 }]);
+    assert_eq!(reasons[0].to_string(), "the gang would cost $32.00/h here, over the job's burst budget of $20.00/h");
+
+    // Accepting a cheaper GPU type brings it within budget.
+    let mixed = cluster("mixed", "us-east", Tier::Cloud, vec![shape("h100", 8, &[8]), shape("a100-80g", 8, &[8])]);
+    let d = place(&spec, &federation(vec![mixed]), &PlacementConfig::default());
+    assert_eq!(d.chosen.as_ref().map(|c| c.gpu_type.as_str()), Some("a100-80g"));
+}
+
+#[test]
+fn ties_break_by_cluster_name_whatever_the_order() {
+    let a = cluster("alpha", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let b = cluster("bravo", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let config = PlacementConfig::default();
+    assert_eq!(chosen(&place(&job(1, 1), &federation(vec![a.clone(), b.clone()]), &config)), Some("alpha"));
+    assert_eq!(chosen(&place(&job(1, 1), &federation(vec![b, a]), &config)), Some("alpha"));
+}
+
+#[test]
+fn best_fit_prefers_the_partly_used_node() {
+    let fresh = cluster("fresh", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let partial = cluster("partial", "us-east", Tier::Owned, vec![shape("h100", 8, &[8, 1])]);
+    let d = place(&job(1, 1), &federation(vec![fresh, partial]), &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("partial"));
+    assert_eq!(d.candidates[1].score().map(|s| s.fragmentation), Some(0.0));
+    assert_eq!(d.candidates[0].score().map(|s| s.fragmentation), Some(7.0 / 8.0));
+}
+
+#[test]
+fn reserve_subtracts_from_the_nodes_placement_assumed() {
+    let mut c = cluster("c", "us-east", Tier::Owned, vec![shape("h100", 8, &[8, 4, 8])]);
+    assert!(c.reserve(&job(1, 4)));
+    // Best fit: the node with 4 free.
+    let free: Vec<u32> = c.inventory().shapes[0].free.iter().map(|n| n.gpus).collect();
+    assert_eq!(free, vec![8, 0, 8]);
+    assert_eq!(c.inventory().shapes[0].free[1].cpu, 48);
+    assert!(c.reserve(&job(2, 8)));
+    assert!(!c.reserve(&job(1, 1)), "nothing is left");
+    let mut fed = federation(vec![c]);
+    let d = place(&job(1, 1), &fed, &PlacementConfig::default());
+    assert!(d.chosen.as_ref().is_some_and(|c| !c.starts_now));
+    assert!(fed.cluster_mut("c").is_some_and(|c| !c.reserve(&job(1, 8))));
+}
+
+#[test]
+fn never_fits_explains_every_cluster_or_returns_none() {
+    let small = cluster("small", "us-east", Tier::Owned, vec![shape("l4", 4, &[0, 0])]);
+    let big = cluster("big", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])]);
+    assert_eq!(never_fits(&job(2, 8), &federation(vec![small.clone(), big])), None, "busy is not never");
+    let reasons = never_fits(&job(2, 8), &federation(vec![small])).unwrap();
+    assert_eq!(reasons.len(), 1);
+    assert_eq!(reasons[0].0, "small");
+    assert_eq!(never_fits(&job(2, 8), &federation(vec![])), None);
+}
+
+#[test]
+fn decisions_serialize_as_camel_case_explain_json() {
+    let fed = federation(vec![
+        cluster("ok", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]),
+        cluster("tiny", "us-east", Tier::Owned, vec![shape("l4", 1, &[1])]),
+    ]);
+    let d = place(&job(1, 8), &fed, &PlacementConfig::default());
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(json["chosen"]["startsNow"], true);
+    assert_eq!(json["candidates"][0]["verdict"]["kind"], "scored");
+    assert_eq!(json["candidates"][0]["verdict"]["expectedWaitSecs"], 0.0);
+    assert_eq!(json["candidates"][1]["verdict"]["reasons"][0]["reason"], "gangNeverFits");
+    assert_eq!(json["candidates"][1]["verdict"]["reasons"][0]["gpusPerReplica"], 8);
+    let back: Decision = serde_json::from_value(json).unwrap();
+    assert_eq!(back, d);
+    assert!(d.summary.starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"), "{}", d.summary);
+}
+
+#[test]
+fn wait_estimate_follows_pending_gpus_and_releases() {
+    let pressure = QueuePressure {
+        queues: vec![QueueLoad { queue: "q".into(), weight: 1.0, pending_jobs: 2, pending_gpus: 8, running_gpus: 16 }],
+        releases: vec![GpuRelease { after_secs: 900, gpus: 8 }, GpuRelease { after_secs: 300, gpus: 8 }],
+        estimated_wait_secs: 0,
+    };
+    let c = ClusterSnapshot::new(
+        info("q", "us-east", Tier::Owned),
+        Inventory { shapes: vec![shape("h100", 8, &[0, 0])] },
+        pressure,
+        true,
+    );
+    let fed = federation(vec![c]);
+    // 8 pending + 8 wanted: 16 GPUs free after both releases (sorted: 300 s, then 900 s).
+    let d = place(&job(1, 8), &fed, &PlacementConfig::default());
+    assert_eq!(d.chosen.as_ref().map(|c| c.expected_start_secs), Some(900.0));
+    // Never enough within the profile and no agent estimate: the configured unknown wait.
+    let d = place(&job(4, 8), &fed, &PlacementConfig::default());
+    assert!(matches!(d.candidates[0].verdict, Verdict::Rejected { .. }), "4×8 never fits on 2 nodes");
+    let d = place(&job(3, 4), &fed, &PlacementConfig { unknown_wait_secs: 7200.0, ..Default::default() });
+    assert_eq!(d.chosen.as_ref().map(|c| c.expected_start_secs), Some(7200.0));
+}
+
+// --- properties --------------------------------------------------------------------------------
+
+const TYPES: [&str; 3] = ["h100", "a100-80g", "l4"];
+
+fn arb_shape() -> impl Strategy<Value = NodeShape> {
+    (0..TYPES.len(), prop::sample::select(vec![1u32, 2, 4, 8]), 0usize..6).prop_flat_map(|(t, per_node, nodes)| {
+        prop::collection::vec(0..=per_node, nodes).prop_map(move |free| shape(TYPES[t], per_node, &free))
+    })
+}
+
+fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
+    (prop::collection::vec(arb_shape(), 0..3), any::<bool>(), 0u64..7200, 0u32..16).prop_map(
+        move |(shapes, cloud, release_after, pending)| {
+            let tier = if cloud { Tier::Cloud } else { Tier::Owned };
+            let pressure = QueuePressure {
+                queues: vec![QueueLoad {
+                    queue: "q".into(),
+                    weight: 1.0,
+                    pending_jobs: 1,
+                    pending_gpus: pending,
+                    running_gpus: 0,
+                }],
+                releases: vec![GpuRelease { after_secs: release_after, gpus: 8 }],
+                estimated_wait_secs: release_after,
+            };
+            ClusterSnapshot::new(info(&format!("c{index:02}"), "us-east", tier), Inventory { shapes }, pressure, true)
+        },
+    )
+}
+
+fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
+    (1usize..6).prop_flat_map(|n| {
+        (0..n).map(arb_cluster).collect::<Vec<_>>().prop_map(federation)
+    })
+}
+
+fn arb_job() -> impl Strategy<Value = JobSpec> {
+    (1u32..5, 1u32..9, prop::collection::vec(0..TYPES.len(), 0..2), any::<bool>()).prop_map(
+        |(replicas, gpus, types, burst_never)| {
+            let mut spec = job(replicas, gpus);
+            spec.gang.resources.gpu_types = types.into_iter().map(|t| TYPES[t].to_owned()).collect();
+            if burst_never {
+                spec.placement.burst = BurstPolicy::Never;
+            }
+            spec
+        },
+    )
+}
+
+fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Iterator<Item = &'a NodeShape> + 'a {
+    let r = &spec.gang.resources;
+    cluster.inventory().shapes.iter().filter(move |s| {
+        (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type)) && s.gpu_memory_gib >= r.gpu_memory_gib
+    })
+}
+
+/// Independent per-node count: replicas of `spec` that fit on `nodes` (each replica on one node).
+fn replicas_on(spec: &JobSpec, nodes: impl Iterator<Item = NodeFree>) -> u64 {
+    let r = &spec.gang.resources;
+    nodes.map(|n| u64::from(n.replicas_fitting(r.gpus, r.cpu, r.memory_gib))).sum()
+}
+
+proptest! {
+    #[test]
+    fn never_picks_a_cluster_whose_shapes_cannot_hold_the_gang(fed in arb_federation(), spec in arb_job()) {
+        let d = place(&spec, &fed, &PlacementConfig::default());
+        if let Some(choice) = &d.chosen {
+            let c = fed.cluster(&choice.cluster).unwrap();
+            let empty = acceptable(&spec, c).flat_map(|s| {
+                let node = NodeFree { gpus: s.gpus_per_node, cpu: s.cpu_per_node, memory_gib: s.memory_gib_per_node };
+                std::iter::repeat_n(node, s.free.len())
+            });
+            prop_assert!(replicas_on(&spec, empty) >= u64::from(spec.gang.replicas));
+            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info().tier == Tier::Owned);
+        }
+    }
+
+    #[test]
+    fn a_starts_now_choice_really_has_free_nodes_and_reserve_takes_exactly_the_gang(
+        fed in arb_federation(), spec in arb_job()
+    ) {
+        let d = place(&spec, &fed, &PlacementConfig::default());
+        let Some(choice) = d.chosen.clone() else { return Ok(()) };
+        let c = fed.cluster(&choice.cluster).unwrap();
+        let same_type = |s: &&NodeShape| s.gpu_type == choice.gpu_type;
+        let now = replicas_on(&spec, acceptable(&spec, c).filter(same_type).flat_map(|s| s.free.iter().copied()));
+        prop_assert_eq!(choice.starts_now, now >= u64::from(spec.gang.replicas));
+
+        let mut reserved = c.clone();
+        prop_assert_eq!(reserved.reserve(&spec), choice.starts_now);
+        if choice.starts_now {
+            let before = c.inventory().gpus_free();
+            prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
+            for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
+                for (n0, n1) in s0.free.iter().zip(&s1.free) {
+                    prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_choice_does_not_depend_on_cluster_order(fed in arb_federation(), spec in arb_job()) {
+        let config = PlacementConfig::default();
+        let mut reversed = fed.clone();
+        reversed.clusters.reverse();
+        let a = place(&spec, &fed, &config).chosen;
+        let b = place(&spec, &reversed, &config).chosen;
+        prop_assert_eq!(a, b);
+    }
+}

@@ -30,8 +30,8 @@ pub mod respond {
     /// HTTP status, error code and per-field errors of `error`.
     pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>) {
         match error {
-            ApiError::InvalidSpec(SpecError::TooLarge { .. }) => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "too_large", Vec::new())
+            ApiError::InvalidSpec(e @ SpecError::TooLarge { .. }) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.field_errors())
             }
             ApiError::InvalidSpec(e) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", e.field_errors()),
             ApiError::NeverFits { reasons } => (

@@ -88,7 +88,7 @@ pub enum ClientError {
         source: hyper::Error,
     },
     /// The gateway answered with an error status (4xx or 5xx).
-    #[error("{}", api_error_text(message, fields))]
+    #[error("{}", api_error_text(code, message, fields))]
     Api {
         /// HTTP status code.
         status: u16,
@@ -392,16 +392,21 @@ fn fallback_code(status: StatusCode) -> String {
     }
 }
 
-/// The message, then each invalid field on its own line (unless the message already is exactly
-/// that field's complaint).
-fn api_error_text(message: &str, fields: &[FieldError]) -> String {
-    let mut text = message.to_owned();
-    for field in fields {
-        let line = format!("{}: {}", field.field, field.reason);
-        if line != message {
-            text.push_str("\n  ");
-            text.push_str(&line);
-        }
+/// The message, then each invalid field as `field: reason` on its own line. Gateways often
+/// build the message from the fields; then the fields are not repeated, and a message that is only
+/// the fields joined by `; ` becomes a short heading above them.
+fn api_error_text(code: &str, message: &str, fields: &[FieldError]) -> String {
+    let lines: Vec<String> = fields.iter().map(|f| format!("{}: {}", f.field, f.reason)).collect();
+    let (mut text, shown) = if !lines.is_empty() && message == lines.join("; ") {
+        let heading = if code == "invalid_spec" { "the job spec is invalid:" } else { "the request is invalid:" };
+        (heading.to_owned(), lines.iter().collect::<Vec<_>>())
+    } else {
+        let unsaid = fields.iter().zip(&lines).filter(|(f, _)| !message.contains(f.reason.as_str()));
+        (message.to_owned(), unsaid.map(|(_, line)| line).collect())
+    };
+    for line in shown {
+        text.push_str("\n  ");
+        text.push_str(line);
     }
     text
 }
@@ -450,7 +455,7 @@ mod tests {
 
     #[test]
     fn api_errors_keep_code_message_and_fields() {
-        let body = br#"{"error":{"code":"invalid_spec","message":"gang.resources.gpus: must be at least 1","fields":[
+        let body = br#"{"error":{"code":"invalid_spec","message":"spec has problems","fields":[
             {"field":"gang.resources.gpus","reason":"must be at least 1"},
             {"field":"tenant","reason":"must not be empty"}]}}"#;
         let error = api_error(StatusCode::BAD_REQUEST, body);
@@ -458,8 +463,30 @@ mod tests {
         assert_eq!(error.code(), Some("invalid_spec"));
         assert_eq!(
             error.to_string(),
-            "gang.resources.gpus: must be at least 1\n  tenant: must not be empty",
-            "a field line that repeats the message is not printed twice"
+            "spec has problems\n  gang.resources.gpus: must be at least 1\n  tenant: must not be empty"
+        );
+    }
+
+    #[test]
+    fn field_errors_already_in_the_message_are_not_repeated() {
+        let field = |field: &str, reason: &str| FieldError { field: field.into(), reason: reason.into() };
+        let fields = [field("gang.resources.gpus", "must be at least 1"), field("payload", "needs a command")];
+        assert_eq!(
+            api_error_text(
+                "invalid_spec",
+                "gang.resources.gpus: must be at least 1; payload: needs a command",
+                &fields
+            ),
+            "the job spec is invalid:\n  gang.resources.gpus: must be at least 1\n  payload: needs a command"
+        );
+        let yaml = [field("spec", "not valid YAML: line 1")];
+        assert_eq!(
+            api_error_text("invalid_spec", "spec is not valid YAML: line 1", &yaml),
+            "spec is not valid YAML: line 1"
+        );
+        assert_eq!(
+            api_error_text("bad_request", "bad query", &[field("state", "unknown state `x`")]),
+            "bad query\n  state: unknown state `x`"
         );
     }
 

@@ -59,9 +59,9 @@ fn workload() -> Vec<DemoJob> {
                 .into(),
         },
         DemoJob {
-            story: "4x8 A100 gang with its data in eu-west",
+            story: "3x8 A100 gang with its data in eu-west",
             spec: "name: vit-l-pretrain\ntenant: vision\nlabels: {project: vit, type: pretrain}\n\
-                   gang: {replicas: 4, resources: {gpus: 8, gpuTypes: [a100-80g], cpu: 64, memoryGiB: 512}}\n\
+                   gang: {replicas: 3, resources: {gpus: 8, gpuTypes: [a100-80g], cpu: 64, memoryGiB: 512}}\n\
                    runtime: {estimate: 4h}\ndata: [{uri: s3://eu-images/laion-subset, sizeGiB: 500, region: eu-west}]\n\
                    payload: {image: ghcr.io/acme/vision:2.0}\n"
                 .into(),
@@ -277,7 +277,8 @@ fn write_summary(
     let first_start = jobs.iter().filter_map(|j| j.started_at_ms).min().unwrap_or(0);
     let last_end = jobs.iter().filter_map(|j| j.finished_at_ms).max().unwrap_or(first_start);
     let makespan_h = to_hours(last_end - first_start).max(1e-9);
-    let mut totals: BTreeMap<String, ClusterTotals> = clusters.keys().map(|c| (c.clone(), Default::default())).collect();
+    let mut totals: BTreeMap<String, ClusterTotals> =
+        clusters.keys().map(|c| (c.clone(), Default::default())).collect();
     let mut regions_moved = BTreeSet::new();
     for job in jobs {
         let (Some(cluster), Some(started), Some(finished)) = (&job.cluster, job.started_at_ms, job.finished_at_ms)
@@ -331,6 +332,10 @@ fn write_summary(
             t.moved_gib
         )?;
     }
-    writeln!(out, "  total cost ${all_usd:.0}; data moved {all_moved:.0} GiB across {} region pairs", regions_moved.len())?;
+    writeln!(
+        out,
+        "  total cost ${all_usd:.0}; data moved {all_moved:.0} GiB across {} region pairs",
+        regions_moved.len()
+    )?;
     Ok(())
 }

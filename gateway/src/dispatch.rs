@@ -52,7 +52,8 @@ pub(crate) fn offer(inner: &Inner, state: &mut State, job_id: &str, cluster: &st
     job.state = JobState::Offered;
     job.cluster = Some(cluster.to_string());
     job.fencing_token += 1;
-    job.message = summary.to_string();
+    job.message = format!("offered to {cluster}");
+    job.placement = Some(summary.to_string());
     let message = pb::GatewayMessage { body: Some(pb::gateway_message::Body::Offer(offer_message(job))) };
     let job = job.clone();
     persist(inner, &job);

@@ -27,7 +27,7 @@ use crate::dispatch;
 use crate::placement::{self, Decision};
 use crate::queue::{FairQueue, QueuedJob};
 use crate::registry::{AgentLink, ClusterSummary, Registry};
-use crate::store::{self, JobRecord, KnownCluster, Store};
+use crate::store::{self, JobRecord, Store};
 
 /// Why an API call failed. [`crate::api::respond`] maps each variant to one HTTP status and one
 /// gRPC code.
@@ -252,6 +252,7 @@ impl Gateway {
             cluster: None,
             fencing_token: 0,
             message: "waiting for placement".into(),
+            placement: None,
             submitted_at_ms: now_ms(),
             started_at_ms: None,
             finished_at_ms: None,
@@ -325,10 +326,11 @@ impl Gateway {
         let job = state.jobs.get(id).ok_or_else(|| ApiError::NotFound(id.to_string()))?;
         let decided = state.decisions.get(id);
         let candidates = decided.map(|d| candidate_views(&d.decision)).unwrap_or_default();
-        let summary = match (job.state, decided) {
-            (JobState::Queued, Some(d)) => d.decision.summary.clone(),
-            (JobState::Queued, None) => "waiting for the next placement round".into(),
-            _ => job.message.clone(),
+        let summary = match (job.state, decided, &job.placement) {
+            (JobState::Queued, Some(d), _) => d.decision.summary.clone(),
+            (JobState::Queued, None, _) => job.message.clone(),
+            (_, _, Some(placement)) => placement.clone(),
+            (_, _, None) => job.message.clone(),
         };
         Ok(Explanation {
             job_id: job.id.clone(),
@@ -421,13 +423,6 @@ impl Gateway {
                 _ = tokio::time::sleep(interval) => {}
                 _ = shutdown.changed() => return,
             }
-        }
-    }
-
-    /// Saves a cluster's identity and shapes so never-fits checks survive restarts.
-    pub(crate) fn remember_cluster(&self, known: &KnownCluster) {
-        if let Err(e) = store::save_cluster(self.inner.store.as_ref(), known) {
-            tracing::warn!(cluster = %known.info.name, error = %e, "could not save cluster");
         }
     }
 }

@@ -97,6 +97,9 @@ pub struct JobRecord {
     pub fencing_token: u64,
     /// Last human-readable note (placement summary, failure reason).
     pub message: String,
+    /// The placement decision that sent the job to its cluster, in one sentence with numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     /// Unix milliseconds.
     pub submitted_at_ms: i64,
     /// When all replicas started (Unix ms).

@@ -6,7 +6,6 @@ pub mod backend;
 pub mod builtin;
 pub mod config;
 
-
 /// Why an agent could not be built from its configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -19,12 +18,7 @@ pub enum BuildError {
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
     let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
     let backend = backend::BuiltinBackend::new(scheduler, config.time_scale);
-    Ok(agent::Agent::new(
-        config.cluster_info(),
-        config.gateway.clone(),
-        config.report_interval.0,
-        Box::new(backend),
-    ))
+    Ok(agent::Agent::new(config.cluster_info(), config.gateway.clone(), config.report_interval.0, Box::new(backend)))
 }
 
 /// Starts `tracing` output on stderr; `MERIDIAN_LOG` (or `RUST_LOG`) sets the filter.

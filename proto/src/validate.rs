@@ -226,7 +226,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         if let Some(max) = max_usd_per_hour
             && (!max.is_finite() || max <= 0.0)
         {
-            v.push("placement.burst.maxUsdPerHour", "must be a positive number of US$ per hour (or use `burst: never`)");
+            v.push(
+                "placement.burst.maxUsdPerHour",
+                "must be a positive number of US$ per hour (or use `burst: never`)",
+            );
         }
     }
 

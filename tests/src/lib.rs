@@ -148,19 +148,20 @@ impl Gateway {
     /// Waits until job `id` is in `state` and returns it.
     pub async fn wait_for_state(&self, id: &str, state: &str, timeout: Duration) -> Result<Value> {
         let client = self.client();
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut last = Value::Null;
-        let found = poll(timeout, || {
-            let client = &client;
-            let last = &mut last;
-            async move {
-                let job = client.get(id).await.ok()?;
-                let reached = job["state"] == state;
-                *last = job.clone();
-                reached.then_some(job)
+        loop {
+            if let Ok(job) = client.get(id).await {
+                if job["state"] == state {
+                    return Ok(job);
+                }
+                last = job;
             }
-        })
-        .await;
-        found.with_context(|| format!("job {id} never reached {state}; last seen {last}\ngateway log:\n{}", self.proc.log()))
+            if tokio::time::Instant::now() > deadline {
+                bail!("job {id} never reached {state}; last seen {last}\ngateway log:\n{}", self.proc.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -125,7 +125,12 @@ pub(crate) fn rank(a: &Candidate, b: &Candidate) -> Ordering {
 }
 
 /// The one-sentence summary of a decision.
-pub(crate) fn summarize(job_name: &str, shape: GangShape, chosen: Option<&Candidate>, candidates: &[Candidate]) -> String {
+pub(crate) fn summarize(
+    job_name: &str,
+    shape: GangShape,
+    chosen: Option<&Candidate>,
+    candidates: &[Candidate],
+) -> String {
     let feasible = candidates.iter().filter(|c| c.score().is_some()).count();
     let rejected = candidates.len() - feasible;
     let GangShape { replicas, gpus } = shape;

@@ -12,7 +12,8 @@ use meridian_proto::spec::{BurstPolicy, JobSpec};
 use serde::{Deserialize, Serialize};
 
 use super::decision::Secs;
-use super::snapshot::{ClusterSnapshot, Demand};
+use super::fit::{Demand, TypeOption, TypeOptions};
+use super::snapshot::ClusterSnapshot;
 
 /// Why one cluster cannot take a job. Built as data while placing (no text is formatted on the hot
 /// path); [`Display`](fmt::Display) turns it into a sentence for people.
@@ -105,40 +106,43 @@ pub(crate) struct Need<'a> {
 impl<'a> Need<'a> {
     pub(crate) fn of(job: &'a JobSpec) -> Self {
         let demand = Demand::of(job);
-        let payload =
-            if job.payload.image.is_some() { PayloadKind::ContainerImage } else { PayloadKind::BareCommand };
+        let payload = if job.payload.image.is_some() { PayloadKind::ContainerImage } else { PayloadKind::BareCommand };
         Self { job, demand, total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus), payload }
     }
 }
 
 /// Checks everything about `cluster` that does not change with load, pushing each reason it may
-/// not run the job onto `reasons`. Returns the GPU groups (bit i = `cluster.groups[i]`) the gang
-/// may use; meaningful only when no reason was pushed.
-pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reasons: &mut Vec<Rejection>) -> u64 {
+/// not run the job onto `reasons`. Returns the GPU types the gang may use, cheapest first;
+/// meaningful only when no reason was pushed.
+pub(crate) fn static_rejections(
+    need: &Need<'_>,
+    cluster: &ClusterSnapshot,
+    reasons: &mut Vec<Rejection>,
+) -> TypeOptions {
     let job = need.job;
     let demand = &need.demand;
-    let info = cluster.info();
-    let shapes = &cluster.inventory().shapes;
+    let info = &cluster.info;
+    let shapes = &cluster.inventory.shapes;
     let cloud = info.tier == Tier::Cloud;
     let budget = match job.placement.burst {
         BurstPolicy::After { max_usd_per_hour: Some(max), .. } if cloud => Some(max),
         _ => None,
     };
+    let wanted = &job.gang.resources.gpu_types;
 
     let (mut any_type, mut any_memory) = (false, false);
     let (mut largest_gib, mut largest_node_gpus, mut max_replicas) = (0u32, 0u32, 0u64);
     let mut cheapest_over_budget = f64::INFINITY;
-    let mut mask = 0u64;
-    // Bits of a u64 mask: no cluster has anywhere near 64 GPU types (13 are known).
-    for (index, group) in cluster.groups.iter().enumerate().take(64) {
-        let accepted = job.gang.resources.gpu_types.is_empty()
-            || job.gang.resources.gpu_types.iter().any(|t| *t == group.gpu_type);
-        if !accepted {
+    let mut options = TypeOptions::default();
+    for (index, first) in shapes.iter().enumerate() {
+        // Visit each GPU type once, at its first shape; shapes per cluster are few.
+        let seen_before = shapes[..index].iter().any(|s| s.gpu_type == first.gpu_type);
+        if seen_before || !(wanted.is_empty() || wanted.contains(&first.gpu_type)) {
             continue;
         }
         any_type = true;
         let mut capacity = 0u64;
-        for shape in group.shapes.iter().filter_map(|&i| shapes.get(i)) {
+        for shape in shapes[index..].iter().filter(|s| s.gpu_type == first.gpu_type) {
             largest_gib = largest_gib.max(shape.gpu_memory_gib);
             if shape.gpu_memory_gib < demand.min_gpu_memory_gib {
                 continue;
@@ -152,21 +156,25 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
         if capacity < u64::from(demand.replicas) {
             continue;
         }
+        let price = info.price(&first.gpu_type);
         if let Some(max) = budget {
-            let hourly = need.total_gpus as f64 * group.price_per_gpu_hour;
+            let hourly = need.total_gpus as f64 * price;
             if hourly > max {
                 cheapest_over_budget = cheapest_over_budget.min(hourly);
                 continue;
             }
         }
-        mask |= 1u64 << index;
+        options.insert(TypeOption { first_shape: index, price }, shapes);
     }
 
     if !any_type {
-        reasons.push(Rejection::GpuTypeUnavailable {
-            wanted: job.gang.resources.gpu_types.clone(),
-            available: cluster.groups.iter().map(|g| g.gpu_type.clone()).collect(),
-        });
+        let mut available: Vec<String> = Vec::new();
+        for shape in shapes {
+            if !available.contains(&shape.gpu_type) {
+                available.push(shape.gpu_type.clone());
+            }
+        }
+        reasons.push(Rejection::GpuTypeUnavailable { wanted: wanted.clone(), available });
     } else if !any_memory {
         reasons.push(Rejection::GpuMemoryTooSmall { wanted_gib: demand.min_gpu_memory_gib, largest_gib });
     } else if max_replicas < u64::from(demand.replicas) {
@@ -176,7 +184,7 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
             max_replicas,
             largest_node_gpus,
         });
-    } else if mask == 0 {
+    } else if options.is_empty() {
         if let Some(max) = budget {
             reasons.push(Rejection::OverBudget { usd_per_hour: cheapest_over_budget, max_usd_per_hour: max });
         }
@@ -202,14 +210,14 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     if cloud && rules.burst == BurstPolicy::Never {
         reasons.push(Rejection::BurstNever);
     }
-    mask
+    options
 }
 
-/// The GPU groups the job may use on `cluster`, or None when the cluster may never run it.
-pub(crate) fn eligible_groups(need: &Need<'_>, cluster: &ClusterSnapshot) -> Option<u64> {
+/// The GPU types the job may use on `cluster`, or None when the cluster may never run it.
+pub(crate) fn eligible_options(need: &Need<'_>, cluster: &ClusterSnapshot) -> Option<TypeOptions> {
     let mut reasons = Vec::new();
-    let mask = static_rejections(need, cluster, &mut reasons);
-    reasons.is_empty().then_some(mask)
+    let options = static_rejections(need, cluster, &mut reasons);
+    reasons.is_empty().then_some(options)
 }
 
 /// Comma-separated list for messages.
@@ -230,16 +238,15 @@ impl fmt::Display for List<'_> {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::Disconnected => f.write_str("the cluster's agent is disconnected, so no job can be offered to it"),
+            Rejection::Disconnected => {
+                f.write_str("the cluster's agent is disconnected, so no job can be offered to it")
+            }
             Rejection::GpuTypeUnavailable { wanted, available } if available.is_empty() => {
                 write!(f, "the job needs GPU type {} but the cluster reports no GPUs", List(wanted))
             }
-            Rejection::GpuTypeUnavailable { wanted, available } => write!(
-                f,
-                "the job accepts GPU types {} but the cluster only has {}",
-                List(wanted),
-                List(available)
-            ),
+            Rejection::GpuTypeUnavailable { wanted, available } => {
+                write!(f, "the job accepts GPU types {} but the cluster only has {}", List(wanted), List(available))
+            }
             Rejection::GpuMemoryTooSmall { wanted_gib, largest_gib } => write!(
                 f,
                 "the job needs {wanted_gib} GiB per GPU but the acceptable GPUs here have at most {largest_gib} GiB"

@@ -112,7 +112,8 @@ impl TypeOptions {
     /// Adds an option, keeping the cheapest [`MAX_TYPES`].
     pub(crate) fn insert(&mut self, option: TypeOption, shapes: &[NodeShape]) {
         let name = |o: &TypeOption| shapes.get(o.first_shape).map_or("", |s| s.gpu_type.as_str());
-        let better = |a: &TypeOption, b: &TypeOption| a.price.total_cmp(&b.price).then_with(|| name(a).cmp(name(b))).is_lt();
+        let better =
+            |a: &TypeOption, b: &TypeOption| a.price.total_cmp(&b.price).then_with(|| name(a).cmp(name(b))).is_lt();
         let mut at = self.len;
         while at > 0 && better(&option, &self.items[at - 1]) {
             at -= 1;
@@ -175,7 +176,13 @@ impl Fitter {
                 if g > 0 && g < LEVEL_CAP && free.gpus == g {
                     exact += 1;
                     if exact >= replicas {
-                        let plan = Plan { threshold: g.min(LEVEL_CAP), take: replicas, below_share: 0.0, below_nodes: 0, exact: true };
+                        let plan = Plan {
+                            threshold: g.min(LEVEL_CAP),
+                            take: replicas,
+                            below_share: 0.0,
+                            below_nodes: 0,
+                            exact: true,
+                        };
                         return Survey::Fits(plan);
                     }
                 }

@@ -15,6 +15,7 @@
 
 pub mod decision;
 pub mod filter;
+mod fit;
 pub mod network;
 pub mod score;
 pub mod snapshot;
@@ -33,6 +34,7 @@ pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 
 use decision::{GangShape, rank, summarize};
 use filter::{Need, static_rejections};
+use fit::Fitter;
 use score::{RegionCosts, score};
 
 /// Decides where `job` should run given `snapshot`, keeping every cluster's verdict.
@@ -41,18 +43,19 @@ use score::{RegionCosts, score};
 pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementConfig) -> Decision {
     let need = Need::of(job);
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
+    let mut fitter = Fitter::default();
     let mut candidates = Vec::with_capacity(snapshot.clusters.len());
     let mut best_owned_wait = f64::INFINITY;
 
     for cluster in &snapshot.clusters {
-        let info = cluster.info();
+        let info = &cluster.info;
         let mut reasons = Vec::new();
-        if !cluster.is_connected() {
+        if !cluster.connected {
             reasons.push(Rejection::Disconnected);
         }
-        let mask = static_rejections(&need, cluster, &mut reasons);
+        let options = static_rejections(&need, cluster, &mut reasons);
         let verdict = if reasons.is_empty() {
-            let breakdown = score(&need, cluster, mask, &mut regions, config);
+            let breakdown = score(&need, cluster, &options, &mut fitter, &mut regions, config);
             if info.tier == Tier::Owned {
                 best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
             }
@@ -108,7 +111,7 @@ pub fn never_fits(job: &JobSpec, snapshot: &FederationSnapshot) -> Option<Vec<(S
         if reasons.is_empty() {
             return None;
         }
-        all.extend(reasons.into_iter().map(|r| (cluster.info().name.clone(), r)));
+        all.extend(reasons.into_iter().map(|r| (cluster.info.name.clone(), r)));
     }
     (!all.is_empty()).then_some(all)
 }

@@ -6,12 +6,14 @@
 //!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
 //! ```
 
+use meridian_proto::inventory::{GpuRelease, NodeShape};
 use meridian_proto::spec::DataRef;
 use serde::{Deserialize, Serialize};
 
 use super::filter::Need;
+use super::fit::{Demand, Fitter, TypeOptions, fit_now};
 use super::network::NetworkTable;
-use super::snapshot::{ClusterSnapshot, GpuGroup, in_mask};
+use super::snapshot::ClusterSnapshot;
 
 /// Bytes in a GiB over bytes in a GB: sizes are given in GiB, prices and link speeds per GB.
 const GB_PER_GIB: f64 = 1.073_741_824;
@@ -96,37 +98,41 @@ impl<'a> RegionCosts<'a> {
     }
 }
 
-/// Scores a cluster that passed the filter. `mask` is the set of GPU groups the job may use.
+/// Scores a cluster that passed the filter, for the GPU types in `options`.
 pub(crate) fn score<'a>(
     need: &Need<'_>,
     cluster: &'a ClusterSnapshot,
-    mask: u64,
+    options: &TypeOptions,
+    fitter: &mut Fitter,
     regions: &mut RegionCosts<'a>,
     config: &PlacementConfig,
 ) -> ScoreBreakdown {
     let demand = &need.demand;
-    let now = cluster.fit_now(demand, mask);
-    let (group, fragmentation, expected_wait_secs) = match now {
-        Some(fit) => (cluster.groups.get(fit.group), fit.fragmentation, 0.0),
-        None => {
-            // The cheapest usable type; which nodes free up first is unknown, so fragmentation is
-            // what the gang would leave on empty nodes.
-            let group = cluster.groups.iter().enumerate().find(|(i, _)| in_mask(mask, *i)).map(|(_, g)| g);
-            let fragmentation = group.map_or(0.0, |g| empty_node_fragmentation(need, cluster, g));
-            (group, fragmentation, expected_wait_secs(cluster, need.total_gpus, config))
+    let shapes = &cluster.inventory.shapes;
+    let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(fitter, shapes, options, demand) {
+        Ok((option, plan)) => {
+            let fragmentation = plan.fragmentation(shapes, option.gpu_type(shapes), demand);
+            (Some(option), true, fragmentation, 0.0)
+        }
+        Err(free_gpus) => {
+            // Wait for the cheapest type; which nodes free up first is unknown, so fragmentation
+            // is what the gang would leave on empty nodes.
+            let option = options.first().copied();
+            let fragmentation = option.map_or(0.0, |o| empty_node_fragmentation(demand, shapes, o.gpu_type(shapes)));
+            (option, false, fragmentation, expected_wait_secs(cluster, free_gpus, need.total_gpus, config))
         }
     };
-    let price = group.map_or(0.0, |g| g.price_per_gpu_hour);
+    let price = option.map_or(0.0, |o| o.price);
     let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
     let compute_usd = need.total_gpus as f64 * price * hours;
-    let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
+    let (transfer_secs, egress_usd) = regions.get(&cluster.info.region);
     let expected_start_secs = expected_wait_secs.max(transfer_secs);
     let total = expected_start_secs
         + config.usd_to_seconds * (compute_usd + egress_usd)
         + config.fragmentation_weight_secs * fragmentation;
     ScoreBreakdown {
-        fits_now: now.is_some(),
-        gpu_type: group.map(|g| g.gpu_type.clone()).unwrap_or_default(),
+        fits_now,
+        gpu_type: option.map(|o| o.gpu_type(shapes).to_owned()).unwrap_or_default(),
         expected_wait_secs,
         transfer_secs,
         expected_start_secs,
@@ -137,37 +143,51 @@ pub(crate) fn score<'a>(
     }
 }
 
-/// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting plus
-/// this one: free GPUs now plus the release profile. GPUs free now but not in the right places
-/// (the gang did not fit) still need at least the first release.
-fn expected_wait_secs(cluster: &ClusterSnapshot, job_gpus: u64, config: &PlacementConfig) -> f64 {
-    let needed = cluster.pending_gpus.saturating_add(job_gpus);
-    let mut available = cluster.free_gpus;
-    let releases = &cluster.pressure().releases;
-    for release in releases {
-        available = available.saturating_add(u64::from(release.gpus));
-        if available >= needed {
-            return release.after_secs as f64;
-        }
+/// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting in its
+/// queues plus this one: `free_gpus` (free GPUs of the acceptable nodes) plus the release profile.
+/// Enough GPUs free now but in the wrong places (the gang did not fit) still need a release.
+fn expected_wait_secs(cluster: &ClusterSnapshot, free_gpus: u64, job_gpus: u64, config: &PlacementConfig) -> f64 {
+    let pending: u64 = cluster.pressure.queues.iter().map(|q| u64::from(q.pending_gpus)).sum();
+    let needed = pending.saturating_add(job_gpus);
+    // Agents send releases ascending; sort a copy only if one did not.
+    let releases = &cluster.pressure.releases;
+    let (earliest, last) = if releases.windows(2).all(|w| w[0].after_secs <= w[1].after_secs) {
+        earliest_enough(releases, free_gpus, needed)
+    } else {
+        let mut sorted = releases.clone();
+        sorted.sort_by_key(|r| r.after_secs);
+        earliest_enough(&sorted, free_gpus, needed)
+    };
+    if let Some(secs) = earliest {
+        return secs as f64;
     }
     // Beyond the profile: trust the agent's own estimate if it gave one, but never less than the
-    // last release it already predicted.
-    let last = releases.last().map_or(0.0, |r| r.after_secs as f64);
-    match cluster.pressure().estimated_wait_secs {
-        0 => config.unknown_wait_secs.max(last),
-        estimate => (estimate as f64).max(last),
+    // last release it predicted.
+    match cluster.pressure.estimated_wait_secs {
+        0 => config.unknown_wait_secs.max(last as f64),
+        estimate => estimate.max(last) as f64,
     }
 }
 
-/// Fragmentation if the gang landed on empty nodes of the best-suited shape of `group`.
-fn empty_node_fragmentation(need: &Need<'_>, cluster: &ClusterSnapshot, group: &GpuGroup) -> f64 {
-    let demand = &need.demand;
-    let shapes = &cluster.inventory().shapes;
-    group
-        .shapes
+/// The first release (ascending) after which `available` plus released GPUs reach `needed`, and
+/// the time of the last release looked at.
+fn earliest_enough(releases: &[GpuRelease], mut available: u64, needed: u64) -> (Option<u64>, u64) {
+    let mut last = 0;
+    for release in releases {
+        available = available.saturating_add(u64::from(release.gpus));
+        last = release.after_secs;
+        if available >= needed {
+            return (Some(release.after_secs), last);
+        }
+    }
+    (None, last)
+}
+
+/// Fragmentation if the gang landed on empty nodes of the best-suited shape of `gpu_type`.
+fn empty_node_fragmentation(demand: &Demand, shapes: &[NodeShape], gpu_type: &str) -> f64 {
+    shapes
         .iter()
-        .filter_map(|&i| shapes.get(i))
-        .filter(|s| s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0)
+        .filter(|s| s.gpu_type == gpu_type && s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0)
         .filter_map(|shape| {
             let per_node = demand.per_empty_node(shape).min(demand.replicas);
             (per_node > 0).then(|| {

@@ -7,7 +7,7 @@ use meridian_proto::inventory::{
     BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
 };
 use meridian_proto::spec::{
-    BurstPolicy, ClusterRules, DataRef, GangSpec, Payload, PlacementRules, Resources, RuntimeSpec, JobSpec,
+    BurstPolicy, ClusterRules, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
 };
 use proptest::prelude::*;
 
@@ -25,10 +25,7 @@ fn shape(gpu_type: &str, gpus_per_node: u32, free_gpus: &[u32]) -> NodeShape {
         gpus_per_node,
         cpu_per_node: 16 * gpus_per_node,
         memory_gib_per_node: 128 * gpus_per_node,
-        free: free_gpus
-            .iter()
-            .map(|&g| NodeFree { gpus: g, cpu: 16 * g, memory_gib: 128 * g })
-            .collect(),
+        free: free_gpus.iter().map(|&g| NodeFree { gpus: g, cpu: 16 * g, memory_gib: 128 * g }).collect(),
     }
 }
 
@@ -141,12 +138,8 @@ fn residency_include_exclude_and_payload_are_enforced() {
     let mut slurm = info("slurm-eu", "eu-west", Tier::Owned);
     slurm.backend = BackendKind::Slurm;
     slurm.supports_containers = false;
-    let eu = ClusterSnapshot::new(
-        slurm,
-        Inventory { shapes: vec![shape("h100", 8, &[8])] },
-        QueuePressure::default(),
-        true,
-    );
+    let eu =
+        ClusterSnapshot::new(slurm, Inventory { shapes: vec![shape("h100", 8, &[8])] }, QueuePressure::default(), true);
     let us = cluster("us", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
     let fed = federation(vec![eu, us]);
     let mut spec = job(1, 1);
@@ -185,7 +178,7 @@ fn residency_include_exclude_and_payload_are_enforced() {
 #[test]
 fn disconnected_clusters_are_never_chosen() {
     let mut gone = cluster("gone", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
-    gone.set_connected(false);
+    gone.connected = false;
     let d = place(&job(1, 1), &federation(vec![gone]), &PlacementConfig::default());
     assert_eq!(rejections(&d, "gone"), vec![Rejection::Disconnected]);
     assert!(d.chosen.is_none());
@@ -276,9 +269,9 @@ fn reserve_subtracts_from_the_nodes_placement_assumed() {
     let mut c = cluster("c", "us-east", Tier::Owned, vec![shape("h100", 8, &[8, 4, 8])]);
     assert!(c.reserve(&job(1, 4)));
     // Best fit: the node with 4 free.
-    let free: Vec<u32> = c.inventory().shapes[0].free.iter().map(|n| n.gpus).collect();
+    let free: Vec<u32> = c.inventory.shapes[0].free.iter().map(|n| n.gpus).collect();
     assert_eq!(free, vec![8, 0, 8]);
-    assert_eq!(c.inventory().shapes[0].free[1].cpu, 48);
+    assert_eq!(c.inventory.shapes[0].free[1].cpu, 48);
     assert!(c.reserve(&job(2, 8)));
     assert!(!c.reserve(&job(1, 1)), "nothing is left");
     let mut fed = federation(vec![c]);
@@ -346,7 +339,12 @@ const TYPES: [&str; 3] = ["h100", "a100-80g", "l4"];
 
 fn arb_shape() -> impl Strategy<Value = NodeShape> {
     (0..TYPES.len(), prop::sample::select(vec![1u32, 2, 4, 8]), 0usize..6).prop_flat_map(|(t, per_node, nodes)| {
-        prop::collection::vec(0..=per_node, nodes).prop_map(move |free| shape(TYPES[t], per_node, &free))
+        // Free CPUs vary independently of free GPUs, so some nodes have GPUs but not the CPUs.
+        prop::collection::vec((0..=per_node, 0..=16 * per_node), nodes).prop_map(move |free| {
+            let mut s = shape(TYPES[t], per_node, &[]);
+            s.free = free.into_iter().map(|(g, cpu)| NodeFree { gpus: g, cpu, memory_gib: 128 * g }).collect();
+            s
+        })
     })
 }
 
@@ -371,9 +369,7 @@ fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
 }
 
 fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
-    (1usize..6).prop_flat_map(|n| {
-        (0..n).map(arb_cluster).collect::<Vec<_>>().prop_map(federation)
-    })
+    (1usize..6).prop_flat_map(|n| (0..n).map(arb_cluster).collect::<Vec<_>>().prop_map(federation))
 }
 
 fn arb_job() -> impl Strategy<Value = JobSpec> {
@@ -391,7 +387,7 @@ fn arb_job() -> impl Strategy<Value = JobSpec> {
 
 fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Iterator<Item = &'a NodeShape> + 'a {
     let r = &spec.gang.resources;
-    cluster.inventory().shapes.iter().filter(move |s| {
+    cluster.inventory.shapes.iter().filter(move |s| {
         (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type)) && s.gpu_memory_gib >= r.gpu_memory_gib
     })
 }
@@ -400,6 +396,29 @@ fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Itera
 fn replicas_on(spec: &JobSpec, nodes: impl Iterator<Item = NodeFree>) -> u64 {
     let r = &spec.gang.resources;
     nodes.map(|n| u64::from(n.replicas_fitting(r.gpus, r.cpu, r.memory_gib))).sum()
+}
+
+/// Reference best fit, the slow obvious way: sort nodes by free GPUs (then shape, node) and fill.
+fn reference_reserve(cluster: &ClusterSnapshot, spec: &JobSpec, gpu_type: &str) -> Inventory {
+    let r = &spec.gang.resources;
+    let mut inventory = cluster.inventory.clone();
+    let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
+    for (si, s) in inventory.shapes.iter().enumerate() {
+        if s.gpu_type == gpu_type && s.gpu_memory_gib >= r.gpu_memory_gib {
+            nodes.extend(s.free.iter().enumerate().map(|(ni, n)| (n.gpus, si, ni)));
+        }
+    }
+    nodes.sort();
+    let mut remaining = spec.gang.replicas;
+    for (_, si, ni) in nodes {
+        let node = &mut inventory.shapes[si].free[ni];
+        let used = node.replicas_fitting(r.gpus, r.cpu, r.memory_gib).min(remaining);
+        node.gpus -= used * r.gpus;
+        node.cpu -= used * r.cpu;
+        node.memory_gib -= used * r.memory_gib;
+        remaining -= used;
+    }
+    inventory
 }
 
 proptest! {
@@ -413,7 +432,7 @@ proptest! {
                 std::iter::repeat_n(node, s.free.len())
             });
             prop_assert!(replicas_on(&spec, empty) >= u64::from(spec.gang.replicas));
-            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info().tier == Tier::Owned);
+            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info.tier == Tier::Owned);
         }
     }
 
@@ -431,9 +450,10 @@ proptest! {
         let mut reserved = c.clone();
         prop_assert_eq!(reserved.reserve(&spec), choice.starts_now);
         if choice.starts_now {
-            let before = c.inventory().gpus_free();
-            prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
-            for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
+            prop_assert_eq!(&reserved.inventory, &reference_reserve(c, &spec, &choice.gpu_type));
+            let before = c.inventory.gpus_free();
+            prop_assert_eq!(before - reserved.inventory.gpus_free(), spec.total_gpus());
+            for (s0, s1) in c.inventory.shapes.iter().zip(&reserved.inventory.shapes) {
                 for (n0, n1) in s0.free.iter().zip(&s1.free) {
                     prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
                 }

@@ -283,3 +283,212 @@ pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
 pub(crate) fn hello_info(hello: pb::Hello) -> Result<ClusterInfo, String> {
     ClusterInfo::try_from(hello).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use meridian_proto::inventory::{BackendKind, NodeFree, NodeShape, Tier};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::config::GatewayConfig;
+    use crate::server::Gateway;
+    use crate::store::MemoryStore;
+
+    type Rx = mpsc::Receiver<Result<pb::GatewayMessage, tonic::Status>>;
+
+    const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+
+    fn info() -> ClusterInfo {
+        ClusterInfo {
+            name: "east".into(),
+            region: "us-east".into(),
+            tier: Tier::Owned,
+            backend: BackendKind::Builtin,
+            prices: BTreeMap::from([("h100".to_string(), 2.0)]),
+            supports_containers: true,
+            supports_bare_commands: true,
+        }
+    }
+
+    fn inventory(free_gpus: &[u32]) -> pb::AgentMessage {
+        let inventory = Inventory {
+            shapes: vec![NodeShape {
+                name: "dgx".into(),
+                gpu_type: "h100".into(),
+                gpu_memory_gib: 80,
+                gpus_per_node: 8,
+                cpu_per_node: 96,
+                memory_gib_per_node: 1024,
+                free: free_gpus.iter().map(|&gpus| NodeFree { gpus, cpu: 96, memory_gib: 1024 }).collect(),
+            }],
+        };
+        pb::AgentMessage { body: Some(pb::agent_message::Body::Inventory(pb::Inventory::from(&inventory))) }
+    }
+
+    fn status(job: &str, token: u64, state: JobState) -> pb::AgentMessage {
+        pb::AgentMessage {
+            body: Some(pb::agent_message::Body::Status(pb::JobStatus {
+                job_id: job.into(),
+                fencing_token: token,
+                state: pb::JobState::from(state) as i32,
+                message: String::new(),
+                nodes: vec!["dgx-0".into()],
+            })),
+        }
+    }
+
+    fn reply(job: &str, token: u64, accepted: bool) -> pb::AgentMessage {
+        pb::AgentMessage {
+            body: Some(pb::agent_message::Body::OfferReply(pb::OfferReply {
+                job_id: job.into(),
+                fencing_token: token,
+                accepted,
+                reason: if accepted { String::new() } else { "node dgx-0 is draining".into() },
+            })),
+        }
+    }
+
+    fn gateway(config: GatewayConfig) -> Gateway {
+        Gateway::new(config, Arc::new(MemoryStore::default())).unwrap()
+    }
+
+    fn connect(gateway: &Gateway) -> (u64, Rx) {
+        let (tx, rx) = mpsc::channel(64);
+        let connection = gateway.connect_agent(info(), tx).unwrap();
+        (connection, rx)
+    }
+
+    fn next(rx: &mut Rx) -> pb::gateway_message::Body {
+        rx.try_recv().unwrap().unwrap().body.unwrap()
+    }
+
+    /// Connects a one-node cluster, submits a job and places it: returns the job id.
+    fn offered(gateway: &Gateway) -> (String, u64, Rx) {
+        let (connection, mut rx) = connect(gateway);
+        assert!(matches!(next(&mut rx), pb::gateway_message::Body::Welcome(_)));
+        gateway.agent_message("east", connection, inventory(&[8])).unwrap();
+        let (job, _) = gateway.submit(JOB).unwrap();
+        gateway.placement_round().unwrap();
+        match next(&mut rx) {
+            pb::gateway_message::Body::Offer(offer) => {
+                assert_eq!((offer.job_id.as_str(), offer.fencing_token), (job.id.as_str(), 1));
+            }
+            other => panic!("expected an offer, got {other:?}"),
+        }
+        assert_eq!(gateway.get(&job.id).unwrap().state, JobState::Offered);
+        (job.id, connection, rx)
+    }
+
+    #[tokio::test]
+    async fn an_accepted_offer_binds_and_a_running_report_runs() {
+        let gateway = gateway(GatewayConfig::default());
+        let (id, connection, _rx) = offered(&gateway);
+        gateway.agent_message("east", connection, reply(&id, 1, true)).unwrap();
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Bound);
+        gateway.agent_message("east", connection, status(&id, 1, JobState::Running)).unwrap();
+        let job = gateway.get(&id).unwrap();
+        assert_eq!((job.state, job.nodes.clone()), (JobState::Running, vec!["dgx-0".to_string()]));
+        assert!(job.placement.is_some_and(|p| p.contains("east")));
+    }
+
+    #[tokio::test]
+    async fn a_declined_offer_returns_the_job_to_the_queue_with_the_reason() {
+        let gateway = gateway(GatewayConfig::default());
+        let (id, connection, _rx) = offered(&gateway);
+        gateway.agent_message("east", connection, reply(&id, 1, false)).unwrap();
+        let job = gateway.get(&id).unwrap();
+        assert_eq!((job.state, job.cluster.clone()), (JobState::Queued, None));
+        assert!(job.message.contains("draining"), "{}", job.message);
+    }
+
+    #[tokio::test]
+    async fn a_report_with_a_stale_token_is_cancelled_not_applied() {
+        let gateway = gateway(GatewayConfig::default());
+        let (id, connection, mut rx) = offered(&gateway);
+        gateway.agent_message("east", connection, reply(&id, 1, true)).unwrap();
+        gateway.agent_message("east", connection, status(&id, 0, JobState::Succeeded)).unwrap();
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Bound, "a terminal stale report changes nothing");
+        gateway.agent_message("east", connection, status(&id, 0, JobState::Running)).unwrap();
+        match next(&mut rx) {
+            pb::gateway_message::Body::Cancel(cancel) => assert_eq!((cancel.job_id, cancel.fencing_token), (id, 0)),
+            other => panic!("expected a cancel, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_acceptance_of_a_cancelled_job_is_stopped() {
+        let gateway = gateway(GatewayConfig::default());
+        let (id, connection, mut rx) = offered(&gateway);
+        gateway.cancel(&id).unwrap();
+        assert!(matches!(next(&mut rx), pb::gateway_message::Body::Cancel(_)));
+        gateway.agent_message("east", connection, reply(&id, 1, true)).unwrap();
+        assert!(matches!(next(&mut rx), pb::gateway_message::Body::Cancel(_)));
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Cancelled);
+    }
+
+    #[tokio::test]
+    async fn losing_a_cluster_makes_its_jobs_unknown_until_it_reports_again() {
+        let gateway = gateway(GatewayConfig::default());
+        let (id, connection, _rx) = offered(&gateway);
+        gateway.agent_message("east", connection, reply(&id, 1, true)).unwrap();
+        gateway.agent_message("east", connection, status(&id, 1, JobState::Running)).unwrap();
+        gateway.disconnect_agent("east", connection);
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Unknown);
+
+        let (again, mut rx) = connect(&gateway);
+        match next(&mut rx) {
+            pb::gateway_message::Body::Welcome(welcome) => {
+                let expected: Vec<(String, u64)> =
+                    welcome.bound_jobs.iter().map(|o| (o.job_id.clone(), o.fencing_token)).collect();
+                assert_eq!(expected, vec![(id.clone(), 1)]);
+            }
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+        gateway.agent_message("east", again, status(&id, 1, JobState::Running)).unwrap();
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Running);
+        // Messages still arriving on the old stream are ignored.
+        gateway.agent_message("east", connection, status(&id, 1, JobState::Failed)).unwrap();
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Running);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_offer_expires_and_the_job_is_placed_again() {
+        let config = GatewayConfig {
+            offer_timeout: meridian_proto::duration::HumanDuration::from_secs(5),
+            ..Default::default()
+        };
+        let gateway = gateway(config);
+        let (id, connection, mut rx) = offered(&gateway);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // Keep the cluster alive, then let a round expire the offer and place the job again.
+        gateway.agent_message("east", connection, inventory(&[8])).unwrap();
+        gateway.placement_round().unwrap();
+        match next(&mut rx) {
+            pb::gateway_message::Body::Cancel(cancel) => assert_eq!(cancel.fencing_token, 1),
+            other => panic!("expected a cancel of the expired offer, got {other:?}"),
+        }
+        match next(&mut rx) {
+            pb::gateway_message::Body::Offer(offer) => assert_eq!((offer.job_id, offer.fencing_token), (id, 2)),
+            other => panic!("expected a new offer, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_round_never_offers_the_same_free_gpus_twice() {
+        let gateway = gateway(GatewayConfig::default());
+        let (connection, mut rx) = connect(&gateway);
+        let _welcome = next(&mut rx);
+        gateway.agent_message("east", connection, inventory(&[8])).unwrap();
+        let (first, _) = gateway.submit(JOB).unwrap();
+        let (second, _) = gateway.submit(&JOB.replace("name: j", "name: k")).unwrap();
+        gateway.placement_round().unwrap();
+        gateway.placement_round().unwrap();
+        let states = [gateway.get(&first.id).unwrap().state, gateway.get(&second.id).unwrap().state];
+        assert_eq!(states.iter().filter(|s| **s == JobState::Offered).count(), 1, "{states:?}");
+        assert_eq!(states.iter().filter(|s| **s == JobState::Queued).count(), 1, "{states:?}");
+    }
+}

@@ -58,7 +58,7 @@ impl FairQueue {
     }
 
     /// The next job: from the tenant with the smallest usage/weight, its best job.
-    pub fn next(&mut self) -> Option<QueuedJob> {
+    pub fn pop_next(&mut self) -> Option<QueuedJob> {
         let tenant = self
             .tenants
             .iter()
@@ -95,7 +95,7 @@ mod tests {
 
     fn drain(queue: &mut FairQueue) -> Vec<String> {
         let mut order = Vec::new();
-        while let Some(j) = queue.next() {
+        while let Some(j) = queue.pop_next() {
             queue.placed(&j);
             order.push(j.id);
         }
@@ -127,15 +127,15 @@ mod tests {
         let jobs = vec![job("rich", "rich", 100, 0, 1), job("poor", "poor", 0, 9, 1)];
         let usage = BTreeMap::from([("rich".to_string(), 64)]);
         let mut q = FairQueue::new(jobs, &usage, |_| 1.0);
-        assert_eq!(q.next().map(|j| j.id), Some("poor".to_string()));
+        assert_eq!(q.pop_next().map(|j| j.id), Some("poor".to_string()));
     }
 
     #[test]
     fn jobs_that_are_not_placed_do_not_count_against_their_tenant() {
         let jobs = vec![job("a1", "a", 50, 0, 8), job("a2", "a", 50, 1, 8), job("b1", "b", 50, 2, 8)];
         let mut q = FairQueue::new(jobs, &BTreeMap::new(), |_| 1.0);
-        assert_eq!(q.next().map(|j| j.id), Some("a1".to_string()));
+        assert_eq!(q.pop_next().map(|j| j.id), Some("a1".to_string()));
         // a1 was not placed: tenant a's share stays 0, and the name breaks the tie.
-        assert_eq!(q.next().map(|j| j.id), Some("a2".to_string()));
+        assert_eq!(q.pop_next().map(|j| j.id), Some("a2".to_string()));
     }
 }

@@ -229,15 +229,14 @@ impl Gateway {
     /// Stores an already validated spec (the gRPC path converts first, then lands here).
     pub fn submit_spec(&self, spec: JobSpec) -> Result<(JobRecord, bool)> {
         let mut state = self.lock()?;
-        if let Some(key) = &spec.idempotency_key {
-            if let Some(existing) = state.idempotency.get(&(spec.tenant.clone(), key.clone())) {
-                let job =
-                    state.jobs.get(existing).ok_or_else(|| ApiError::Internal("dangling idempotency key".into()))?;
-                if job.spec != spec {
-                    return Err(ApiError::IdempotencyConflict { key: key.clone(), existing: existing.clone() });
-                }
-                return Ok((job.clone(), false));
+        if let Some(key) = &spec.idempotency_key
+            && let Some(existing) = state.idempotency.get(&(spec.tenant.clone(), key.clone()))
+        {
+            let job = state.jobs.get(existing).ok_or_else(|| ApiError::Internal("dangling idempotency key".into()))?;
+            if job.spec != spec {
+                return Err(ApiError::IdempotencyConflict { key: key.clone(), existing: existing.clone() });
             }
+            return Ok((job.clone(), false));
         }
         let snapshot = state.registry.snapshot(&self.inner.config.network);
         if let Some(reasons) = placement::never_fits(&spec, &snapshot) {
@@ -389,11 +388,11 @@ impl Gateway {
 
     /// Marks an agent stream closed: its offers go back to the queue and its jobs become Unknown.
     pub(crate) fn disconnect_agent(&self, cluster: &str, connection: u64) {
-        if let Ok(mut state) = self.lock() {
-            if state.registry.disconnect(cluster, connection) {
-                tracing::warn!(cluster, "agent disconnected");
-                dispatch::cluster_lost(&self.inner, &mut state, cluster);
-            }
+        if let Ok(mut state) = self.lock()
+            && state.registry.disconnect(cluster, connection)
+        {
+            tracing::warn!(cluster, "agent disconnected");
+            dispatch::cluster_lost(&self.inner, &mut state, cluster);
         }
         self.inner.wake.notify_one();
     }
@@ -489,7 +488,7 @@ fn place_queue(inner: &Inner, state: &mut State) {
     }
     let mut queue = FairQueue::new(queued, &usage, |t| inner.config.tenant_weight(t));
     let at_ms = now_ms();
-    while let Some(next) = queue.next() {
+    while let Some(next) = queue.pop_next() {
         let Some(job) = state.jobs.get(&next.id) else { continue };
         let decision = placement::place(&job.spec, &snapshot, &inner.config.placement);
         if let Some(choice) = decision.chosen.as_ref().filter(|c| c.starts_now) {

@@ -22,10 +22,9 @@ use super::snapshot::ClusterSnapshot;
 pub enum Rejection {
     /// The cluster's agent is not connected, so nothing can be offered to it.
     Disconnected,
-    /// None of the cluster's GPU types is one the job accepts.
+    /// None of the cluster's GPU types is among the job's `gpuTypes` (which the spec shows; not
+    /// copied here because this is the most common rejection and copies cost on the hot path).
     GpuTypeUnavailable {
-        /// GPU types the job accepts.
-        wanted: Vec<String>,
         /// GPU types the cluster has.
         available: Vec<String>,
     },
@@ -174,7 +173,7 @@ pub(crate) fn static_rejections(
                 available.push(shape.gpu_type.clone());
             }
         }
-        reasons.push(Rejection::GpuTypeUnavailable { wanted: wanted.clone(), available });
+        reasons.push(Rejection::GpuTypeUnavailable { available });
     } else if !any_memory {
         reasons.push(Rejection::GpuMemoryTooSmall { wanted_gib: demand.min_gpu_memory_gib, largest_gib });
     } else if max_replicas < u64::from(demand.replicas) {
@@ -184,10 +183,10 @@ pub(crate) fn static_rejections(
             max_replicas,
             largest_node_gpus,
         });
-    } else if options.is_empty() {
-        if let Some(max) = budget {
-            reasons.push(Rejection::OverBudget { usd_per_hour: cheapest_over_budget, max_usd_per_hour: max });
-        }
+    } else if options.is_empty()
+        && let Some(max) = budget
+    {
+        reasons.push(Rejection::OverBudget { usd_per_hour: cheapest_over_budget, max_usd_per_hour: max });
     }
 
     let rules = &job.placement;
@@ -241,11 +240,15 @@ impl fmt::Display for Rejection {
             Rejection::Disconnected => {
                 f.write_str("the cluster's agent is disconnected, so no job can be offered to it")
             }
-            Rejection::GpuTypeUnavailable { wanted, available } if available.is_empty() => {
-                write!(f, "the job needs GPU type {} but the cluster reports no GPUs", List(wanted))
+            Rejection::GpuTypeUnavailable { available } if available.is_empty() => {
+                f.write_str("the cluster reports no GPUs")
             }
-            Rejection::GpuTypeUnavailable { wanted, available } => {
-                write!(f, "the job accepts GPU types {} but the cluster only has {}", List(wanted), List(available))
+            Rejection::GpuTypeUnavailable { available } => {
+                write!(
+                    f,
+                    "the cluster only has GPU types {}, none of which the job's gpuTypes accepts",
+                    List(available)
+                )
             }
             Rejection::GpuMemoryTooSmall { wanted_gib, largest_gib } => write!(
                 f,

@@ -5,18 +5,24 @@
 //!
 //! Best fit fills nodes in order of fewest free GPUs first (ties: shape order, then node order),
 //! each as far as it goes. That equals per-replica best fit: once a replica lands on the tightest
-//! node, that node has even fewer free GPUs and stays the tightest until it is full. It is
-//! computed without sorting: one pass builds a histogram of replica capacity per free-GPU count
-//! ("level"), which gives the level where the gang is complete; a second pass, only as far as
-//! needed, picks the nodes of that last level in order. A gang made of nodes whose free GPUs equal
-//! one replica's exactly (the tightest possible) is found in the first pass and stops it early,
-//! which is the common case for 1-GPU jobs on busy clusters and 8-GPU jobs on 8-GPU nodes.
+//! node, that node has even fewer free GPUs and stays the tightest until it is full.
+//!
+//! The snapshot carries no index (it is the agents' report as is), so this runs over the raw node
+//! lists on every decision and is written for that:
+//! - one replica (most jobs): a single pass keeps the tightest node so far and stops at a node
+//!   whose free GPUs equal the replica's exactly, which cannot be beaten;
+//! - several replicas: one pass builds a histogram of replica capacity per free-GPU count
+//!   ("level"), which gives the level where the gang is complete; a second pass, only as far as
+//!   needed, picks that last level's nodes in order. Enough exact nodes stop the first pass early.
+//!
+//! Nothing is sorted and nothing is allocated per cluster.
 
 use meridian_proto::inventory::{NodeFree, NodeShape};
 use meridian_proto::spec::JobSpec;
 
-/// GPU types considered per cluster (13 are known; a cluster rarely has more than three).
-pub(crate) const MAX_TYPES: usize = 8;
+/// GPU types considered per cluster, cheapest first (13 are known; a cluster rarely has more than
+/// three, and the cheapest four are the ones worth trying).
+pub(crate) const MAX_TYPES: usize = 4;
 
 /// Nodes with this many free GPUs or more share one level and are taken in inventory order;
 /// keeps the histogram small whatever size an agent reports.
@@ -49,10 +55,24 @@ pub(crate) struct TypeOptions {
     items: [TypeOption; MAX_TYPES],
 }
 
-/// Where a gang fits now: everything below `threshold` free GPUs that can hold a replica is filled,
-/// then `take` more replicas from nodes at exactly `threshold`, in inventory order.
+/// Where a gang fits now.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
+pub(crate) enum Plan {
+    /// A single replica, on the tightest node that holds it (the common case, found in one pass).
+    One {
+        shape: usize,
+        node: usize,
+        /// GPUs left free on the node / GPUs of the node.
+        share: f64,
+    },
+    /// Several replicas, by levels.
+    Levels(LevelPlan),
+}
+
+/// Everything below `threshold` free GPUs that can hold a replica is filled, then `take` more
+/// replicas from nodes at exactly `threshold`, in inventory order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LevelPlan {
     threshold: u32,
     take: u64,
     below_share: f64,
@@ -78,6 +98,8 @@ pub(crate) struct Fitter {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Level {
+    /// Replicas a node at this level holds by GPUs alone.
+    by_gpus: u32,
     replicas: u64,
     nodes: u32,
     /// Σ over nodes of (GPUs left after filling the node) / (GPUs of the node).
@@ -101,6 +123,17 @@ impl Demand {
     pub(crate) fn per_empty_node(&self, shape: &NodeShape) -> u32 {
         NodeFree { gpus: shape.gpus_per_node, cpu: shape.cpu_per_node, memory_gib: shape.memory_gib_per_node }
             .replicas_fitting(self.gpus, self.cpu, self.memory_gib)
+    }
+
+    /// Replicas that fit on `free`, given that its GPUs alone hold `by_gpus`. Same result as
+    /// [`NodeFree::replicas_fitting`], which the property tests check against, but divides only
+    /// when CPU or memory is the tighter limit: this runs for every node of every decision.
+    fn fitting(&self, free: &NodeFree, by_gpus: u32) -> u32 {
+        let limit = |have: u32, need: u32, fits: u32| {
+            if need == 0 || u64::from(have) >= u64::from(fits) * u64::from(need) { fits } else { have / need }
+        };
+        let fits = limit(free.cpu, self.cpu, by_gpus);
+        limit(free.memory_gib, self.memory_gib, fits)
     }
 
     fn accepts(&self, shape: &NodeShape, gpu_type: &str) -> bool {
@@ -151,52 +184,62 @@ impl TypeOption {
 }
 
 impl Fitter {
-    /// First pass: does the gang fit on free nodes of `gpu_type` now, and where is its last level.
+    /// First pass: does the gang fit on free nodes of `gpu_type` now, and how.
     pub(crate) fn survey(&mut self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> Survey {
         let replicas = u64::from(demand.replicas);
         if replicas == 0 {
-            return Survey::Fits(Plan { threshold: 0, take: 0, below_share: 0.0, below_nodes: 0, exact: true });
+            let plan = LevelPlan { threshold: 0, take: 0, below_share: 0.0, below_nodes: 0, exact: true };
+            return Survey::Fits(Plan::Levels(plan));
+        }
+        if replicas == 1 {
+            return survey_one(shapes, gpu_type, demand);
         }
         let g = demand.gpus;
         let top = shapes.iter().filter(|s| demand.accepts(s, gpu_type)).map(|s| s.gpus_per_node.min(LEVEL_CAP)).max();
         self.levels.clear();
-        self.levels.resize(top.map_or(0, |t| t as usize + 1), Level::default());
+        // Replicas by GPUs alone for each level, computed once here instead of dividing per node.
+        self.levels.extend(
+            (0..=top.unwrap_or(0))
+                .map(|level| Level { by_gpus: level.checked_div(g).unwrap_or(u32::MAX), ..Level::default() }),
+        );
         let (mut exact, mut free_gpus) = (0u64, 0u64);
         for shape in shapes.iter().filter(|s| demand.accepts(s, gpu_type)) {
+            let node_share = if shape.gpus_per_node == 0 { 0.0 } else { 1.0 / f64::from(shape.gpus_per_node) };
             for node in &shape.free {
                 let free = clamp(node, shape);
                 free_gpus += u64::from(free.gpus);
-                if free.gpus < g {
+                let Some(level) = self.levels.get_mut(free.gpus.min(LEVEL_CAP) as usize) else { continue };
+                if level.by_gpus == 0 {
                     continue;
                 }
-                let fits = free.replicas_fitting(g, demand.cpu, demand.memory_gib);
+                let fits = demand.fitting(&free, level.by_gpus);
                 if fits == 0 {
                     continue;
                 }
                 if g > 0 && g < LEVEL_CAP && free.gpus == g {
                     exact += 1;
                     if exact >= replicas {
-                        let plan = Plan {
-                            threshold: g.min(LEVEL_CAP),
-                            take: replicas,
-                            below_share: 0.0,
-                            below_nodes: 0,
-                            exact: true,
-                        };
-                        return Survey::Fits(plan);
+                        let plan =
+                            LevelPlan { threshold: g, take: replicas, below_share: 0.0, below_nodes: 0, exact: true };
+                        return Survey::Fits(Plan::Levels(plan));
                     }
                 }
-                let Some(level) = self.levels.get_mut(free.gpus.min(LEVEL_CAP) as usize) else { continue };
                 level.replicas += u64::from(fits);
                 level.nodes += 1;
-                level.leftover_share += leftover_share(free.gpus, fits, g, shape.gpus_per_node);
+                level.leftover_share += f64::from(free.gpus - fits.saturating_mul(g).min(free.gpus)) * node_share;
             }
         }
         let (mut placed, mut below_share, mut below_nodes) = (0u64, 0.0, 0u32);
         for (threshold, level) in (0u32..).zip(&self.levels) {
             if placed + level.replicas >= replicas {
                 let take = replicas - placed;
-                return Survey::Fits(Plan { threshold, take, below_share, below_nodes, exact: false });
+                return Survey::Fits(Plan::Levels(LevelPlan {
+                    threshold,
+                    take,
+                    below_share,
+                    below_nodes,
+                    exact: false,
+                }));
             }
             placed += level.replicas;
             below_share += level.leftover_share;
@@ -206,16 +249,49 @@ impl Fitter {
     }
 }
 
+/// One replica: the node with the fewest free GPUs that holds it, first in inventory order among
+/// equals; a node with exactly the replica's GPUs free cannot be beaten and ends the search.
+/// Compares levels only, so the common case does no division and no histogram.
+fn survey_one(shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> Survey {
+    let g = demand.gpus;
+    let mut best_level = u32::MAX;
+    let mut best: Option<(usize, usize, u32)> = None; // (shape, node, free GPUs)
+    let mut free_gpus = 0u64;
+    'shapes: for (shape_index, shape) in shapes.iter().enumerate().filter(|(_, s)| demand.accepts(s, gpu_type)) {
+        for (node_index, node) in shape.free.iter().enumerate() {
+            let gpus = node.gpus.min(shape.gpus_per_node);
+            free_gpus += u64::from(gpus);
+            let too_small = u32::from(gpus < g).wrapping_neg(); // all ones when the node is too full
+            let level = gpus.min(LEVEL_CAP) | too_small;
+            if level < best_level {
+                let free = clamp(node, shape);
+                if free.cpu >= demand.cpu && free.memory_gib >= demand.memory_gib {
+                    best_level = level;
+                    best = Some((shape_index, node_index, gpus));
+                    if gpus == g {
+                        break 'shapes;
+                    }
+                }
+            }
+        }
+    }
+    match best {
+        Some((shape, node, free)) => {
+            let per_node = shapes.get(shape).map_or(0, |s| s.gpus_per_node);
+            Survey::Fits(Plan::One { shape, node, share: leftover_share(free, 1, g, per_node) })
+        }
+        None => Survey::DoesNotFit { free_gpus },
+    }
+}
+
 impl Plan {
     /// Mean over the nodes the gang touches of (GPUs left free / GPUs of the node): 0 when the
     /// gang fills nodes exactly, near 1 when it breaks whole nodes for a sliver.
     pub(crate) fn fragmentation(&self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> f64 {
-        if self.exact {
-            return 0.0;
+        match self {
+            Plan::One { share, .. } => *share,
+            Plan::Levels(plan) => plan.fragmentation(shapes, gpu_type, demand),
         }
-        let (share, nodes) = self.walk(shapes, gpu_type, demand, false, |_, _, _| {});
-        let touched = self.below_nodes + nodes;
-        if touched == 0 { 0.0 } else { (self.below_share + share) / f64::from(touched) }
     }
 
     /// Calls `on_node(shape, node, replicas)` for every node the gang takes.
@@ -224,9 +300,25 @@ impl Plan {
         shapes: &[NodeShape],
         gpu_type: &str,
         demand: &Demand,
-        on_node: impl FnMut(usize, usize, u32),
+        mut on_node: impl FnMut(usize, usize, u32),
     ) {
-        self.walk(shapes, gpu_type, demand, true, on_node);
+        match self {
+            Plan::One { shape, node, .. } => on_node(*shape, *node, 1),
+            Plan::Levels(plan) => {
+                plan.walk(shapes, gpu_type, demand, true, on_node);
+            }
+        }
+    }
+}
+
+impl LevelPlan {
+    fn fragmentation(&self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> f64 {
+        if self.exact {
+            return 0.0;
+        }
+        let (share, nodes) = self.walk(shapes, gpu_type, demand, false, |_, _, _| {});
+        let touched = self.below_nodes + nodes;
+        if touched == 0 { 0.0 } else { (self.below_share + share) / f64::from(touched) }
     }
 
     /// Second pass over the nodes of the last level (and, with `below`, all lower levels).
@@ -255,7 +347,7 @@ impl Plan {
                 if level > self.threshold || (level < self.threshold && !below) {
                     continue;
                 }
-                let fits = free.replicas_fitting(g, demand.cpu, demand.memory_gib);
+                let fits = demand.fitting(&free, free.gpus.checked_div(g).unwrap_or(u32::MAX));
                 if fits == 0 {
                     continue;
                 }

@@ -99,7 +99,10 @@ fn gpu_type_and_memory_are_filtered() {
     spec.gang.resources.gpu_types = vec!["h100".into()];
     let d = place(&spec, &fed, &PlacementConfig::default());
     assert!(matches!(&rejections(&d, "l4s")[..], [Rejection::GpuTypeUnavailable { .. }]));
-    assert_eq!(rejections(&d, "l4s")[0].to_string(), "the job accepts GPU types h100 but the cluster only has l4");
+    assert_eq!(
+        rejections(&d, "l4s")[0].to_string(),
+        "the cluster only has GPU types l4, none of which the job's gpuTypes accepts"
+    );
 
     spec.gang.resources.gpu_types.clear();
     spec.gang.resources.gpu_memory_gib = 80;
@@ -131,6 +134,21 @@ fn two_by_eight_gang_goes_only_where_two_nodes_each_have_eight_free() {
     assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now));
     let spread_score = d.candidates[0].score().cloned();
     assert!(spread_score.is_some_and(|s| !s.fits_now), "spread can run it later, not now");
+}
+
+#[test]
+fn a_gang_uses_one_gpu_type_possibly_across_shapes() {
+    // One free 8-GPU node of each type: two 8-GPU replicas would need to mix H100 and A100.
+    let mixed = cluster("mixed", "us-east", Tier::Owned, vec![shape("h100", 8, &[8]), shape("a100-80g", 8, &[8])]);
+    let d = place(&job(2, 8), &federation(vec![mixed]), &PlacementConfig::default());
+    assert!(matches!(&rejections(&d, "mixed")[..], [Rejection::GangNeverFits { max_replicas: 1, .. }]));
+
+    // Two shapes of the same type together hold the gang.
+    let mut pcie = shape("h100", 8, &[8]);
+    pcie.name = "h100-pcie".into();
+    let same = cluster("same", "us-east", Tier::Owned, vec![shape("h100", 8, &[8]), pcie]);
+    let d = place(&job(2, 8), &federation(vec![same]), &PlacementConfig::default());
+    assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now && c.gpu_type == "h100"));
 }
 
 #[test]

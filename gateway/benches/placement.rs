@@ -183,7 +183,8 @@ fn latency_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &Placement
     let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
     let total: Duration = samples.iter().sum();
     println!(
-        "per decision (no reserve): mean {:?}, p50 {:?}, p99 {:?}, p99.9 {:?}, max {:?} => {:.0} decisions/s; {starts_now} could start now",
+        "per decision (no reserve): mean {:?}, p50 {:?}, p99 {:?}, p99.9 {:?}, max {:?} => {:.0} decisions/s; \
+         {starts_now} could start now",
         total / samples.len() as u32,
         at(0.50),
         at(0.99),

@@ -169,6 +169,13 @@ impl GatewayConfig {
         GpuCatalog::with_extra(self.gpu_types.iter().map(|g| (g.name.clone(), g.memory_gib)))
     }
 
+    /// The region-pair network placement uses: the seeded defaults with `network` on top.
+    pub fn network_table(&self) -> NetworkTable {
+        let mut table = NetworkTable::default_seeded();
+        table.extend(&self.network);
+        table
+    }
+
     /// Fair-share weight of `tenant`.
     pub fn tenant_weight(&self, tenant: &str) -> f64 {
         self.tenants.get(tenant).map_or(self.default_tenant_weight, |t| t.weight)

@@ -43,23 +43,23 @@ pub struct DemoArgs {
 /// One job of the demo workload.
 struct DemoJob {
     spec: String,
-    /// Why it is in the workload, printed with the result.
+    /// What kind of job it is, printed with the result.
     story: &'static str,
 }
 
 fn workload() -> Vec<DemoJob> {
     let mut jobs = vec![
         DemoJob {
-            story: "2x8-GPU gang, 800 GiB in us-east: stays next to its data",
+            story: "2x8 gang, H100 or A100, 2 TiB of data in us-east",
             spec: "name: llama-ft-7b\ntenant: nlp\npriority: 60\nlabels: {project: llm, type: finetune}\n\
                    gang: {replicas: 2, resources: {gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80, cpu: 32, memoryGiB: 256}}\n\
-                   runtime: {estimate: 6h, limit: 12h}\ndata: [{uri: s3://corpus/pile, sizeGiB: 800, region: us-east}]\n\
+                   runtime: {estimate: 6h, limit: 12h}\ndata: [{uri: s3://corpus/pile, sizeGiB: 2000, region: us-east}]\n\
                    placement: {regions: [us-east, eu-west], burst: {after: 30m, maxUsdPerHour: 80}}\n\
                    payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py]}\n"
                 .into(),
         },
         DemoJob {
-            story: "3x8 A100 gang with its data in eu-west",
+            story: "3x8 A100 gang, 500 GiB of data in eu-west",
             spec: "name: vit-l-pretrain\ntenant: vision\nlabels: {project: vit, type: pretrain}\n\
                    gang: {replicas: 3, resources: {gpus: 8, gpuTypes: [a100-80g], cpu: 64, memoryGiB: 512}}\n\
                    runtime: {estimate: 4h}\ndata: [{uri: s3://eu-images/laion-subset, sizeGiB: 500, region: eu-west}]\n\
@@ -67,7 +67,7 @@ fn workload() -> Vec<DemoJob> {
                 .into(),
         },
         DemoJob {
-            story: "4x8 H100 gang that cannot start on owned clusters for hours: bursts to the cloud",
+            story: "4x8 H100 gang, may burst after 30m within $300/h",
             spec: "name: mixtral-pretrain\ntenant: nlp\npriority: 40\nlabels: {project: llm, type: pretrain}\n\
                    gang: {replicas: 4, resources: {gpus: 8, gpuTypes: [h100], cpu: 96, memoryGiB: 1024}}\n\
                    runtime: {estimate: 5h}\ndata: [{uri: s3://corpus/redpajama, sizeGiB: 300, region: us-east}]\n\
@@ -76,7 +76,7 @@ fn workload() -> Vec<DemoJob> {
                 .into(),
         },
         DemoJob {
-            story: "8-GPU job that may never burst: waits for an owned H100 node",
+            story: "1x8 H100, `burst: never`",
             spec: "name: speech-asr\ntenant: vision\nlabels: {project: asr}\n\
                    gang: {resources: {gpus: 8, gpuTypes: [h100], cpu: 64, memoryGiB: 512}}\n\
                    runtime: {estimate: 2h}\ndata: [{uri: s3://audio/librilight, sizeGiB: 120, region: us-east}]\n\
@@ -84,7 +84,7 @@ fn workload() -> Vec<DemoJob> {
                 .into(),
         },
         DemoJob {
-            story: "2x4-GPU gang without data: goes where it fits best",
+            story: "2x4 gang, any GPU, no data",
             spec: "name: rl-agent\ntenant: research\nlabels: {project: rl}\n\
                    gang: {replicas: 2, resources: {gpus: 4, cpu: 32, memoryGiB: 128}}\n\
                    runtime: {estimate: 3h}\npayload: {image: ghcr.io/acme/rl:1.0}\n"
@@ -94,10 +94,10 @@ fn workload() -> Vec<DemoJob> {
     for i in 0..8 {
         let (region, size) = if i % 2 == 0 { ("us-east", 10) } else { ("eu-west", 25) };
         jobs.push(DemoJob {
-            story: "single-GPU sweep trial: follows its data's region",
+            story: "1 GPU with 40+ GiB, small dataset",
             spec: format!(
                 "name: bert-sweep-{i}\ntenant: research\nlabels: {{project: bert, type: sweep}}\n\
-                 gang: {{resources: {{gpus: 1, cpu: 8, memoryGiB: 32}}}}\nruntime: {{estimate: {}m}}\n\
+                 gang: {{resources: {{gpus: 1, gpuMemoryGiB: 40, cpu: 8, memoryGiB: 32}}}}\nruntime: {{estimate: {}m}}\n\
                  data: [{{uri: s3://bench/glue-{i}, sizeGiB: {size}, region: {region}}}]\n\
                  payload: {{image: ghcr.io/acme/bert:3.1, command: [python, sweep.py, --trial, '{i}']}}\n",
                 20 + 10 * i
@@ -106,7 +106,7 @@ fn workload() -> Vec<DemoJob> {
     }
     for i in 0..4 {
         jobs.push(DemoJob {
-            story: "1 L4 evaluation: small GPU, owned, no burst needed",
+            story: "1 L4 evaluation",
             spec: format!(
                 "name: llm-eval-{i}\ntenant: nlp\nlabels: {{project: llm, type: eval}}\n\
                  gang: {{resources: {{gpus: 1, gpuTypes: [l4], cpu: 8, memoryGiB: 48}}}}\nruntime: {{estimate: 30m}}\n\
@@ -128,7 +128,6 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     config.listen = "127.0.0.1:0".parse()?;
     config.grpc_listen = "127.0.0.1:0".parse()?;
     config.placement_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(200));
-    let network = config.network.clone();
     let gateway = Gateway::new(config, Arc::new(MemoryStore::default()))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -150,7 +149,7 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
         agents.push(tokio::spawn(agent.run(wait_stop(stop_rx.clone()))));
     }
 
-    let result = drive(&gateway, &cluster_configs, &network, time_scale, args.deadline_secs, out).await;
+    let result = drive(&gateway, &cluster_configs, time_scale, args.deadline_secs, out).await;
     let _ = stop_tx.send(true);
     for agent in agents {
         let _ = agent.await;
@@ -166,7 +165,6 @@ async fn wait_stop(mut stop: watch::Receiver<bool>) {
 async fn drive(
     gateway: &Gateway,
     clusters: &BTreeMap<String, AgentConfig>,
-    network: &crate::placement::NetworkTable,
     time_scale: f64,
     deadline_secs: u64,
     out: &mut impl Write,
@@ -233,7 +231,7 @@ async fn drive(
         let explanation = gateway.explain(&job.id)?;
         writeln!(
             out,
-            "  {:<16} -> {:<12} {}\n  {:<16}    why: {}",
+            "  {:<16} -> {:<12} ({})\n  {:<16}    {}",
             job.spec.name,
             job.cluster.as_deref().unwrap_or("-"),
             stories.get(&job.id).copied().unwrap_or(""),
@@ -241,7 +239,7 @@ async fn drive(
             explanation.summary
         )?;
     }
-    write_summary(out, &jobs, clusters, network, time_scale)?;
+    write_summary(out, &jobs, clusters, gateway.network(), time_scale)?;
     if jobs.iter().any(|j| j.state != JobState::Succeeded) {
         bail!("some jobs did not succeed");
     }
@@ -289,10 +287,7 @@ fn write_summary(
         let t = totals.entry(cluster.clone()).or_default();
         let gpus = f64::from(job.spec.total_gpus());
         let hours = to_hours(finished - started);
-        let gpu_type = config.nodes.iter().map(|n| n.gpu_type.as_str()).find(|g| {
-            job.spec.gang.resources.gpu_types.is_empty() || job.spec.gang.resources.gpu_types.iter().any(|t| t == g)
-        });
-        let price = gpu_type.and_then(|g| config.prices.get(g)).copied().unwrap_or(0.0);
+        let price = job.gpu_type.as_deref().and_then(|g| config.prices.get(g)).copied().unwrap_or(0.0);
         t.jobs += 1;
         t.gpu_hours += gpus * hours;
         t.queue_hours += to_hours(started - job.submitted_at_ms);

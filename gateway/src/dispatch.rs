@@ -20,8 +20,15 @@ pub fn cancel_message(job_id: &str, fencing_token: u64) -> pb::GatewayMessage {
     }
 }
 
+/// The offer for `job`'s current binding. The spec sent is pinned to the GPU type placement
+/// chose, so the member's scheduler cannot pick another type than the one that was costed (and
+/// that the gateway reserved in its snapshot).
 fn offer_message(job: &JobRecord) -> pb::Offer {
-    pb::Offer { job_id: job.id.clone(), fencing_token: job.fencing_token, spec: Some(pb::JobSpec::from(&job.spec)) }
+    let mut spec = pb::JobSpec::from(&job.spec);
+    if let (Some(gpu_type), Some(resources)) = (&job.gpu_type, spec.gang.as_mut().and_then(|g| g.resources.as_mut())) {
+        resources.gpu_types = vec![gpu_type.clone()];
+    }
+    pb::Offer { job_id: job.id.clone(), fencing_token: job.fencing_token, spec: Some(spec) }
 }
 
 /// The first message on a new agent stream: the jobs the gateway believes the cluster runs.
@@ -47,10 +54,11 @@ fn send(state: &State, cluster: &str, message: pb::GatewayMessage) -> bool {
 }
 
 /// Offers a queued job to `cluster` with a new fencing token.
-pub(crate) fn offer(inner: &Inner, state: &mut State, job_id: &str, cluster: &str, summary: &str) {
+pub(crate) fn offer(inner: &Inner, state: &mut State, job_id: &str, cluster: &str, gpu_type: &str, summary: &str) {
     let Some(job) = state.jobs.get_mut(job_id) else { return };
     job.state = JobState::Offered;
     job.cluster = Some(cluster.to_string());
+    job.gpu_type = (!gpu_type.is_empty()).then(|| gpu_type.to_string());
     job.fencing_token += 1;
     job.message = format!("offered to {cluster}");
     job.placement = Some(summary.to_string());
@@ -149,6 +157,7 @@ fn offer_reply(inner: &Inner, state: &mut State, cluster: &str, reply: pb::Offer
     } else {
         job.state = JobState::Queued;
         job.cluster = None;
+        job.gpu_type = None;
         job.message = format!("{cluster} declined the offer: {}", reply.reason);
         tracing::info!(job = %job.id, cluster, reason = %reply.reason, "offer declined");
     }
@@ -230,6 +239,7 @@ pub(crate) fn cluster_lost(inner: &Inner, state: &mut State, cluster: &str) {
         if job.state == JobState::Offered {
             job.state = JobState::Queued;
             job.cluster = None;
+            job.gpu_type = None;
             job.message = format!("{cluster} disconnected before answering the offer");
             state.offered_at.remove(&id);
         } else {
@@ -257,6 +267,7 @@ pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
             continue;
         }
         let cluster = job.cluster.take().unwrap_or_default();
+        job.gpu_type = None;
         let message = cancel_message(&job.id, job.fencing_token);
         job.state = JobState::Queued;
         job.message = format!("offer to {cluster} was not answered within {}", inner.config.offer_timeout);
@@ -379,7 +390,8 @@ mod tests {
             }
             other => panic!("expected an offer, got {other:?}"),
         }
-        assert_eq!(gateway.get(&job.id).unwrap().state, JobState::Offered);
+        let offered = gateway.get(&job.id).unwrap();
+        assert_eq!((offered.state, offered.gpu_type.as_deref()), (JobState::Offered, Some("h100")));
         (job.id, connection, rx)
     }
 

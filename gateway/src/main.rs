@@ -59,7 +59,7 @@ async fn main() -> ExitCode {
             run_gateway(args).await
         }
         Command::Demo(args) => {
-            meridian_agent::init_logging("warn");
+            meridian_agent::init_logging("error");
             match meridian_gateway::demo::run(args, &mut std::io::stdout()).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

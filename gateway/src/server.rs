@@ -138,6 +138,8 @@ pub(crate) struct State {
 pub(crate) struct Inner {
     pub(crate) config: GatewayConfig,
     pub(crate) catalog: GpuCatalog,
+    /// Seeded defaults plus the configured overrides.
+    pub(crate) network: crate::placement::NetworkTable,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) state: Mutex<State>,
     pub(crate) wake: Notify,
@@ -176,6 +178,7 @@ impl Gateway {
                 JobState::Offered => {
                     job.state = JobState::Queued;
                     job.cluster = None;
+                    job.gpu_type = None;
                     job.message = "offer voided by a gateway restart".into();
                 }
                 JobState::Bound | JobState::Running => job.state = JobState::Unknown,
@@ -190,10 +193,12 @@ impl Gateway {
             offered_at: HashMap::new(),
         };
         let catalog = config.gpu_catalog();
+        let network = config.network_table();
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 catalog,
+                network,
                 store,
                 state: Mutex::new(state),
                 wake: Notify::new(),
@@ -206,6 +211,11 @@ impl Gateway {
     /// The configuration the gateway runs with.
     pub fn config(&self) -> &GatewayConfig {
         &self.inner.config
+    }
+
+    /// The region-pair network placement uses.
+    pub fn network(&self) -> &crate::placement::NetworkTable {
+        &self.inner.network
     }
 
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, State>> {
@@ -238,7 +248,7 @@ impl Gateway {
             }
             return Ok((job.clone(), false));
         }
-        let snapshot = state.registry.snapshot(&self.inner.config.network);
+        let snapshot = state.registry.snapshot(&self.inner.network);
         if let Some(reasons) = placement::never_fits(&spec, &snapshot) {
             return Err(ApiError::NeverFits {
                 reasons: reasons.into_iter().map(|(cluster, why)| (cluster, why.to_string())).collect(),
@@ -255,6 +265,7 @@ impl Gateway {
             submitted_at_ms: now_ms(),
             started_at_ms: None,
             finished_at_ms: None,
+            gpu_type: None,
             nodes: Vec::new(),
         };
         // Durable before anyone hears of it.
@@ -460,7 +471,7 @@ fn candidate_views(decision: &Decision) -> Vec<CandidateView> {
 /// Places queued jobs in fair-share order, offering each to its best cluster when it can start
 /// there now (late binding: otherwise it stays queued and its decision explains why).
 fn place_queue(inner: &Inner, state: &mut State) {
-    let mut snapshot = state.registry.snapshot(&inner.config.network);
+    let mut snapshot = state.registry.snapshot(&inner.network);
     let mut usage: BTreeMap<String, u32> = BTreeMap::new();
     let mut queued = Vec::new();
     for job in state.jobs.values() {
@@ -492,12 +503,12 @@ fn place_queue(inner: &Inner, state: &mut State) {
         let Some(job) = state.jobs.get(&next.id) else { continue };
         let decision = placement::place(&job.spec, &snapshot, &inner.config.placement);
         if let Some(choice) = decision.chosen.as_ref().filter(|c| c.starts_now) {
-            let cluster = choice.cluster.clone();
+            let (cluster, gpu_type) = (choice.cluster.clone(), choice.gpu_type.clone());
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| c.info.name == cluster) {
                 target.reserve(&job.spec);
             }
             queue.placed(&next);
-            dispatch::offer(inner, state, &next.id, &cluster, &decision.summary);
+            dispatch::offer(inner, state, &next.id, &cluster, &gpu_type, &decision.summary);
         }
         state.decisions.insert(next.id.clone(), Decided { at_ms, decision });
     }

@@ -106,6 +106,9 @@ pub struct JobRecord {
     pub started_at_ms: Option<i64>,
     /// When it reached a terminal state (Unix ms).
     pub finished_at_ms: Option<i64>,
+    /// GPU type placement chose on `cluster` (the offer pins the member to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     /// Nodes the replicas run on, as the member reported.
     #[serde(default)]
     pub nodes: Vec<String>,
@@ -134,12 +137,19 @@ fn encode<T: Serialize>(key: &str, data: &T) -> Result<Vec<u8>> {
         .map_err(|source| Error::Codec { key: key.to_string(), source })
 }
 
+#[derive(Deserialize)]
+struct VersionOnly {
+    v: u32,
+}
+
 fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
-    let versioned: Versioned<T> =
-        serde_json::from_slice(bytes).map_err(|source| Error::Codec { key: key.to_string(), source })?;
-    if versioned.v > SCHEMA_VERSION {
-        return Err(Error::TooNew { key: key.to_string(), found: versioned.v });
+    let codec = |source| Error::Codec { key: key.to_string(), source };
+    // The version first: a newer layout must be refused as such, not misread as corrupt.
+    let VersionOnly { v } = serde_json::from_slice(bytes).map_err(codec)?;
+    if v > SCHEMA_VERSION {
+        return Err(Error::TooNew { key: key.to_string(), found: v });
     }
+    let versioned: Versioned<T> = serde_json::from_slice(bytes).map_err(codec)?;
     Ok(versioned.data)
 }
 

@@ -156,13 +156,13 @@ pub(crate) fn summarize(
         Tier::Owned => "owned",
         Tier::Cloud => "cloud",
     };
-    let when = if score.fits_now {
-        "starts now".to_owned()
+    let (verb, when) = if score.fits_now {
+        ("Chose", "starts now".to_owned())
     } else {
-        format!("expected to start in {} (queued for it)", Secs(score.expected_start_secs))
+        ("Waiting for", format!("expected to start in {}, so the job stays queued", Secs(score.expected_start_secs)))
     };
     format!(
-        "Chose {} ({tier}, {}) for job '{job_name}' ({replicas}×{gpus} {}): {when}; data transfer {}, compute \
+        "{verb} {} ({tier}, {}) for job '{job_name}' ({replicas}×{gpus} {}): {when}; data transfer {}, compute \
          ${:.2} + egress ${:.2}, fragmentation {:.2}, score {:.0}; best of {feasible} feasible, {rejected} rejected.",
         chosen.cluster,
         chosen.region,

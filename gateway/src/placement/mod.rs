@@ -3,8 +3,8 @@
 //! 1. **Filter** ([`filter`]): per cluster, can it ever run the job (GPU type and memory, the gang
 //!    fits the node shapes counted per node, residency, include/exclude, payload kind, burst
 //!    rules and budget), and is its agent connected.
-//! 2. **Score** ([`score`]): expected start (queue wait vs. data transfer), compute and egress
-//!    cost, fragmentation, combined into one number of seconds.
+//! 2. **Score** ([`score`](mod@score)): expected start (queue wait vs. data transfer), compute
+//!    and egress cost, fragmentation, combined into one number of seconds.
 //! 3. **Burst**: cloud clusters stay out unless the best owned cluster's expected wait exceeds the
 //!    job's `burst.after` (or no owned cluster can run it).
 //! 4. **Decide** ([`decision`]): the lowest score wins, ties by cluster name. Late binding: the
@@ -75,7 +75,15 @@ pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementCon
     if let BurstPolicy::After { after, .. } = job.placement.burst {
         let after_secs = after.as_secs();
         let owned_is_slow = best_owned_wait > after_secs as f64; // also true when no owned cluster fits
-        if !owned_is_slow {
+        if owned_is_slow {
+            // Past the threshold the owner values time more than money (within the budget).
+            let weight = config.usd_to_seconds * config.burst_usd_weight;
+            for candidate in &mut candidates {
+                if let Verdict::Scored(score) = &mut candidate.verdict {
+                    score.reweigh_cost(weight, config);
+                }
+            }
+        } else {
             for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
                 candidate.verdict = Verdict::Rejected {
                     reasons: vec![Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, after_secs }],

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! total = max(expected wait, data transfer time)          // data copies while the job waits
-//!       + usd_to_seconds × (compute US$ + egress US$)
+//!       + usd_to_seconds × (compute US$ + egress US$)         // × burst_usd_weight past burst.after
 //!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
 //! ```
 
@@ -32,11 +32,22 @@ pub struct PlacementConfig {
     /// Expected wait when a cluster's release profile never frees enough GPUs and its agent gives
     /// no estimate of its own. Default 21,600 (6 h): an unknown wait is long, not free.
     pub unknown_wait_secs: f64,
+    /// Once a job's burst threshold has passed (every owned cluster is expected to keep it waiting
+    /// longer than `burst.after`), compute dollars count at this fraction of `usd_to_seconds`.
+    /// The job's `maxUsdPerHour` already caps what it may spend, and its owner said that waiting
+    /// past `after` is worth paying for. Default 0.1: a cloud cluster that starts hours sooner
+    /// wins; one that saves only minutes still loses to a cheaper owned cluster.
+    pub burst_usd_weight: f64,
 }
 
 impl Default for PlacementConfig {
     fn default() -> Self {
-        Self { usd_to_seconds: 60.0, fragmentation_weight_secs: 300.0, unknown_wait_secs: 21_600.0 }
+        Self {
+            usd_to_seconds: 60.0,
+            fragmentation_weight_secs: 300.0,
+            unknown_wait_secs: 21_600.0,
+            burst_usd_weight: 0.1,
+        }
     }
 }
 
@@ -60,8 +71,35 @@ pub struct ScoreBreakdown {
     pub compute_usd: f64,
     /// 0..1: mean share of a touched node's GPUs left free after placing (0 = fills nodes).
     pub fragmentation: f64,
+    /// Seconds of waiting one US$ counted for in `total` (lower once the burst threshold passed).
+    pub usd_weight_secs: f64,
     /// The score; lower is better.
     pub total: f64,
+}
+
+impl ScoreBreakdown {
+    /// Recomputes `total` with `usd_weight_secs` seconds per US$.
+    pub(crate) fn reweigh_cost(&mut self, usd_weight_secs: f64, config: &PlacementConfig) {
+        self.usd_weight_secs = usd_weight_secs;
+        self.total = combine(
+            self.expected_start_secs,
+            self.compute_usd + self.egress_usd,
+            self.fragmentation,
+            usd_weight_secs,
+            config,
+        );
+    }
+}
+
+/// The score formula (see the module doc).
+fn combine(
+    expected_start_secs: f64,
+    usd: f64,
+    fragmentation: f64,
+    usd_weight_secs: f64,
+    config: &PlacementConfig,
+) -> f64 {
+    expected_start_secs + usd_weight_secs * usd + config.fragmentation_weight_secs * fragmentation
 }
 
 /// Transfer time and egress per cluster region, computed once per region per decision: clusters
@@ -127,9 +165,7 @@ pub(crate) fn score<'a>(
     let compute_usd = need.total_gpus as f64 * price * hours;
     let (transfer_secs, egress_usd) = regions.get(&cluster.info.region);
     let expected_start_secs = expected_wait_secs.max(transfer_secs);
-    let total = expected_start_secs
-        + config.usd_to_seconds * (compute_usd + egress_usd)
-        + config.fragmentation_weight_secs * fragmentation;
+    let total = combine(expected_start_secs, compute_usd + egress_usd, fragmentation, config.usd_to_seconds, config);
     ScoreBreakdown {
         fits_now,
         gpu_type: option.map(|o| o.gpu_type(shapes).to_owned()).unwrap_or_default(),
@@ -139,6 +175,7 @@ pub(crate) fn score<'a>(
         egress_usd,
         compute_usd,
         fragmentation,
+        usd_weight_secs: config.usd_to_seconds,
         total,
     }
 }

@@ -489,3 +489,25 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+#[test]
+fn past_the_burst_threshold_hours_of_waiting_outweigh_the_cloud_price() {
+    let mut owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0, 0, 0])], 6 * 3600);
+    owned.info.prices.insert("h100".into(), 2.1);
+    let mut cloud = cluster("cloud", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8, 8, 8, 8])]);
+    cloud.info.prices.insert("h100".into(), 6.98);
+    let mut spec = job(4, 8);
+    spec.runtime.estimate = HumanDuration::from_secs(5 * 3600);
+    spec.data = vec![DataRef { uri: "s3://corpus/x".into(), size_gib: 300.0, region: "us-east".into() }];
+    spec.placement.burst = BurstPolicy::After { after: HumanDuration::from_secs(1800), max_usd_per_hour: Some(300.0) };
+    let fed = federation(vec![owned, cloud]);
+
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
+    let weight = d.chosen_candidate().and_then(|c| c.score()).map(|s| s.usd_weight_secs);
+    assert_eq!(weight, Some(6.0));
+
+    // Counting every dollar at full weight, the same cluster would wait six hours to save $800.
+    let full_price = PlacementConfig { burst_usd_weight: 1.0, ..PlacementConfig::default() };
+    assert_eq!(chosen(&place(&spec, &fed, &full_price)), Some("owned"));
+}

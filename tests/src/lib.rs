@@ -204,10 +204,10 @@ where
 async fn wait_for_file(path: &Path, proc: &mut Proc) -> Result<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if !text.is_empty() {
-                return Ok(text);
-            }
+        if let Ok(text) = std::fs::read_to_string(path)
+            && !text.is_empty()
+        {
+            return Ok(text);
         }
         if let Ok(Some(status)) = proc.child.try_wait() {
             bail!("gateway exited with {status}:\n{}", proc.log());

@@ -1,6 +1,8 @@
 //! Bad input through REST and the CLI: each gets a 4xx (or a non-zero exit) naming the field and
 //! the reason; nothing is stored; the gateway keeps serving.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config};
 use meridian_gateway::client::ClientError;
 

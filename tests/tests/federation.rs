@@ -4,6 +4,8 @@
 //! one node that can hold an 8-GPU replica. Cluster `west` (eu-west) has two 8-GPU A100 nodes.
 //! Jobs run for `runtime.estimate × timeScale`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config};

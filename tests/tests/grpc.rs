@@ -1,5 +1,7 @@
 //! The gRPC `Jobs` service serves the same jobs, with the same validation, as REST.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use meridian_e2e::{GATEWAY_CONFIG, Gateway};
 use meridian_proto::pb;
 use meridian_proto::pb::jobs_client::JobsClient;

@@ -4,41 +4,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use meridian_proto::config_file;
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{NetworkTable, PlacementConfig};
 
-/// Why a configuration was refused. Every problem is listed, not just the first.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid YAML or has unknown or mistyped fields.
-    #[error("config {path}: {message}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Field path and reason.
-        message: String,
-    },
-    /// Fields have values out of range.
-    #[error("config {path} is invalid:\n  {}", .problems.join("\n  "))]
-    Invalid {
-        /// The file (or `<defaults>`).
-        path: PathBuf,
-        /// One line per problem, each naming its field.
-        problems: Vec<String>,
-    },
-}
+pub use meridian_proto::config_file::ConfigError as Error;
 
 /// Module result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -112,19 +85,13 @@ impl Default for GatewayConfig {
 impl GatewayConfig {
     /// Reads and checks a YAML config file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
-        Self::parse(&text, path)
+        Self::parse(&config_file::read(path)?, path)
     }
 
     /// Parses and checks YAML config text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let config: GatewayConfig = if text.trim().is_empty() {
-            GatewayConfig::default()
-        } else {
-            let value: serde_json::Value = serde_saphyr::from_str(text)
-                .map_err(|e| Error::Parse { path: path.to_path_buf(), message: e.to_string() })?;
-            from_value_with_path(value).map_err(|message| Error::Parse { path: path.to_path_buf(), message })?
-        };
+        let config: GatewayConfig =
+            if text.trim().is_empty() { GatewayConfig::default() } else { config_file::parse_yaml(text, path)? };
         config.check(path)?;
         Ok(config)
     }
@@ -161,7 +128,7 @@ impl GatewayConfig {
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }
-        if problems.is_empty() { Ok(()) } else { Err(Error::Invalid { path: path.to_path_buf(), problems }) }
+        config_file::check(path, problems)
     }
 
     /// The GPU catalog: built-in models plus `gpu_types`.
@@ -180,14 +147,6 @@ impl GatewayConfig {
     pub fn tenant_weight(&self, tenant: &str) -> f64 {
         self.tenants.get(tenant).map_or(self.default_tenant_weight, |t| t.weight)
     }
-}
-
-/// Deserializes with the failing field's path in the message.
-fn from_value_with_path<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> std::result::Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{path}: {}", e.into_inner())
-    })
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! builtin backend) the nodes and queues it schedules.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use meridian_proto::config_file;
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
@@ -11,35 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::builtin::{NodeSpec, QueueSpec};
 
-/// Why a configuration was refused. Every problem is listed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not YAML, or unknown / mistyped fields.
-    #[error("config {path}: {message}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Field path and reason.
-        message: String,
-    },
-    /// Values out of range.
-    #[error("config {path} is invalid:\n  {}", .problems.join("\n  "))]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// One line per problem, naming the field.
-        problems: Vec<String>,
-    },
-}
+pub use meridian_proto::config_file::ConfigError as Error;
 
 /// Module result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -143,18 +116,12 @@ fn default_report_interval() -> HumanDuration {
 impl AgentConfig {
     /// Reads and checks a YAML config file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
-        Self::parse(&text, path)
+        Self::parse(&config_file::read(path)?, path)
     }
 
     /// Parses and checks YAML text; `path` is used in messages only.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let value: serde_json::Value = serde_saphyr::from_str(text)
-            .map_err(|e| Error::Parse { path: path.to_path_buf(), message: e.to_string() })?;
-        let config: AgentConfig = serde_path_to_error::deserialize(value).map_err(|e| {
-            let field = e.path().to_string();
-            Error::Parse { path: path.to_path_buf(), message: format!("{field}: {}", e.into_inner()) }
-        })?;
+        let config: AgentConfig = config_file::parse_yaml(text, path)?;
         config.check(path)?;
         Ok(config)
     }
@@ -212,7 +179,7 @@ impl AgentConfig {
         if self.report_interval.0.is_zero() {
             problems.push("reportInterval: must be longer than 0s".to_string());
         }
-        if problems.is_empty() { Ok(()) } else { Err(Error::Invalid { path: path.to_path_buf(), problems }) }
+        config_file::check(path, problems)
     }
 
     /// The cluster identity sent in the hello.

@@ -627,25 +627,7 @@ mod tests {
     use super::*;
     use crate::validate::parse_job_spec;
 
-    /// The documented example (same text as `validate.rs`'s tests and `docs/job-spec.md`).
-    const EXAMPLE: &str = r#"
-name: llama-ft-7b
-tenant: nlp
-priority: 50
-labels: {project: llm, type: finetune}
-idempotencyKey: 3f1c-run-7
-gang:
-  replicas: 2
-  resources: {gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80, cpu: 32, memoryGiB: 256}
-runtime: {estimate: 6h, limit: 12h}
-data:
-  - {uri: s3://corpus/pile, sizeGiB: 800, region: us-east}
-placement:
-  regions: [us-east, eu-west]
-  clusters: {exclude: [cloud-spot]}
-  burst: {after: 30m, maxUsdPerHour: 80}
-payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py], env: {LR: "3e-4"}}
-"#;
+    use crate::validate::EXAMPLE_SPEC as EXAMPLE;
 
     fn example() -> JobSpec {
         parse_job_spec(EXAMPLE, &GpuCatalog::default()).unwrap()

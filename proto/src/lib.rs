@@ -6,6 +6,7 @@
 //! - [`inventory`]: what a member cluster reports (identity, node shapes, queue pressure).
 //! - [`job`]: job identity and life-cycle states.
 
+pub mod config_file;
 pub mod convert;
 pub mod duration;
 pub mod gpu;

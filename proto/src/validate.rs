@@ -285,11 +285,9 @@ pub fn is_label_key(key: &str) -> bool {
         && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
+/// The documented example spec (`docs/job-spec.md`), shared by the tests of this crate.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = r#"
+pub(crate) const EXAMPLE_SPEC: &str = r#"
 name: llama-ft-7b
 tenant: nlp
 priority: 50
@@ -307,6 +305,12 @@ placement:
   burst: {after: 30m, maxUsdPerHour: 80}
 payload: {image: ghcr.io/acme/train:1.4, command: [torchrun, train.py], env: {LR: "3e-4"}}
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = EXAMPLE_SPEC;
 
     fn parse(text: &str) -> Result<JobSpec, SpecError> {
         parse_job_spec(text, &GpuCatalog::default())

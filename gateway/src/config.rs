@@ -43,6 +43,9 @@ pub struct GatewayConfig {
     pub cluster_timeout: HumanDuration,
     /// How often the queue is placed again even when nothing changed.
     pub placement_interval: HumanDuration,
+    /// A job `Unknown` this long (its cluster unreachable) is placed again elsewhere; if the lost
+    /// cluster returns, its stale copy is stopped by fencing.
+    pub lost_job_timeout: HumanDuration,
 }
 
 /// Per-tenant settings.
@@ -78,6 +81,7 @@ impl Default for GatewayConfig {
             offer_timeout: HumanDuration::from_secs(30),
             cluster_timeout: HumanDuration::from_secs(15),
             placement_interval: HumanDuration::from_secs(2),
+            lost_job_timeout: HumanDuration::from_secs(600),
         }
     }
 }
@@ -120,6 +124,7 @@ impl GatewayConfig {
             ("offerTimeout", self.offer_timeout),
             ("clusterTimeout", self.cluster_timeout),
             ("placementInterval", self.placement_interval),
+            ("lostJobTimeout", self.lost_job_timeout),
         ] {
             if value.0.is_zero() {
                 problems.push(format!("{field}: must be longer than 0s"));

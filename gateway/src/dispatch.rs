@@ -218,6 +218,7 @@ fn job_status(inner: &Inner, state: &mut State, cluster: &str, status: pb::JobSt
         JobState::Queued | JobState::Unknown => return false,
     }
     state.offered_at.remove(&status.job_id);
+    state.unknown_since.remove(&status.job_id);
     let job = job.clone();
     if job.state != previous {
         tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
@@ -244,7 +245,11 @@ pub(crate) fn cluster_lost(inner: &Inner, state: &mut State, cluster: &str) {
             state.offered_at.remove(&id);
         } else {
             job.state = JobState::Unknown;
-            job.message = format!("{cluster} stopped reporting; the job's fate is unknown until it returns");
+            job.message = format!(
+                "{cluster} stopped reporting; the job is placed again elsewhere if it stays away for {}",
+                inner.config.lost_job_timeout
+            );
+            state.unknown_since.insert(id.clone(), Instant::now());
         }
         let job = job.clone();
         persist(inner, &job);
@@ -274,6 +279,31 @@ pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
         let job = job.clone();
         persist(inner, &job);
         send(state, &cluster, message);
+    }
+    let lost_timeout = inner.config.lost_job_timeout.0;
+    let lost: Vec<String> = state
+        .unknown_since
+        .iter()
+        .filter(|(_, since)| now.saturating_duration_since(**since) > lost_timeout)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in lost {
+        state.unknown_since.remove(&id);
+        let Some(job) = state.jobs.get_mut(&id) else { continue };
+        if job.state != JobState::Unknown {
+            continue;
+        }
+        // The next offer bumps the fencing token, so the old copy can never report over the new
+        // one; if its cluster returns, the welcome leaves the job out and the agent stops it.
+        let cluster = job.cluster.take().unwrap_or_default();
+        job.state = JobState::Queued;
+        job.gpu_type = None;
+        job.nodes.clear();
+        job.started_at_ms = None;
+        job.message = format!("{cluster} was unreachable for {}; placing the job again", inner.config.lost_job_timeout);
+        tracing::warn!(job = %id, cluster = %cluster, "job lost with its cluster; placing it again");
+        let job = job.clone();
+        persist(inner, &job);
     }
     let cluster_timeout = inner.config.cluster_timeout.0;
     let silent: Vec<(String, u64)> = state
@@ -487,6 +517,55 @@ mod tests {
             pb::gateway_message::Body::Offer(offer) => assert_eq!((offer.job_id, offer.fencing_token), (id, 2)),
             other => panic!("expected a new offer, got {other:?}"),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_lost_with_its_cluster_is_placed_again_and_the_old_copy_is_fenced_off() {
+        let config = GatewayConfig {
+            lost_job_timeout: meridian_proto::duration::HumanDuration::from_secs(60),
+            cluster_timeout: meridian_proto::duration::HumanDuration::from_secs(3600),
+            ..Default::default()
+        };
+        let gateway = gateway(config);
+        let (id, east, mut east_rx) = offered(&gateway);
+        gateway.agent_message("east", east, reply(&id, 1, true)).unwrap();
+        gateway.agent_message("east", east, status(&id, 1, JobState::Running)).unwrap();
+        gateway.disconnect_agent("east", east);
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Unknown);
+
+        // A second cluster joins; after the timeout the job moves there with a new token.
+        let (tx, mut west_rx) = mpsc::channel(64);
+        let west = gateway.connect_agent(ClusterInfo { name: "west".into(), ..info() }, tx).unwrap();
+        gateway.agent_message("west", west, inventory(&[8])).unwrap();
+        let _welcome = next(&mut west_rx);
+        gateway.placement_round().unwrap();
+        assert_eq!(gateway.get(&id).unwrap().state, JobState::Unknown, "not before the timeout");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        gateway.agent_message("west", west, inventory(&[8])).unwrap();
+        gateway.placement_round().unwrap();
+        match next(&mut west_rx) {
+            pb::gateway_message::Body::Offer(offer) => {
+                assert_eq!((offer.job_id.as_str(), offer.fencing_token), (id.as_str(), 2))
+            }
+            other => panic!("expected an offer on west, got {other:?}"),
+        }
+        let job = gateway.get(&id).unwrap();
+        assert_eq!((job.state, job.cluster.as_deref()), (JobState::Offered, Some("west")));
+
+        // East comes back: its welcome no longer lists the job, and its stale report is cancelled.
+        while east_rx.try_recv().is_ok() {}
+        let (tx, mut east_rx) = mpsc::channel(64);
+        let east_again = gateway.connect_agent(info(), tx).unwrap();
+        match next(&mut east_rx) {
+            pb::gateway_message::Body::Welcome(welcome) => assert!(welcome.bound_jobs.is_empty()),
+            other => panic!("expected a welcome, got {other:?}"),
+        }
+        gateway.agent_message("east", east_again, status(&id, 1, JobState::Running)).unwrap();
+        match next(&mut east_rx) {
+            pb::gateway_message::Body::Cancel(cancel) => assert_eq!(cancel.fencing_token, 1),
+            other => panic!("expected a cancel of the stale copy, got {other:?}"),
+        }
+        assert_eq!(gateway.get(&id).unwrap().cluster.as_deref(), Some("west"));
     }
 
     #[tokio::test]

@@ -133,6 +133,8 @@ pub(crate) struct State {
     pub(crate) decisions: HashMap<String, Decided>,
     pub(crate) registry: Registry,
     pub(crate) offered_at: HashMap<String, Instant>,
+    /// Since when each `Unknown` job has been unknown.
+    pub(crate) unknown_since: HashMap<String, Instant>,
 }
 
 pub(crate) struct Inner {
@@ -185,12 +187,15 @@ impl Gateway {
                 _ => {}
             }
         }
+        let unknown_since =
+            jobs.values().filter(|j| j.state == JobState::Unknown).map(|j| (j.id.clone(), now)).collect();
         let state = State {
             jobs,
             idempotency,
             decisions: HashMap::new(),
             registry: Registry::from_known(known, now),
             offered_at: HashMap::new(),
+            unknown_since,
         };
         let catalog = config.gpu_catalog();
         let network = config.network_table();
@@ -327,6 +332,7 @@ impl Gateway {
         store::save_job(self.inner.store.as_ref(), &updated)?;
         *job = updated.clone();
         state.offered_at.remove(id);
+        state.unknown_since.remove(id);
         Ok(updated)
     }
 

@@ -159,12 +159,7 @@ impl Registry {
             clusters: self
                 .clusters
                 .values()
-                .map(|c| ClusterSnapshot {
-                    info: c.info.clone(),
-                    inventory: c.inventory.clone(),
-                    pressure: c.pressure.clone(),
-                    connected: c.connected(),
-                })
+                .map(|c| ClusterSnapshot::new(c.info.clone(), c.inventory.clone(), c.pressure.clone(), c.connected()))
                 .collect(),
             network: network.clone(),
         }

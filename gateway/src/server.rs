@@ -455,16 +455,16 @@ fn candidate_views(decision: &Decision) -> Vec<CandidateView> {
         .iter()
         .map(|c| match &c.verdict {
             placement::Verdict::Rejected { reasons } => CandidateView {
-                cluster: c.cluster.clone(),
-                region: c.region.clone(),
+                cluster: c.cluster.to_string(),
+                region: c.region.to_string(),
                 tier: c.tier,
                 verdict: "rejected",
                 reasons: reasons.iter().map(ToString::to_string).collect(),
                 score: None,
             },
             placement::Verdict::Scored(score) => CandidateView {
-                cluster: c.cluster.clone(),
-                region: c.region.clone(),
+                cluster: c.cluster.to_string(),
+                region: c.region.to_string(),
                 tier: c.tier,
                 verdict: if chosen == Some(c.cluster.as_str()) { "chosen" } else { "feasible" },
                 reasons: Vec::new(),
@@ -483,7 +483,9 @@ fn place_queue(inner: &Inner, state: &mut State) {
     for job in state.jobs.values() {
         if job.state == JobState::Offered {
             // The member's inventory does not show an offer until the agent accepts it.
-            if let Some(cluster) = snapshot.clusters.iter_mut().find(|c| Some(&c.info.name) == job.cluster.as_ref()) {
+            if let Some(cluster) =
+                snapshot.clusters.iter_mut().find(|c| Some(c.info().name.as_str()) == job.cluster.as_deref())
+            {
                 cluster.reserve(&job.spec);
             }
         }
@@ -510,7 +512,7 @@ fn place_queue(inner: &Inner, state: &mut State) {
         let decision = placement::place(&job.spec, &snapshot, &inner.config.placement);
         if let Some(choice) = decision.chosen.as_ref().filter(|c| c.starts_now) {
             let (cluster, gpu_type) = (choice.cluster.clone(), choice.gpu_type.clone());
-            if let Some(target) = snapshot.clusters.iter_mut().find(|c| c.info.name == cluster) {
+            if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
             }
             queue.placed(&next);

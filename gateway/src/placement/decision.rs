@@ -5,9 +5,10 @@ use std::fmt;
 
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::Tier;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::filter::Rejection;
+use super::name::Name;
 use super::score::ScoreBreakdown;
 
 /// What placement decided for one job, and why.
@@ -28,9 +29,9 @@ pub struct Decision {
 #[serde(rename_all = "camelCase")]
 pub struct Choice {
     /// Cluster name.
-    pub cluster: String,
+    pub cluster: Name,
     /// GPU type the gang would use there.
-    pub gpu_type: String,
+    pub gpu_type: Name,
     /// The whole gang fits on free nodes there now.
     pub starts_now: bool,
     /// When the job is expected to start there, seconds from now (waiting and data transfer).
@@ -44,9 +45,9 @@ pub struct Choice {
 #[serde(rename_all = "camelCase")]
 pub struct Candidate {
     /// Cluster name.
-    pub cluster: String,
+    pub cluster: Name,
     /// Cluster region.
-    pub region: String,
+    pub region: Name,
     /// Owned or cloud.
     pub tier: Tier,
     /// Why not, or how good.
@@ -60,10 +61,22 @@ pub enum Verdict {
     /// The cluster may not take the job now; every reason is listed.
     Rejected {
         /// Why not.
-        reasons: Vec<Rejection>,
+        reasons: Reasons,
     },
     /// The cluster may take the job; lower `total` is better.
     Scored(ScoreBreakdown),
+}
+
+/// Every reason one cluster was rejected, in the order found. Reads like a slice and serializes
+/// as a JSON array. Most rejected clusters have exactly one reason, which is kept inline: a
+/// decision rejects dozens of clusters and a `Vec` each was one allocation apiece.
+#[derive(Clone, Default)]
+pub struct Reasons(ReasonsRepr);
+
+#[derive(Clone)]
+enum ReasonsRepr {
+    One(Rejection),
+    Many(Vec<Rejection>),
 }
 
 /// Seconds shown the human way (`1h5m`), for messages.
@@ -77,6 +90,82 @@ impl fmt::Display for Secs {
         // Seconds are enough precision for a person; the cast saturates on huge values.
         let whole = self.0.max(0.0).round() as u64;
         write!(f, "{}", HumanDuration::from_secs(whole))
+    }
+}
+
+impl Default for ReasonsRepr {
+    fn default() -> Self {
+        Self::Many(Vec::new())
+    }
+}
+
+impl Reasons {
+    /// Adds a reason.
+    pub fn push(&mut self, reason: Rejection) {
+        match &mut self.0 {
+            ReasonsRepr::Many(list) if !list.is_empty() => list.push(reason),
+            ReasonsRepr::Many(_) => self.0 = ReasonsRepr::One(reason),
+            ReasonsRepr::One(_) => {
+                if let ReasonsRepr::One(first) = std::mem::take(&mut self.0) {
+                    self.0 = ReasonsRepr::Many(vec![first, reason]);
+                }
+            }
+        }
+    }
+
+    /// The reasons as a `Vec`.
+    pub fn into_vec(self) -> Vec<Rejection> {
+        match self.0 {
+            ReasonsRepr::One(reason) => vec![reason],
+            ReasonsRepr::Many(list) => list,
+        }
+    }
+}
+
+impl std::ops::Deref for Reasons {
+    type Target = [Rejection];
+
+    fn deref(&self) -> &[Rejection] {
+        match &self.0 {
+            ReasonsRepr::One(reason) => std::slice::from_ref(reason),
+            ReasonsRepr::Many(list) => list,
+        }
+    }
+}
+
+impl From<Rejection> for Reasons {
+    fn from(reason: Rejection) -> Self {
+        Self(ReasonsRepr::One(reason))
+    }
+}
+
+impl From<Vec<Rejection>> for Reasons {
+    fn from(list: Vec<Rejection>) -> Self {
+        Self(ReasonsRepr::Many(list))
+    }
+}
+
+impl PartialEq for Reasons {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for Reasons {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for Reasons {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Reasons {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<Rejection>::deserialize(deserializer).map(Self::from)
     }
 }
 

@@ -7,12 +7,13 @@
 
 use std::fmt;
 
-use meridian_proto::inventory::{BackendKind, Tier};
+use meridian_proto::inventory::{BackendKind, NodeShape, Tier};
 use meridian_proto::spec::{BurstPolicy, JobSpec};
 use serde::{Deserialize, Serialize};
 
-use super::decision::Secs;
+use super::decision::{Reasons, Secs};
 use super::fit::{Demand, TypeOption, TypeOptions};
+use super::name::{Name, Names};
 use super::snapshot::ClusterSnapshot;
 
 /// Why one cluster cannot take a job. Built as data while placing (no text is formatted on the hot
@@ -26,7 +27,7 @@ pub enum Rejection {
     /// copied here because this is the most common rejection and copies cost on the hot path).
     GpuTypeUnavailable {
         /// GPU types the cluster has.
-        available: Vec<String>,
+        available: Names,
     },
     /// The acceptable GPUs have less memory than the job needs.
     GpuMemoryTooSmall {
@@ -50,9 +51,9 @@ pub enum Rejection {
     /// Residency: the job may only run in other regions.
     RegionNotAllowed {
         /// The cluster's region.
-        region: String,
+        region: Name,
         /// Regions the job allows.
-        allowed: Vec<String>,
+        allowed: Names,
     },
     /// The job's `placement.clusters.exclude` names this cluster.
     ClusterExcluded,
@@ -94,34 +95,35 @@ pub enum PayloadKind {
 }
 
 /// What placement derives from a job once per decision, so per-cluster work is arithmetic.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Need<'a> {
     pub(crate) job: &'a JobSpec,
     pub(crate) demand: Demand,
     pub(crate) total_gpus: u64,
     pub(crate) payload: PayloadKind,
+    /// The job's `placement.regions`, shared by every cluster rejected for residency; None when
+    /// the job may run anywhere.
+    pub(crate) allowed_regions: Option<Names>,
 }
 
 impl<'a> Need<'a> {
     pub(crate) fn of(job: &'a JobSpec) -> Self {
         let demand = Demand::of(job);
         let payload = if job.payload.image.is_some() { PayloadKind::ContainerImage } else { PayloadKind::BareCommand };
-        Self { job, demand, total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus), payload }
+        let regions = &job.placement.regions;
+        let allowed_regions = (!regions.is_empty()).then(|| Names::from(regions.as_slice()));
+        Self { job, demand, total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus), payload, allowed_regions }
     }
 }
 
 /// Checks everything about `cluster` that does not change with load, pushing each reason it may
 /// not run the job onto `reasons`. Returns the GPU types the gang may use, cheapest first;
 /// meaningful only when no reason was pushed.
-pub(crate) fn static_rejections(
-    need: &Need<'_>,
-    cluster: &ClusterSnapshot,
-    reasons: &mut Vec<Rejection>,
-) -> TypeOptions {
+pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reasons: &mut Reasons) -> TypeOptions {
     let job = need.job;
     let demand = &need.demand;
-    let info = &cluster.info;
-    let shapes = &cluster.inventory.shapes;
+    let info = cluster.info();
+    let shapes = &cluster.inventory().shapes;
     let cloud = info.tier == Tier::Cloud;
     let budget = match job.placement.burst {
         BurstPolicy::After { max_usd_per_hour: Some(max), .. } if cloud => Some(max),
@@ -133,15 +135,16 @@ pub(crate) fn static_rejections(
     let (mut largest_gib, mut largest_node_gpus, mut max_replicas) = (0u32, 0u32, 0u64);
     let mut cheapest_over_budget = f64::INFINITY;
     let mut options = TypeOptions::default();
-    for (index, first) in shapes.iter().enumerate() {
-        // Visit each GPU type once, at its first shape; shapes per cluster are few.
-        let seen_before = shapes[..index].iter().any(|s| s.gpu_type == first.gpu_type);
-        if seen_before || !(wanted.is_empty() || wanted.contains(&first.gpu_type)) {
+    let index = cluster.index();
+    for (type_id, first) in shapes.iter().enumerate() {
+        // Visit each GPU type once, at its first shape (whose index is the type's id).
+        if index.type_id(type_id) != type_id || !(wanted.is_empty() || wanted.contains(&first.gpu_type)) {
             continue;
         }
         any_type = true;
         let mut capacity = 0u64;
-        for shape in shapes[index..].iter().filter(|s| s.gpu_type == first.gpu_type) {
+        let same_type = |(offset, _): &(usize, &NodeShape)| index.type_id(type_id + offset) == type_id;
+        for (_, shape) in shapes[type_id..].iter().enumerate().filter(same_type) {
             largest_gib = largest_gib.max(shape.gpu_memory_gib);
             if shape.gpu_memory_gib < demand.min_gpu_memory_gib {
                 continue;
@@ -155,7 +158,7 @@ pub(crate) fn static_rejections(
         if capacity < u64::from(demand.replicas) {
             continue;
         }
-        let price = info.price(&first.gpu_type);
+        let price = cluster.price(type_id);
         if let Some(max) = budget {
             let hourly = need.total_gpus as f64 * price;
             if hourly > max {
@@ -163,17 +166,11 @@ pub(crate) fn static_rejections(
                 continue;
             }
         }
-        options.insert(TypeOption { first_shape: index, price }, shapes);
+        options.insert(TypeOption { type_id, price }, shapes);
     }
 
     if !any_type {
-        let mut available: Vec<String> = Vec::new();
-        for shape in shapes {
-            if !available.contains(&shape.gpu_type) {
-                available.push(shape.gpu_type.clone());
-            }
-        }
-        reasons.push(Rejection::GpuTypeUnavailable { available });
+        reasons.push(Rejection::GpuTypeUnavailable { available: index.gpu_types().clone() });
     } else if !any_memory {
         reasons.push(Rejection::GpuMemoryTooSmall { wanted_gib: demand.min_gpu_memory_gib, largest_gib });
     } else if max_replicas < u64::from(demand.replicas) {
@@ -190,8 +187,10 @@ pub(crate) fn static_rejections(
     }
 
     let rules = &job.placement;
-    if !rules.regions.is_empty() && !rules.regions.contains(&info.region) {
-        reasons.push(Rejection::RegionNotAllowed { region: info.region.clone(), allowed: rules.regions.clone() });
+    if let Some(allowed) = &need.allowed_regions
+        && !rules.regions.contains(&info.region)
+    {
+        reasons.push(Rejection::RegionNotAllowed { region: cluster.region().clone(), allowed: allowed.clone() });
     }
     if !rules.clusters.include.is_empty() && !rules.clusters.include.contains(&info.name) {
         reasons.push(Rejection::ClusterNotIncluded);
@@ -214,13 +213,13 @@ pub(crate) fn static_rejections(
 
 /// The GPU types the job may use on `cluster`, or None when the cluster may never run it.
 pub(crate) fn eligible_options(need: &Need<'_>, cluster: &ClusterSnapshot) -> Option<TypeOptions> {
-    let mut reasons = Vec::new();
+    let mut reasons = Reasons::default();
     let options = static_rejections(need, cluster, &mut reasons);
     reasons.is_empty().then_some(options)
 }
 
 /// Comma-separated list for messages.
-struct List<'a>(&'a [String]);
+struct List<'a>(&'a [Name]);
 
 impl fmt::Display for List<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,4 +1,4 @@
-//! Best fit of a gang onto a cluster's free nodes, straight from the reported inventory.
+//! Best fit of a gang onto a cluster's free nodes.
 //!
 //! A gang always lands on one GPU type (a mixed H100/A100 gang runs at the pace of the slowest
 //! GPU and is never what a user meant), possibly across several shapes of that type.
@@ -7,26 +7,28 @@
 //! each as far as it goes. That equals per-replica best fit: once a replica lands on the tightest
 //! node, that node has even fewer free GPUs and stays the tightest until it is full.
 //!
-//! The snapshot carries no index (it is the agents' report as is), so this runs over the raw node
-//! lists on every decision and is written for that:
-//! - one replica (most jobs): a single pass keeps the tightest node so far and stops at a node
-//!   whose free GPUs equal the replica's exactly, which cannot be beaten;
-//! - several replicas: one pass builds a histogram of replica capacity per free-GPU count
-//!   ("level"), which gives the level where the gang is complete; a second pass, only as far as
-//!   needed, picks that last level's nodes in order. Enough exact nodes stop the first pass early.
+//! Nodes are read through the snapshot's [`FreeIndex`], level by level (a level is a count of free
+//! GPUs), starting at the replica's GPUs, so full and too-small nodes are never looked at:
+//! - one replica (most jobs): the first node at the lowest level that also has the CPUs and
+//!   memory wins;
+//! - several replicas: levels are added up from the bottom until they hold the gang; the level
+//!   where that happens is taken only as far as needed, in inventory order.
 //!
-//! Nothing is sorted and nothing is allocated per cluster.
+//! The answers equal those of a scan over every node ([`scan`], kept as the reference for the
+//! property tests). Nothing is sorted and nothing is allocated per cluster.
 
 use meridian_proto::inventory::{NodeFree, NodeShape};
 use meridian_proto::spec::JobSpec;
 
+use super::index::{FreeIndex, LEVEL_CAP};
+use super::name::Name;
+
+#[cfg(test)]
+pub(crate) mod scan;
+
 /// GPU types considered per cluster, cheapest first (13 are known; a cluster rarely has more than
 /// three, and the cheapest four are the ones worth trying).
 pub(crate) const MAX_TYPES: usize = 4;
-
-/// Nodes with this many free GPUs or more share one level and are taken in inventory order;
-/// keeps the histogram small whatever size an agent reports.
-const LEVEL_CAP: u32 = 256;
 
 /// What one replica needs, and how many replicas there are.
 #[derive(Debug, Clone, Copy)]
@@ -39,10 +41,10 @@ pub(crate) struct Demand {
 }
 
 /// One GPU type the gang may use on a cluster.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct TypeOption {
-    /// Index of the first shape of the type; its `gpu_type` names the option.
-    pub(crate) first_shape: usize,
+    /// The type's id in the cluster's [`FreeIndex`]: the index of its first shape.
+    pub(crate) type_id: usize,
     /// US$ per GPU-hour of the type on this cluster.
     pub(crate) price: f64,
 }
@@ -55,10 +57,17 @@ pub(crate) struct TypeOptions {
     items: [TypeOption; MAX_TYPES],
 }
 
-/// Where a gang fits now.
+/// A cluster's nodes as best fit reads them: the inventory and its free-GPU index.
 #[derive(Debug, Clone, Copy)]
+pub(crate) struct Nodes<'a> {
+    pub(crate) shapes: &'a [NodeShape],
+    pub(crate) index: &'a FreeIndex,
+}
+
+/// Where a gang fits now.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Plan {
-    /// A single replica, on the tightest node that holds it (the common case, found in one pass).
+    /// A single replica, on the tightest node that holds it (the common case).
     One {
         shape: usize,
         node: usize,
@@ -71,7 +80,7 @@ pub(crate) enum Plan {
 
 /// Everything below `threshold` free GPUs that can hold a replica is filled, then `take` more
 /// replicas from nodes at exactly `threshold`, in inventory order.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LevelPlan {
     threshold: u32,
     take: u64,
@@ -81,29 +90,13 @@ pub(crate) struct LevelPlan {
     exact: bool,
 }
 
-/// Result of the first pass.
-#[derive(Debug, Clone, Copy)]
+/// Whether a gang fits now.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Survey {
     /// The gang fits on free nodes now.
     Fits(Plan),
     /// It does not; `free_gpus` are the free GPUs of the acceptable nodes (for the wait estimate).
     DoesNotFit { free_gpus: u64 },
-}
-
-/// Reusable histogram, so placing a job allocates it once rather than once per cluster.
-#[derive(Debug, Default)]
-pub(crate) struct Fitter {
-    levels: Vec<Level>,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Level {
-    /// Replicas a node at this level holds by GPUs alone.
-    by_gpus: u32,
-    replicas: u64,
-    nodes: u32,
-    /// Σ over nodes of (GPUs left after filling the node) / (GPUs of the node).
-    leftover_share: f64,
 }
 
 impl Demand {
@@ -121,8 +114,9 @@ impl Demand {
 
     /// Replicas that fit on one empty node of `shape`.
     pub(crate) fn per_empty_node(&self, shape: &NodeShape) -> u32 {
-        NodeFree { gpus: shape.gpus_per_node, cpu: shape.cpu_per_node, memory_gib: shape.memory_gib_per_node }
-            .replicas_fitting(self.gpus, self.cpu, self.memory_gib)
+        let empty =
+            NodeFree { gpus: shape.gpus_per_node, cpu: shape.cpu_per_node, memory_gib: shape.memory_gib_per_node };
+        self.fitting(&empty, shape.gpus_per_node.checked_div(self.gpus).unwrap_or(u32::MAX))
     }
 
     /// Replicas that fit on `free`, given that its GPUs alone hold `by_gpus`. Same result as
@@ -135,16 +129,18 @@ impl Demand {
         let fits = limit(free.cpu, self.cpu, by_gpus);
         limit(free.memory_gib, self.memory_gib, fits)
     }
-
-    fn accepts(&self, shape: &NodeShape, gpu_type: &str) -> bool {
-        shape.gpu_type == gpu_type && shape.gpu_memory_gib >= self.min_gpu_memory_gib
-    }
 }
 
 impl TypeOptions {
     /// Adds an option, keeping the cheapest [`MAX_TYPES`].
     pub(crate) fn insert(&mut self, option: TypeOption, shapes: &[NodeShape]) {
-        let name = |o: &TypeOption| shapes.get(o.first_shape).map_or("", |s| s.gpu_type.as_str());
+        if self.len == 0 {
+            // Most clusters offer one acceptable type: nothing to compare.
+            self.items[0] = option;
+            self.len = 1;
+            return;
+        }
+        let name = |o: &TypeOption| shapes.get(o.type_id).map_or("", |s| s.gpu_type.as_str());
         let better =
             |a: &TypeOption, b: &TypeOption| a.price.total_cmp(&b.price).then_with(|| name(a).cmp(name(b))).is_lt();
         let mut at = self.len;
@@ -177,194 +173,211 @@ impl TypeOptions {
 }
 
 impl TypeOption {
-    /// The GPU type's name.
-    pub(crate) fn gpu_type<'a>(&self, shapes: &'a [NodeShape]) -> &'a str {
-        shapes.get(self.first_shape).map_or("", |s| s.gpu_type.as_str())
+    /// The GPU type's name, shared with the snapshot.
+    pub(crate) fn gpu_type<'a>(&self, index: &'a FreeIndex) -> Option<&'a Name> {
+        index.gpu_type(self.type_id)
     }
 }
 
-impl Fitter {
-    /// First pass: does the gang fit on free nodes of `gpu_type` now, and how.
-    pub(crate) fn survey(&mut self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> Survey {
-        let replicas = u64::from(demand.replicas);
-        if replicas == 0 {
-            let plan = LevelPlan { threshold: 0, take: 0, below_share: 0.0, below_nodes: 0, exact: true };
-            return Survey::Fits(Plan::Levels(plan));
+impl<'a> Nodes<'a> {
+    /// The shapes of GPU type `type_id` with enough GPU memory for `demand`, in inventory order.
+    fn acceptable(self, type_id: usize, demand: &Demand) -> impl Iterator<Item = (usize, &'a NodeShape)> + 'a {
+        let (index, min_memory) = (self.index, demand.min_gpu_memory_gib);
+        // The type's shapes start at its id: earlier shapes have other types.
+        let from = type_id.min(self.shapes.len());
+        self.shapes[from..]
+            .iter()
+            .enumerate()
+            .map(move |(offset, shape)| (from + offset, shape))
+            .filter(move |(i, shape)| index.type_id(*i) == type_id && shape.gpu_memory_gib >= min_memory)
+    }
+
+    /// The highest level of any acceptable shape.
+    fn top(self, type_id: usize, demand: &Demand) -> Option<u32> {
+        self.acceptable(type_id, demand).filter_map(|(i, _)| self.index.top(i)).max()
+    }
+
+    /// Free GPUs of the acceptable shapes.
+    fn free_gpus(self, type_id: usize, demand: &Demand) -> u64 {
+        self.acceptable(type_id, demand).map(|(i, _)| self.index.free_gpus(i)).sum()
+    }
+
+    /// Every acceptable node at `level`: (shape, node, what is free), in inventory order.
+    fn at_level(
+        self,
+        type_id: usize,
+        demand: &Demand,
+        level: u32,
+    ) -> impl Iterator<Item = (usize, usize, &'a NodeShape, NodeFree)> + 'a {
+        let index = self.index;
+        self.acceptable(type_id, demand).flat_map(move |(s, shape)| {
+            index
+                .nodes_at(s, level)
+                .filter_map(move |n| shape.free.get(n).map(|free| (s, n, shape, clamp(free, shape))))
+        })
+    }
+}
+
+/// Does the gang fit on free nodes of type `type_id` now, and how.
+pub(crate) fn survey(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Survey {
+    let replicas = u64::from(demand.replicas);
+    if replicas == 0 {
+        let plan = LevelPlan { threshold: 0, take: 0, below_share: 0.0, below_nodes: 0, exact: true };
+        return Survey::Fits(Plan::Levels(plan));
+    }
+    if replicas == 1 {
+        return survey_one(nodes, type_id, demand);
+    }
+    let g = demand.gpus;
+    let (mut placed, mut below_share, mut below_nodes) = (0u64, 0.0, 0u32);
+    for level in 0..=nodes.top(type_id, demand).unwrap_or(0) {
+        // Replicas by GPUs alone at this level; levels below one replica's GPUs hold none.
+        let by_gpus = level.checked_div(g).unwrap_or(u32::MAX);
+        if by_gpus == 0 {
+            continue;
         }
-        if replicas == 1 {
-            return survey_one(shapes, gpu_type, demand);
-        }
-        let g = demand.gpus;
-        let top = shapes.iter().filter(|s| demand.accepts(s, gpu_type)).map(|s| s.gpus_per_node.min(LEVEL_CAP)).max();
-        self.levels.clear();
-        // Replicas by GPUs alone for each level, computed once here instead of dividing per node.
-        self.levels.extend(
-            (0..=top.unwrap_or(0))
-                .map(|level| Level { by_gpus: level.checked_div(g).unwrap_or(u32::MAX), ..Level::default() }),
-        );
-        let (mut exact, mut free_gpus) = (0u64, 0u64);
-        for shape in shapes.iter().filter(|s| demand.accepts(s, gpu_type)) {
-            let node_share = if shape.gpus_per_node == 0 { 0.0 } else { 1.0 / f64::from(shape.gpus_per_node) };
-            for node in &shape.free {
-                let free = clamp(node, shape);
-                free_gpus += u64::from(free.gpus);
-                let Some(level) = self.levels.get_mut(free.gpus.min(LEVEL_CAP) as usize) else { continue };
-                if level.by_gpus == 0 {
-                    continue;
-                }
-                let fits = demand.fitting(&free, level.by_gpus);
-                if fits == 0 {
-                    continue;
-                }
-                if g > 0 && g < LEVEL_CAP && free.gpus == g {
-                    exact += 1;
-                    if exact >= replicas {
-                        let plan =
-                            LevelPlan { threshold: g, take: replicas, below_share: 0.0, below_nodes: 0, exact: true };
-                        return Survey::Fits(Plan::Levels(plan));
-                    }
-                }
-                level.replicas += u64::from(fits);
-                level.nodes += 1;
-                level.leftover_share += f64::from(free.gpus - fits.saturating_mul(g).min(free.gpus)) * node_share;
+        let (mut here, mut share, mut count) = (0u64, 0.0, 0u32);
+        for (_, _, shape, free) in nodes.at_level(type_id, demand, level) {
+            let fits = demand.fitting(&free, by_gpus);
+            if fits == 0 {
+                continue;
             }
-        }
-        let (mut placed, mut below_share, mut below_nodes) = (0u64, 0.0, 0u32);
-        for (threshold, level) in (0u32..).zip(&self.levels) {
-            if placed + level.replicas >= replicas {
+            here += u64::from(fits);
+            if placed + here >= replicas {
+                // One replica per node with exactly its GPUs free: nothing is left over.
+                let exact = g > 0 && g < LEVEL_CAP && level == g;
                 let take = replicas - placed;
                 return Survey::Fits(Plan::Levels(LevelPlan {
-                    threshold,
+                    threshold: level,
                     take,
                     below_share,
                     below_nodes,
-                    exact: false,
+                    exact,
                 }));
             }
-            placed += level.replicas;
-            below_share += level.leftover_share;
-            below_nodes += level.nodes;
+            let node_share = if shape.gpus_per_node == 0 { 0.0 } else { 1.0 / f64::from(shape.gpus_per_node) };
+            share += f64::from(free.gpus - fits.saturating_mul(g).min(free.gpus)) * node_share;
+            count += 1;
         }
-        Survey::DoesNotFit { free_gpus }
+        placed += here;
+        below_share += share;
+        below_nodes += count;
     }
+    Survey::DoesNotFit { free_gpus: nodes.free_gpus(type_id, demand) }
 }
 
 /// One replica: the node with the fewest free GPUs that holds it, first in inventory order among
-/// equals; a node with exactly the replica's GPUs free cannot be beaten and ends the search.
-/// Compares levels only, so the common case does no division and no histogram.
-fn survey_one(shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> Survey {
+/// equals. Levels go up from the replica's GPUs, so the first node that has the CPUs and memory
+/// too is the answer.
+fn survey_one(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Survey {
     let g = demand.gpus;
-    let mut best_level = u32::MAX;
-    let mut best: Option<(usize, usize, u32)> = None; // (shape, node, free GPUs)
-    let mut free_gpus = 0u64;
-    'shapes: for (shape_index, shape) in shapes.iter().enumerate().filter(|(_, s)| demand.accepts(s, gpu_type)) {
-        for (node_index, node) in shape.free.iter().enumerate() {
-            let gpus = node.gpus.min(shape.gpus_per_node);
-            free_gpus += u64::from(gpus);
-            let too_small = u32::from(gpus < g).wrapping_neg(); // all ones when the node is too full
-            let level = gpus.min(LEVEL_CAP) | too_small;
-            if level < best_level {
-                let free = clamp(node, shape);
-                if free.cpu >= demand.cpu && free.memory_gib >= demand.memory_gib {
-                    best_level = level;
-                    best = Some((shape_index, node_index, gpus));
-                    if gpus == g {
-                        break 'shapes;
+    for level in g.min(LEVEL_CAP)..=nodes.top(type_id, demand).unwrap_or(0) {
+        for (shape_index, shape) in nodes.acceptable(type_id, demand) {
+            let Some(summary) = nodes.index.level(shape_index, level) else { continue };
+            if demand.cpu > summary.max_cpu || demand.memory_gib > summary.max_memory_gib {
+                continue; // no node at this level has the CPUs or memory
+            }
+            // Below the cap a node's level is its free GPUs, so when every node at the level has
+            // the CPUs and memory too, the first one is the answer without reading it.
+            let all_fit =
+                level < LEVEL_CAP && demand.cpu <= summary.min_cpu && demand.memory_gib <= summary.min_memory_gib;
+            for node in nodes.index.nodes_at(shape_index, level) {
+                let gpus = if all_fit {
+                    level
+                } else {
+                    let Some(free) = shape.free.get(node).map(|n| clamp(n, shape)) else { continue };
+                    if free.gpus < g || free.cpu < demand.cpu || free.memory_gib < demand.memory_gib {
+                        continue;
                     }
-                }
+                    free.gpus
+                };
+                let share = leftover_share(gpus, 1, g, shape.gpus_per_node);
+                return Survey::Fits(Plan::One { shape: shape_index, node, share });
             }
         }
     }
-    match best {
-        Some((shape, node, free)) => {
-            let per_node = shapes.get(shape).map_or(0, |s| s.gpus_per_node);
-            Survey::Fits(Plan::One { shape, node, share: leftover_share(free, 1, g, per_node) })
-        }
-        None => Survey::DoesNotFit { free_gpus },
-    }
+    Survey::DoesNotFit { free_gpus: nodes.free_gpus(type_id, demand) }
 }
 
 impl Plan {
     /// Mean over the nodes the gang touches of (GPUs left free / GPUs of the node): 0 when the
     /// gang fills nodes exactly, near 1 when it breaks whole nodes for a sliver.
-    pub(crate) fn fragmentation(&self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> f64 {
+    pub(crate) fn fragmentation(&self, nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> f64 {
         match self {
             Plan::One { share, .. } => *share,
-            Plan::Levels(plan) => plan.fragmentation(shapes, gpu_type, demand),
+            Plan::Levels(plan) => plan.fragmentation(nodes, type_id, demand),
         }
     }
 
     /// Calls `on_node(shape, node, replicas)` for every node the gang takes.
     pub(crate) fn for_each_node(
         &self,
-        shapes: &[NodeShape],
-        gpu_type: &str,
+        nodes: Nodes<'_>,
+        type_id: usize,
         demand: &Demand,
         mut on_node: impl FnMut(usize, usize, u32),
     ) {
         match self {
             Plan::One { shape, node, .. } => on_node(*shape, *node, 1),
             Plan::Levels(plan) => {
-                plan.walk(shapes, gpu_type, demand, true, on_node);
+                plan.walk(nodes, type_id, demand, true, on_node);
             }
         }
     }
 }
 
 impl LevelPlan {
-    fn fragmentation(&self, shapes: &[NodeShape], gpu_type: &str, demand: &Demand) -> f64 {
+    fn fragmentation(&self, nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> f64 {
         if self.exact {
             return 0.0;
         }
-        let (share, nodes) = self.walk(shapes, gpu_type, demand, false, |_, _, _| {});
-        let touched = self.below_nodes + nodes;
+        let (share, taken) = self.walk(nodes, type_id, demand, false, |_, _, _| {});
+        let touched = self.below_nodes + taken;
         if touched == 0 { 0.0 } else { (self.below_share + share) / f64::from(touched) }
     }
 
-    /// Second pass over the nodes of the last level (and, with `below`, all lower levels).
-    /// Returns the leftover share and count of the last-level nodes taken.
+    /// Takes the nodes of the last level (and, with `below`, of every lower level that holds a
+    /// replica). Returns the leftover share and count of the last-level nodes taken.
     fn walk(
         &self,
-        shapes: &[NodeShape],
-        gpu_type: &str,
+        nodes: Nodes<'_>,
+        type_id: usize,
         demand: &Demand,
         below: bool,
         mut on_node: impl FnMut(usize, usize, u32),
     ) -> (f64, u32) {
         let g = demand.gpus;
-        let (mut take, mut below_left) = (self.take, if below { self.below_nodes } else { 0 });
-        let (mut share, mut nodes) = (0.0, 0u32);
-        for (shape_index, shape) in shapes.iter().enumerate().filter(|(_, s)| demand.accepts(s, gpu_type)) {
-            for (node_index, node) in shape.free.iter().enumerate() {
-                if take == 0 && below_left == 0 {
-                    return (share, nodes);
-                }
-                let free = clamp(node, shape);
-                if free.gpus < g {
-                    continue;
-                }
-                let level = free.gpus.min(LEVEL_CAP);
-                if level > self.threshold || (level < self.threshold && !below) {
-                    continue;
-                }
-                let fits = demand.fitting(&free, free.gpus.checked_div(g).unwrap_or(u32::MAX));
-                if fits == 0 {
-                    continue;
-                }
-                if level < self.threshold {
-                    below_left = below_left.saturating_sub(1);
-                    on_node(shape_index, node_index, fits);
-                } else if take > 0 {
-                    // `used` ≤ `fits`, a u32, so the conversion cannot fail.
-                    let used = u32::try_from(take.min(u64::from(fits))).unwrap_or(fits);
-                    take -= u64::from(used);
-                    share += leftover_share(free.gpus, used, g, shape.gpus_per_node);
-                    nodes += 1;
-                    on_node(shape_index, node_index, used);
+        // Whole nodes by what is free on each, as the survey counted them below the threshold.
+        let fitting = |free: &NodeFree| {
+            if free.gpus < g { 0 } else { demand.fitting(free, free.gpus.checked_div(g).unwrap_or(u32::MAX)) }
+        };
+        if below {
+            for level in 0..self.threshold {
+                for (shape, node, _, free) in nodes.at_level(type_id, demand, level) {
+                    let fits = fitting(&free);
+                    if fits > 0 {
+                        on_node(shape, node, fits);
+                    }
                 }
             }
         }
-        (share, nodes)
+        let (mut take, mut share, mut taken) = (self.take, 0.0, 0u32);
+        for (shape, node, nodes_shape, free) in nodes.at_level(type_id, demand, self.threshold) {
+            if take == 0 {
+                break;
+            }
+            let fits = fitting(&free);
+            if fits == 0 {
+                continue;
+            }
+            // `used` ≤ `fits`, a u32, so the conversion cannot fail.
+            let used = u32::try_from(take.min(u64::from(fits))).unwrap_or(fits);
+            take -= u64::from(used);
+            share += leftover_share(free.gpus, used, g, nodes_shape.gpus_per_node);
+            taken += 1;
+            on_node(shape, node, used);
+        }
+        (share, taken)
     }
 }
 
@@ -373,15 +386,10 @@ impl LevelPlan {
 /// reservation takes exactly the nodes the decision assumed.
 ///
 /// [`reserve`]: super::ClusterSnapshot::reserve
-pub(crate) fn fit_now(
-    fitter: &mut Fitter,
-    shapes: &[NodeShape],
-    options: &TypeOptions,
-    demand: &Demand,
-) -> Result<(TypeOption, Plan), u64> {
+pub(crate) fn fit_now(nodes: Nodes<'_>, options: &TypeOptions, demand: &Demand) -> Result<(TypeOption, Plan), u64> {
     let mut free_gpus = 0u64;
     for option in options.iter() {
-        match fitter.survey(shapes, option.gpu_type(shapes), demand) {
+        match survey(nodes, option.type_id, demand) {
             Survey::Fits(plan) => return Ok((*option, plan)),
             Survey::DoesNotFit { free_gpus: free } => free_gpus += free,
         }

@@ -13,18 +13,19 @@
 
 use meridian_proto::inventory::{NodeFree, NodeShape};
 
-use super::name::Name;
+use super::fit::clamp;
+use super::name::{Name, Names};
 
 /// Nodes with this many free GPUs or more share one level and are taken in inventory order;
 /// keeps the levels few whatever size an agent reports.
 pub(crate) const LEVEL_CAP: u32 = 256;
 
 /// The free-GPU index of one cluster's inventory (see the module doc).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct FreeIndex {
     shapes: Vec<ShapeIndex>,
     /// Distinct GPU types in order of first appearance, for "the cluster only has …".
-    gpu_types: Vec<Name>,
+    gpu_types: Names,
 }
 
 /// One shape's part of the index.
@@ -39,10 +40,28 @@ struct ShapeIndex {
     words: usize,
     /// Levels `0..=top` one after the other, each a bitset of the nodes at that level.
     bits: Vec<u64>,
-    /// Nodes per level, so empty levels are skipped without reading their words.
-    counts: Vec<u32>,
+    /// Per level: how many nodes, and bounds on their free CPUs and memory.
+    levels: Vec<LevelSummary>,
     /// Free GPUs of all the shape's nodes (each at most the node's GPUs).
     free_gpus: u64,
+}
+
+/// The nodes of one shape at one level: how many, and bounds on what they have free besides
+/// GPUs. Bounds are widened when a node joins and left as they are when one leaves, so they stay
+/// true (if loose) between rebuilds: a replica that needs more CPUs than `max_cpu` fits on none
+/// of the nodes, one that needs no more than `min_cpu` (and `min_memory_gib`) fits on all.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LevelSummary {
+    /// Nodes at the level.
+    pub(crate) count: u32,
+    /// No node at the level has fewer free CPUs.
+    pub(crate) min_cpu: u32,
+    /// No node at the level has more free CPUs.
+    pub(crate) max_cpu: u32,
+    /// No node at the level has less free memory, GiB.
+    pub(crate) min_memory_gib: u32,
+    /// No node at the level has more free memory, GiB.
+    pub(crate) max_memory_gib: u32,
 }
 
 /// Indices of the nodes at one level of one shape, ascending.
@@ -74,23 +93,23 @@ impl FreeIndex {
                 gpu_type,
                 words,
                 bits: vec![0; (top + 1) * words],
-                counts: vec![0; top + 1],
+                levels: vec![LevelSummary::EMPTY; top + 1],
                 free_gpus: 0,
             };
             for (node, free) in shape.free.iter().enumerate() {
-                entry.add(node, level(free, shape), free.gpus.min(shape.gpus_per_node));
+                entry.add(node, &clamp(free, shape));
             }
             indexed.push(entry);
         }
-        Self { shapes: indexed, gpu_types }
+        Self { shapes: indexed, gpu_types: Names::from(gpu_types) }
     }
 
     /// Records that node `node` of shape `shape` changed from `before` to what `shapes` now says.
     pub(crate) fn moved(&mut self, shapes: &[NodeShape], shape: usize, node: usize, before: &NodeFree) {
         let (Some(entry), Some(nodes)) = (self.shapes.get_mut(shape), shapes.get(shape)) else { return };
         let Some(after) = nodes.free.get(node) else { return };
-        entry.remove(node, level(before, nodes), before.gpus.min(nodes.gpus_per_node));
-        entry.add(node, level(after, nodes), after.gpus.min(nodes.gpus_per_node));
+        entry.remove(node, &clamp(before, nodes));
+        entry.add(node, &clamp(after, nodes));
     }
 
     /// The type id of shape `shape`: the index of the first shape with its GPU type.
@@ -104,14 +123,14 @@ impl FreeIndex {
     }
 
     /// Distinct GPU types, in order of first appearance.
-    pub(crate) fn gpu_types(&self) -> &[Name] {
+    pub(crate) fn gpu_types(&self) -> &Names {
         &self.gpu_types
     }
 
     /// Highest level of shape `shape` (its GPUs per node, at most [`LEVEL_CAP`]).
     pub(crate) fn top(&self, shape: usize) -> Option<u32> {
         let shape = self.shapes.get(shape)?;
-        u32::try_from(shape.counts.len().checked_sub(1)?).ok()
+        u32::try_from(shape.levels.len().checked_sub(1)?).ok()
     }
 
     /// Free GPUs of shape `shape`, each node counted at most at its size.
@@ -119,36 +138,53 @@ impl FreeIndex {
         self.shapes.get(shape).map_or(0, |s| s.free_gpus)
     }
 
+    /// What is at `level` in shape `shape`; None when no node is.
+    pub(crate) fn level(&self, shape: usize, level: u32) -> Option<&LevelSummary> {
+        self.shapes.get(shape)?.levels.get(level as usize).filter(|l| l.count > 0)
+    }
+
     /// The nodes of shape `shape` with `level` free GPUs, in inventory order.
     pub(crate) fn nodes_at(&self, shape: usize, level: u32) -> NodesAt<'_> {
         let words = self.shapes.get(shape).and_then(|s| {
             let at = level as usize;
-            (s.counts.get(at).copied().unwrap_or(0) > 0).then(|| s.bits.get(at * s.words..(at + 1) * s.words))?
+            (s.levels.get(at)?.count > 0).then(|| s.bits.get(at * s.words..(at + 1) * s.words))?
         });
         NodesAt { words: words.unwrap_or(&[]).iter(), base: 0, current: 0 }
     }
 }
 
+impl LevelSummary {
+    const EMPTY: Self = Self { count: 0, min_cpu: u32::MAX, max_cpu: 0, min_memory_gib: u32::MAX, max_memory_gib: 0 };
+}
+
 impl ShapeIndex {
-    fn add(&mut self, node: usize, level: u32, gpus: u32) {
-        let (word, bit) = (level as usize * self.words + node / 64, node % 64);
-        if let (Some(w), Some(count)) = (self.bits.get_mut(word), self.counts.get_mut(level as usize))
+    /// Adds node `node`, with `free` already clamped to the shape.
+    fn add(&mut self, node: usize, free: &NodeFree) {
+        let at = free.gpus.min(LEVEL_CAP) as usize;
+        let (word, bit) = (at * self.words + node / 64, node % 64);
+        if let (Some(w), Some(level)) = (self.bits.get_mut(word), self.levels.get_mut(at))
             && *w & (1 << bit) == 0
         {
             *w |= 1 << bit;
-            *count += 1;
-            self.free_gpus += u64::from(gpus);
+            level.count += 1;
+            level.min_cpu = level.min_cpu.min(free.cpu);
+            level.max_cpu = level.max_cpu.max(free.cpu);
+            level.min_memory_gib = level.min_memory_gib.min(free.memory_gib);
+            level.max_memory_gib = level.max_memory_gib.max(free.memory_gib);
+            self.free_gpus += u64::from(free.gpus);
         }
     }
 
-    fn remove(&mut self, node: usize, level: u32, gpus: u32) {
-        let (word, bit) = (level as usize * self.words + node / 64, node % 64);
-        if let (Some(w), Some(count)) = (self.bits.get_mut(word), self.counts.get_mut(level as usize))
+    /// Removes node `node`, with `free` (clamped) what it had when added.
+    fn remove(&mut self, node: usize, free: &NodeFree) {
+        let at = free.gpus.min(LEVEL_CAP) as usize;
+        let (word, bit) = (at * self.words + node / 64, node % 64);
+        if let (Some(w), Some(level)) = (self.bits.get_mut(word), self.levels.get_mut(at))
             && *w & (1 << bit) != 0
         {
             *w &= !(1 << bit);
-            *count -= 1;
-            self.free_gpus -= u64::from(gpus);
+            level.count -= 1;
+            self.free_gpus -= u64::from(free.gpus);
         }
     }
 }
@@ -167,7 +203,26 @@ impl Iterator for NodesAt<'_> {
     }
 }
 
-/// The level of a node: its free GPUs, at most the node's GPUs and at most [`LEVEL_CAP`].
-pub(crate) fn level(free: &NodeFree, shape: &NodeShape) -> u32 {
-    free.gpus.min(shape.gpus_per_node).min(LEVEL_CAP)
+#[cfg(test)]
+impl FreeIndex {
+    /// Whether this index, kept in step by `moved`, holds the same nodes at the same levels as
+    /// `rebuilt` (a fresh index of the same inventory), with bounds at least as wide.
+    pub(crate) fn agrees_with(&self, rebuilt: &FreeIndex) -> bool {
+        self.gpu_types == rebuilt.gpu_types
+            && self.shapes.len() == rebuilt.shapes.len()
+            && self.shapes.iter().zip(&rebuilt.shapes).all(|(kept, fresh)| {
+                kept.type_id == fresh.type_id
+                    && kept.bits == fresh.bits
+                    && kept.free_gpus == fresh.free_gpus
+                    && kept.levels.len() == fresh.levels.len()
+                    && kept.levels.iter().zip(&fresh.levels).all(|(k, f)| {
+                        k.count == f.count
+                            && (f.count == 0
+                                || (k.min_cpu <= f.min_cpu
+                                    && k.max_cpu >= f.max_cpu
+                                    && k.min_memory_gib <= f.min_memory_gib
+                                    && k.max_memory_gib >= f.max_memory_gib))
+                    })
+            })
+    }
 }

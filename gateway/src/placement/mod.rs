@@ -16,6 +16,8 @@
 pub mod decision;
 pub mod filter;
 mod fit;
+mod index;
+mod name;
 pub mod network;
 pub mod score;
 pub mod snapshot;
@@ -26,15 +28,15 @@ mod tests;
 use meridian_proto::inventory::Tier;
 use meridian_proto::spec::{BurstPolicy, JobSpec};
 
-pub use decision::{Candidate, Choice, Decision, Verdict};
+pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
+pub use name::{Name, Names};
 pub use network::{LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 
 use decision::{GangShape, rank, summarize};
 use filter::{Need, static_rejections};
-use fit::Fitter;
 use score::{RegionCosts, score};
 
 /// Decides where `job` should run given `snapshot`, keeping every cluster's verdict.
@@ -43,19 +45,18 @@ use score::{RegionCosts, score};
 pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementConfig) -> Decision {
     let need = Need::of(job);
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
-    let mut fitter = Fitter::default();
     let mut candidates = Vec::with_capacity(snapshot.clusters.len());
     let mut best_owned_wait = f64::INFINITY;
 
     for cluster in &snapshot.clusters {
-        let info = &cluster.info;
-        let mut reasons = Vec::new();
+        let info = cluster.info();
+        let mut reasons = Reasons::default();
         if !cluster.connected {
             reasons.push(Rejection::Disconnected);
         }
         let options = static_rejections(&need, cluster, &mut reasons);
         let verdict = if reasons.is_empty() {
-            let breakdown = score(&need, cluster, &options, &mut fitter, &mut regions, config);
+            let breakdown = score(&need, cluster, &options, &mut regions, config);
             if info.tier == Tier::Owned {
                 best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
             }
@@ -63,12 +64,8 @@ pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementCon
         } else {
             Verdict::Rejected { reasons }
         };
-        candidates.push(Candidate {
-            cluster: info.name.clone(),
-            region: info.region.clone(),
-            tier: info.tier,
-            verdict,
-        });
+        let (name, region) = (cluster.name().clone(), cluster.region().clone());
+        candidates.push(Candidate { cluster: name, region, tier: info.tier, verdict });
     }
 
     // Burst gate, once the best owned wait is known. `burst: never` was already a static reason.
@@ -86,7 +83,7 @@ pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementCon
         } else {
             for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
                 candidate.verdict = Verdict::Rejected {
-                    reasons: vec![Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, after_secs }],
+                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, after_secs }.into(),
                 };
             }
         }
@@ -114,12 +111,12 @@ pub fn never_fits(job: &JobSpec, snapshot: &FederationSnapshot) -> Option<Vec<(S
     let need = Need::of(job);
     let mut all = Vec::new();
     for cluster in &snapshot.clusters {
-        let mut reasons = Vec::new();
+        let mut reasons = Reasons::default();
         static_rejections(&need, cluster, &mut reasons);
         if reasons.is_empty() {
             return None;
         }
-        all.extend(reasons.into_iter().map(|r| (cluster.info.name.clone(), r)));
+        all.extend(reasons.into_vec().into_iter().map(|r| (cluster.info().name.clone(), r)));
     }
     (!all.is_empty()).then_some(all)
 }

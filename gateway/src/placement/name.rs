@@ -126,3 +126,59 @@ impl<'de> Deserialize<'de> for Name {
         String::deserialize(deserializer).map(Self::from)
     }
 }
+
+/// A shared list of names (the GPU types a cluster has, the regions a job allows), built once and
+/// named by many rejections. Reads like a slice of [`Name`]s and serializes as a JSON array of
+/// strings; cloning it does not copy the list.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Names(Arc<[Name]>);
+
+impl Deref for Names {
+    type Target = [Name];
+
+    fn deref(&self) -> &[Name] {
+        &self.0
+    }
+}
+
+impl From<Vec<Name>> for Names {
+    fn from(names: Vec<Name>) -> Self {
+        Self(Arc::from(names))
+    }
+}
+
+impl From<&[String]> for Names {
+    fn from(names: &[String]) -> Self {
+        names.iter().map(Name::from).collect()
+    }
+}
+
+impl<const N: usize> From<[&str; N]> for Names {
+    fn from(names: [&str; N]) -> Self {
+        names.into_iter().map(Name::from).collect()
+    }
+}
+
+impl FromIterator<Name> for Names {
+    fn from_iter<I: IntoIterator<Item = Name>>(names: I) -> Self {
+        Self(names.into_iter().collect())
+    }
+}
+
+impl fmt::Debug for Names {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+impl Serialize for Names {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Names {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<Name>::deserialize(deserializer).map(Self::from)
+    }
+}

@@ -11,7 +11,8 @@ use meridian_proto::spec::DataRef;
 use serde::{Deserialize, Serialize};
 
 use super::filter::Need;
-use super::fit::{Demand, Fitter, TypeOptions, fit_now};
+use super::fit::{Demand, TypeOptions, fit_now};
+use super::name::Name;
 use super::network::NetworkTable;
 use super::snapshot::ClusterSnapshot;
 
@@ -58,7 +59,7 @@ pub struct ScoreBreakdown {
     /// The whole gang fits on free nodes now.
     pub fits_now: bool,
     /// GPU type the gang would use here.
-    pub gpu_type: String,
+    pub gpu_type: Name,
     /// Seconds until enough GPUs are expected to be free (0 when it fits now).
     pub expected_wait_secs: f64,
     /// Seconds to copy the job's data from other regions.
@@ -141,34 +142,34 @@ pub(crate) fn score<'a>(
     need: &Need<'_>,
     cluster: &'a ClusterSnapshot,
     options: &TypeOptions,
-    fitter: &mut Fitter,
     regions: &mut RegionCosts<'a>,
     config: &PlacementConfig,
 ) -> ScoreBreakdown {
     let demand = &need.demand;
-    let shapes = &cluster.inventory.shapes;
-    let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(fitter, shapes, options, demand) {
+    let nodes = cluster.nodes();
+    let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(nodes, options, demand) {
         Ok((option, plan)) => {
-            let fragmentation = plan.fragmentation(shapes, option.gpu_type(shapes), demand);
+            let fragmentation = plan.fragmentation(nodes, option.type_id, demand);
             (Some(option), true, fragmentation, 0.0)
         }
         Err(free_gpus) => {
             // Wait for the cheapest type; which nodes free up first is unknown, so fragmentation
             // is what the gang would leave on empty nodes.
             let option = options.first().copied();
-            let fragmentation = option.map_or(0.0, |o| empty_node_fragmentation(demand, shapes, o.gpu_type(shapes)));
+            let gpu_type = option.and_then(|o| o.gpu_type(cluster.index()));
+            let fragmentation = gpu_type.map_or(0.0, |t| empty_node_fragmentation(demand, nodes.shapes, t));
             (option, false, fragmentation, expected_wait_secs(cluster, free_gpus, need.total_gpus, config))
         }
     };
     let price = option.map_or(0.0, |o| o.price);
     let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
     let compute_usd = need.total_gpus as f64 * price * hours;
-    let (transfer_secs, egress_usd) = regions.get(&cluster.info.region);
+    let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
     let expected_start_secs = expected_wait_secs.max(transfer_secs);
     let total = combine(expected_start_secs, compute_usd + egress_usd, fragmentation, config.usd_to_seconds, config);
     ScoreBreakdown {
         fits_now,
-        gpu_type: option.map(|o| o.gpu_type(shapes).to_owned()).unwrap_or_default(),
+        gpu_type: option.and_then(|o| o.gpu_type(cluster.index()).cloned()).unwrap_or_default(),
         expected_wait_secs,
         transfer_secs,
         expected_start_secs,

@@ -4,21 +4,32 @@ use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, QueuePressure}
 use meridian_proto::spec::JobSpec;
 
 use super::filter::{Need, eligible_options};
-use super::fit::{Fitter, clamp, fit_now};
+use super::fit::{Nodes, clamp, fit_now};
+use super::index::FreeIndex;
+use super::name::Name;
 use super::network::NetworkTable;
 
 /// Everything placement knows about one member cluster at one moment: its last report and whether
-/// its agent is connected. Placement reads the report as it is, with no index to keep in step.
+/// its agent is connected.
+///
+/// The report (`info` and `inventory`) is read-only once the snapshot is built, because the
+/// snapshot keeps what placement derives from it in step: an index of free nodes by free GPUs
+/// that [`reserve`](Self::reserve) updates, the name and region as shared [`Name`]s, and each
+/// GPU type's price. A change behind their back would make placement pick nodes that are not free
+/// or label a decision wrongly; build a new snapshot instead.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterSnapshot {
-    /// Identity, region, tier, backend and prices.
-    pub info: ClusterInfo,
-    /// Node shapes with what is free on each node (less anything [`reserve`](Self::reserve)d).
-    pub inventory: Inventory,
+    info: ClusterInfo,
+    inventory: Inventory,
     /// How busy the cluster's own queues are.
     pub pressure: QueuePressure,
     /// Whether the agent is connected; a disconnected cluster is never chosen.
     pub connected: bool,
+    index: FreeIndex,
+    name: Name,
+    region: Name,
+    /// US$ per GPU-hour of each shape's GPU type (`info.price`), looked up once.
+    prices: Vec<f64>,
 }
 
 /// The whole federation as placement sees it for one cycle.
@@ -31,9 +42,47 @@ pub struct FederationSnapshot {
 }
 
 impl ClusterSnapshot {
-    /// A snapshot of one cluster's report.
+    /// A snapshot of one cluster's report. Indexes the inventory (linear in its nodes).
     pub fn new(info: ClusterInfo, inventory: Inventory, pressure: QueuePressure, connected: bool) -> Self {
-        Self { info, inventory, pressure, connected }
+        let index = FreeIndex::new(&inventory.shapes);
+        let (name, region) = (Name::from(&info.name), Name::from(&info.region));
+        let prices = inventory.shapes.iter().map(|s| info.price(&s.gpu_type)).collect();
+        Self { info, inventory, pressure, connected, index, name, region, prices }
+    }
+
+    /// Identity, region, tier, backend and prices, as reported.
+    pub fn info(&self) -> &ClusterInfo {
+        &self.info
+    }
+
+    /// Node shapes with what is free on each node, less anything [`reserve`](Self::reserve)d.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The cluster's name, shared with the decisions that name it.
+    pub fn name(&self) -> &Name {
+        &self.name
+    }
+
+    /// The cluster's region, shared with the decisions that name it.
+    pub fn region(&self) -> &Name {
+        &self.region
+    }
+
+    /// US$ per GPU-hour of the GPU type of shape `shape`.
+    pub(crate) fn price(&self, shape: usize) -> f64 {
+        self.prices.get(shape).copied().unwrap_or(0.0)
+    }
+
+    /// The cluster's nodes and their index, for best fit.
+    pub(crate) fn nodes(&self) -> Nodes<'_> {
+        Nodes { shapes: &self.inventory.shapes, index: &self.index }
+    }
+
+    /// The free-GPU index of the inventory.
+    pub(crate) fn index(&self) -> &FreeIndex {
+        &self.index
     }
 
     /// Takes the gang's resources off the free nodes that placement assumed (best fit, on the
@@ -45,18 +94,18 @@ impl ClusterSnapshot {
     pub fn reserve(&mut self, job: &JobSpec) -> bool {
         let need = Need::of(job);
         let Some(options) = eligible_options(&need, self) else { return false };
-        let shapes = &self.inventory.shapes;
-        let Ok((option, plan)) = fit_now(&mut Fitter::default(), shapes, &options, &need.demand) else {
+        let Ok((option, plan)) = fit_now(self.nodes(), &options, &need.demand) else {
             return false;
         };
         let mut taken: Vec<(usize, usize, u32)> = Vec::new();
-        plan.for_each_node(shapes, option.gpu_type(shapes), &need.demand, |shape, node, replicas| {
+        plan.for_each_node(self.nodes(), option.type_id, &need.demand, |shape, node, replicas| {
             taken.push((shape, node, replicas));
         });
         let demand = need.demand;
         for (shape_index, node_index, replicas) in taken {
             let Some(shape) = self.inventory.shapes.get_mut(shape_index) else { continue };
-            let Some(before) = shape.free.get(node_index).map(|n| clamp(n, shape)) else { continue };
+            let Some(reported) = shape.free.get(node_index).copied() else { continue };
+            let before = clamp(&reported, shape);
             if let Some(node) = shape.free.get_mut(node_index) {
                 *node = NodeFree {
                     gpus: before.gpus.saturating_sub(replicas.saturating_mul(demand.gpus)),
@@ -64,6 +113,7 @@ impl ClusterSnapshot {
                     memory_gib: before.memory_gib.saturating_sub(replicas.saturating_mul(demand.memory_gib)),
                 };
             }
+            self.index.moved(&self.inventory.shapes, shape_index, node_index, &reported);
         }
         true
     }
@@ -77,11 +127,11 @@ impl FederationSnapshot {
 
     /// The cluster named `name`.
     pub fn cluster(&self, name: &str) -> Option<&ClusterSnapshot> {
-        self.clusters.iter().find(|c| c.info.name == name)
+        self.clusters.iter().find(|c| c.name == name)
     }
 
     /// The cluster named `name`, to [`reserve`](ClusterSnapshot::reserve) on it.
     pub fn cluster_mut(&mut self, name: &str) -> Option<&mut ClusterSnapshot> {
-        self.clusters.iter_mut().find(|c| c.info.name == name)
+        self.clusters.iter_mut().find(|c| c.name == name)
     }
 }

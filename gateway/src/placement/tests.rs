@@ -62,6 +62,13 @@ fn busy(name: &str, region: &str, tier: Tier, shapes: Vec<NodeShape>, wait_secs:
     ClusterSnapshot::new(info(name, region, tier), Inventory { shapes }, pressure, true)
 }
 
+/// `c` with `gpu_type` at `usd_per_gpu_hour` (a snapshot's report is read-only once built).
+fn priced(c: ClusterSnapshot, gpu_type: &str, usd_per_gpu_hour: f64) -> ClusterSnapshot {
+    let mut info = c.info().clone();
+    info.prices.insert(gpu_type.to_owned(), usd_per_gpu_hour);
+    ClusterSnapshot::new(info, c.inventory().clone(), c.pressure.clone(), c.connected)
+}
+
 fn job(replicas: u32, gpus: u32) -> JobSpec {
     JobSpec {
         name: "train".into(),
@@ -167,7 +174,7 @@ fn residency_include_exclude_and_payload_are_enforced() {
     assert_eq!(
         rejections(&d, "slurm-eu"),
         vec![
-            Rejection::RegionNotAllowed { region: "eu-west".into(), allowed: vec!["us-east".into()] },
+            Rejection::RegionNotAllowed { region: "eu-west".into(), allowed: ["us-east"].into() },
             Rejection::ClusterNotIncluded,
             Rejection::PayloadUnsupported { needs: PayloadKind::ContainerImage, backend: BackendKind::Slurm },
         ]
@@ -287,9 +294,9 @@ fn reserve_subtracts_from_the_nodes_placement_assumed() {
     let mut c = cluster("c", "us-east", Tier::Owned, vec![shape("h100", 8, &[8, 4, 8])]);
     assert!(c.reserve(&job(1, 4)));
     // Best fit: the node with 4 free.
-    let free: Vec<u32> = c.inventory.shapes[0].free.iter().map(|n| n.gpus).collect();
+    let free: Vec<u32> = c.inventory().shapes[0].free.iter().map(|n| n.gpus).collect();
     assert_eq!(free, vec![8, 0, 8]);
-    assert_eq!(c.inventory.shapes[0].free[1].cpu, 48);
+    assert_eq!(c.inventory().shapes[0].free[1].cpu, 48);
     assert!(c.reserve(&job(2, 8)));
     assert!(!c.reserve(&job(1, 1)), "nothing is left");
     let mut fed = federation(vec![c]);
@@ -405,7 +412,7 @@ fn arb_job() -> impl Strategy<Value = JobSpec> {
 
 fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Iterator<Item = &'a NodeShape> + 'a {
     let r = &spec.gang.resources;
-    cluster.inventory.shapes.iter().filter(move |s| {
+    cluster.inventory().shapes.iter().filter(move |s| {
         (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type)) && s.gpu_memory_gib >= r.gpu_memory_gib
     })
 }
@@ -419,7 +426,7 @@ fn replicas_on(spec: &JobSpec, nodes: impl Iterator<Item = NodeFree>) -> u64 {
 /// Reference best fit, the slow obvious way: sort nodes by free GPUs (then shape, node) and fill.
 fn reference_reserve(cluster: &ClusterSnapshot, spec: &JobSpec, gpu_type: &str) -> Inventory {
     let r = &spec.gang.resources;
-    let mut inventory = cluster.inventory.clone();
+    let mut inventory = cluster.inventory().clone();
     let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
     for (si, s) in inventory.shapes.iter().enumerate() {
         if s.gpu_type == gpu_type && s.gpu_memory_gib >= r.gpu_memory_gib {
@@ -450,7 +457,7 @@ proptest! {
                 std::iter::repeat_n(node, s.free.len())
             });
             prop_assert!(replicas_on(&spec, empty) >= u64::from(spec.gang.replicas));
-            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info.tier == Tier::Owned);
+            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info().tier == Tier::Owned);
         }
     }
 
@@ -468,10 +475,10 @@ proptest! {
         let mut reserved = c.clone();
         prop_assert_eq!(reserved.reserve(&spec), choice.starts_now);
         if choice.starts_now {
-            prop_assert_eq!(&reserved.inventory, &reference_reserve(c, &spec, &choice.gpu_type));
-            let before = c.inventory.gpus_free();
-            prop_assert_eq!(before - reserved.inventory.gpus_free(), spec.total_gpus());
-            for (s0, s1) in c.inventory.shapes.iter().zip(&reserved.inventory.shapes) {
+            prop_assert_eq!(reserved.inventory(), &reference_reserve(c, &spec, &choice.gpu_type));
+            let before = c.inventory().gpus_free();
+            prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
+            for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
                 for (n0, n1) in s0.free.iter().zip(&s1.free) {
                     prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
                 }
@@ -492,10 +499,10 @@ proptest! {
 
 #[test]
 fn past_the_burst_threshold_hours_of_waiting_outweigh_the_cloud_price() {
-    let mut owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0, 0, 0])], 6 * 3600);
-    owned.info.prices.insert("h100".into(), 2.1);
-    let mut cloud = cluster("cloud", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8, 8, 8, 8])]);
-    cloud.info.prices.insert("h100".into(), 6.98);
+    let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0, 0, 0])], 6 * 3600);
+    let owned = priced(owned, "h100", 2.1);
+    let cloud = cluster("cloud", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8, 8, 8, 8])]);
+    let cloud = priced(cloud, "h100", 6.98);
     let mut spec = job(4, 8);
     spec.runtime.estimate = HumanDuration::from_secs(5 * 3600);
     spec.data = vec![DataRef { uri: "s3://corpus/x".into(), size_gib: 300.0, region: "us-east".into() }];
@@ -510,4 +517,76 @@ fn past_the_burst_threshold_hours_of_waiting_outweigh_the_cloud_price() {
     // Counting every dollar at full weight, the same cluster would wait six hours to save $800.
     let full_price = PlacementConfig { burst_usd_weight: 1.0, ..PlacementConfig::default() };
     assert_eq!(chosen(&place(&spec, &fed, &full_price)), Some("owned"));
+}
+
+// --- the free-GPU index against a scan of every node --------------------------------------------
+
+/// Shapes with up to 150 nodes (several 64-node words) and, rarely, nodes past the level cap;
+/// agents may report more free than a node has, which placement must clamp.
+fn arb_indexed_shape() -> impl Strategy<Value = NodeShape> {
+    let per_node = prop::sample::select(vec![1u32, 2, 4, 8, 8, 8, 300]);
+    (0..TYPES.len(), per_node, 0usize..150).prop_flat_map(|(t, per_node, nodes)| {
+        let node = (0..=per_node + 1, 0..=16 * per_node + 4, 0..=128 * per_node + 8);
+        prop::collection::vec(node, nodes).prop_map(move |free| {
+            let mut s = shape(TYPES[t], per_node, &[]);
+            s.free = free.into_iter().map(|(gpus, cpu, memory_gib)| NodeFree { gpus, cpu, memory_gib }).collect();
+            s
+        })
+    })
+}
+
+fn arb_demand() -> impl Strategy<Value = fit::Demand> {
+    let gpus = prop_oneof![8 => 0u32..=9, 1 => 250u32..=301];
+    (0u32..=6, gpus, 0u32..=80, 0u32..=600, prop::sample::select(vec![0u32, 24, 80])).prop_map(
+        |(replicas, gpus, cpu, memory_gib, min_gpu_memory_gib)| fit::Demand {
+            replicas,
+            gpus,
+            cpu,
+            memory_gib,
+            min_gpu_memory_gib,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn indexed_best_fit_equals_a_scan_of_every_node(
+        shapes in prop::collection::vec(arb_indexed_shape(), 1..4),
+        reservations in prop::collection::vec(arb_job(), 0..4),
+        demand in arb_demand(),
+    ) {
+        let mut c = cluster("c", "us-east", Tier::Owned, shapes);
+        // Reservations move nodes between levels and loosen the bounds; the index must keep up.
+        for spec in &reservations {
+            c.reserve(spec);
+        }
+        prop_assert!(c.index().agrees_with(&index::FreeIndex::new(&c.inventory().shapes)));
+
+        let shapes = &c.inventory().shapes;
+        for s in shapes {
+            let empty = NodeFree { gpus: s.gpus_per_node, cpu: s.cpu_per_node, memory_gib: s.memory_gib_per_node };
+            let expected = empty.replicas_fitting(demand.gpus, demand.cpu, demand.memory_gib);
+            prop_assert_eq!(demand.per_empty_node(s), expected);
+        }
+        for (type_id, first) in shapes.iter().enumerate().filter(|(i, _)| c.index().type_id(*i) == *i) {
+            let indexed = fit::survey(c.nodes(), type_id, &demand);
+            let scanned = fit::scan::Fitter::default().survey(shapes, &first.gpu_type, &demand);
+            prop_assert_eq!(indexed, scanned);
+            if let fit::Survey::Fits(plan) = indexed {
+                let by_index = plan.fragmentation(c.nodes(), type_id, &demand);
+                let by_scan = fit::scan::fragmentation(&plan, shapes, &first.gpu_type, &demand);
+                prop_assert_eq!(by_index.to_bits(), by_scan.to_bits());
+                let (mut taken_by_index, mut taken_by_scan) = (Vec::new(), Vec::new());
+                plan.for_each_node(c.nodes(), type_id, &demand, |s, n, r| taken_by_index.push((s, n, r)));
+                fit::scan::for_each_node(&plan, shapes, &first.gpu_type, &demand, |s, n, r| {
+                    taken_by_scan.push((s, n, r));
+                });
+                taken_by_index.sort_unstable();
+                taken_by_scan.sort_unstable();
+                prop_assert_eq!(taken_by_index, taken_by_scan);
+            }
+        }
+    }
 }

@@ -1,9 +1,9 @@
 //! The reference best fit: the scan over every node that placement v1 shipped with, kept for the
 //! property test that the indexed best fit ([`super`]) picks the same nodes with the same numbers.
 
-use meridian_proto::inventory::{NodeFree, NodeShape};
+use meridian_proto::inventory::NodeShape;
 
-use super::{Demand, LEVEL_CAP, LevelPlan, Plan, Survey, TypeOption, TypeOptions, clamp, leftover_share};
+use super::{Demand, LEVEL_CAP, LevelPlan, Plan, Survey, clamp, leftover_share};
 
 /// Reusable histogram of replica capacity per level.
 #[derive(Debug, Default)]
@@ -157,66 +157,48 @@ pub(crate) fn for_each_node(
     }
 }
 
-    /// Second pass over the nodes of the last level (and, with `below`, all lower levels).
-    /// Returns the leftover share and count of the last-level nodes taken.
+/// Second pass over the nodes of the last level (and, with `below`, all lower levels).
+/// Returns the leftover share and count of the last-level nodes taken.
 fn walk(
     plan: &LevelPlan,
     shapes: &[NodeShape],
-        gpu_type: &str,
-        demand: &Demand,
-        below: bool,
-        mut on_node: impl FnMut(usize, usize, u32),
-    ) -> (f64, u32) {
-        let g = demand.gpus;
-        let (mut take, mut below_left) = (plan.take, if below { plan.below_nodes } else { 0 });
-        let (mut share, mut nodes) = (0.0, 0u32);
-        for (shape_index, shape) in shapes.iter().enumerate().filter(|(_, s)| accepts(demand, s, gpu_type)) {
-            for (node_index, node) in shape.free.iter().enumerate() {
-                if take == 0 && below_left == 0 {
-                    return (share, nodes);
-                }
-                let free = clamp(node, shape);
-                if free.gpus < g {
-                    continue;
-                }
-                let level = free.gpus.min(LEVEL_CAP);
-                if level > plan.threshold || (level < plan.threshold && !below) {
-                    continue;
-                }
-                let fits = demand.fitting(&free, free.gpus.checked_div(g).unwrap_or(u32::MAX));
-                if fits == 0 {
-                    continue;
-                }
-                if level < plan.threshold {
-                    below_left = below_left.saturating_sub(1);
-                    on_node(shape_index, node_index, fits);
-                } else if take > 0 {
-                    // `used` ≤ `fits`, a u32, so the conversion cannot fail.
-                    let used = u32::try_from(take.min(u64::from(fits))).unwrap_or(fits);
-                    take -= u64::from(used);
-                    share += leftover_share(free.gpus, used, g, shape.gpus_per_node);
-                    nodes += 1;
-                    on_node(shape_index, node_index, used);
-                }
+    gpu_type: &str,
+    demand: &Demand,
+    below: bool,
+    mut on_node: impl FnMut(usize, usize, u32),
+) -> (f64, u32) {
+    let g = demand.gpus;
+    let (mut take, mut below_left) = (plan.take, if below { plan.below_nodes } else { 0 });
+    let (mut share, mut nodes) = (0.0, 0u32);
+    for (shape_index, shape) in shapes.iter().enumerate().filter(|(_, s)| accepts(demand, s, gpu_type)) {
+        for (node_index, node) in shape.free.iter().enumerate() {
+            if take == 0 && below_left == 0 {
+                return (share, nodes);
+            }
+            let free = clamp(node, shape);
+            if free.gpus < g {
+                continue;
+            }
+            let level = free.gpus.min(LEVEL_CAP);
+            if level > plan.threshold || (level < plan.threshold && !below) {
+                continue;
+            }
+            let fits = demand.fitting(&free, free.gpus.checked_div(g).unwrap_or(u32::MAX));
+            if fits == 0 {
+                continue;
+            }
+            if level < plan.threshold {
+                below_left = below_left.saturating_sub(1);
+                on_node(shape_index, node_index, fits);
+            } else if take > 0 {
+                // `used` ≤ `fits`, a u32, so the conversion cannot fail.
+                let used = u32::try_from(take.min(u64::from(fits))).unwrap_or(fits);
+                take -= u64::from(used);
+                share += leftover_share(free.gpus, used, g, shape.gpus_per_node);
+                nodes += 1;
+                on_node(shape_index, node_index, used);
             }
         }
-        (share, nodes)
     }
-
-/// [`super::fit_now`], by scanning.
-pub(crate) fn fit_now(
-    fitter: &mut Fitter,
-    shapes: &[NodeShape],
-    options: &TypeOptions,
-    demand: &Demand,
-) -> Result<(TypeOption, Plan), u64> {
-    let mut free_gpus = 0u64;
-    for option in options.iter() {
-        let gpu_type = shapes.get(option.type_id).map_or("", |s| s.gpu_type.as_str());
-        match fitter.survey(shapes, gpu_type, demand) {
-            Survey::Fits(plan) => return Ok((*option, plan)),
-            Survey::DoesNotFit { free_gpus: free } => free_gpus += free,
-        }
-    }
-    Err(free_gpus)
+    (share, nodes)
 }

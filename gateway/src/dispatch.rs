@@ -258,15 +258,7 @@ pub(crate) fn cluster_lost(inner: &Inner, state: &mut State, cluster: &str) {
 
 /// Expires unanswered offers and silent clusters.
 pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
-    let offer_timeout = inner.config.offer_timeout.0;
-    let expired: Vec<String> = state
-        .offered_at
-        .iter()
-        .filter(|(_, at)| now.saturating_duration_since(**at) > offer_timeout)
-        .map(|(id, _)| id.clone())
-        .collect();
-    for id in expired {
-        state.offered_at.remove(&id);
+    for id in take_due(&mut state.offered_at, now, inner.config.offer_timeout.0) {
         let Some(job) = state.jobs.get_mut(&id) else { continue };
         if job.state != JobState::Offered {
             continue;
@@ -280,15 +272,7 @@ pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
         persist(inner, &job);
         send(state, &cluster, message);
     }
-    let lost_timeout = inner.config.lost_job_timeout.0;
-    let lost: Vec<String> = state
-        .unknown_since
-        .iter()
-        .filter(|(_, since)| now.saturating_duration_since(**since) > lost_timeout)
-        .map(|(id, _)| id.clone())
-        .collect();
-    for id in lost {
-        state.unknown_since.remove(&id);
+    for id in take_due(&mut state.unknown_since, now, inner.config.lost_job_timeout.0) {
         let Some(job) = state.jobs.get_mut(&id) else { continue };
         if job.state != JobState::Unknown {
             continue;
@@ -318,6 +302,23 @@ pub(crate) fn expire(inner: &Inner, state: &mut State, now: Instant) {
             cluster_lost(inner, state, &cluster);
         }
     }
+}
+
+/// Removes and returns the ids whose timer started more than `timeout` before `now`.
+fn take_due(
+    timers: &mut std::collections::HashMap<String, Instant>,
+    now: Instant,
+    timeout: std::time::Duration,
+) -> Vec<String> {
+    let due: Vec<String> = timers
+        .iter()
+        .filter(|(_, since)| now.saturating_duration_since(**since) > timeout)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in &due {
+        timers.remove(id);
+    }
+    due
 }
 
 /// Turns a hello into cluster identity, or says what is wrong with it.

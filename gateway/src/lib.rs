@@ -15,4 +15,5 @@ pub mod placement;
 pub mod queue;
 pub mod registry;
 pub mod server;
+pub mod sim;
 pub mod store;

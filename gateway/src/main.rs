@@ -27,6 +27,8 @@ enum Command {
     Gateway(GatewayArgs),
     /// Run a self-contained demo: a gateway and three member clusters in this process.
     Demo(meridian_gateway::demo::DemoArgs),
+    /// Replay a workload over a simulated federation and compare placement policies.
+    Sim(meridian_gateway::sim::command::SimArgs),
     #[command(flatten)]
     User(UserCommand),
 }
@@ -64,6 +66,15 @@ async fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Sim(args) => {
+            match meridian_gateway::sim::command::run(&args, cli.client.output, &mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }

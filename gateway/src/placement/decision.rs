@@ -113,6 +113,19 @@ impl Reasons {
         }
     }
 
+    /// Replaces the first reason equal to `old` with `new`.
+    pub fn replace(&mut self, old: &Rejection, new: Rejection) {
+        match &mut self.0 {
+            ReasonsRepr::One(reason) if reason == old => *reason = new,
+            ReasonsRepr::Many(list) => {
+                if let Some(reason) = list.iter_mut().find(|r| *r == old) {
+                    *reason = new;
+                }
+            }
+            ReasonsRepr::One(_) => {}
+        }
+    }
+
     /// The reasons as a `Vec`.
     pub fn into_vec(self) -> Vec<Rejection> {
         match self.0 {

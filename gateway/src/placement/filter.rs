@@ -66,12 +66,21 @@ pub enum Rejection {
         /// The cluster's backend.
         backend: BackendKind,
     },
+    /// The cluster's free GPUs are held for an older gang that is expected to start there first,
+    /// and this job would still be running then (see [`crate::placement::Holds`]).
+    HeldForOlderGang {
+        /// Seconds until the holding gang is expected to start.
+        in_secs: f64,
+    },
     /// A cloud (burst) cluster, and the job says `burst: never`.
     BurstNever,
     /// A cloud (burst) cluster, and owned clusters are expected to start the job soon enough.
     BurstNotYet {
         /// Best expected wait on an owned cluster, seconds.
         owned_wait_secs: f64,
+        /// How long the job has already waited in the federation queue, seconds.
+        #[serde(default)]
+        waited_secs: f64,
         /// The job's `burst.after`, seconds.
         after_secs: u64,
     },
@@ -236,6 +245,12 @@ impl fmt::Display for List<'_> {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Rejection::HeldForOlderGang { in_secs } => write!(
+                f,
+                "free GPUs here are held for an older gang expected to start in {}, and this job would still be \
+                 running then",
+                Secs(*in_secs)
+            ),
             Rejection::Disconnected => {
                 f.write_str("the cluster's agent is disconnected, so no job can be offered to it")
             }
@@ -273,11 +288,12 @@ impl fmt::Display for Rejection {
                 "the job has a command without an image but this {backend:?} backend does not run bare commands"
             ),
             Rejection::BurstNever => f.write_str("the cluster is cloud (burst) capacity and the job says burst: never"),
-            Rejection::BurstNotYet { owned_wait_secs, after_secs } => write!(
+            Rejection::BurstNotYet { owned_wait_secs, waited_secs, after_secs } => write!(
                 f,
-                "cloud (burst) capacity is used only when owned clusters would make the job wait more than {}; the \
-                 best owned cluster is expected to start it in {}",
+                "cloud (burst) capacity is used only when owned clusters would make the job wait more than {} in all; \
+                 it has waited {} and the best owned cluster is expected to start it in {}",
                 Secs(*after_secs as f64),
+                Secs(*waited_secs),
                 Secs(*owned_wait_secs)
             ),
             Rejection::OverBudget { usd_per_hour, max_usd_per_hour } => write!(

@@ -16,6 +16,7 @@
 pub mod decision;
 pub mod filter;
 mod fit;
+mod hold;
 mod index;
 mod name;
 pub mod network;
@@ -30,6 +31,7 @@ use meridian_proto::spec::{BurstPolicy, JobSpec};
 
 pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
+pub use hold::Holds;
 pub use name::{Name, Names};
 pub use network::{LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};
@@ -43,6 +45,19 @@ use score::{RegionCosts, score};
 ///
 /// Deterministic: the same inputs give the same decision, whatever the order of clusters.
 pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementConfig) -> Decision {
+    place_waited(job, snapshot, config, 0.0)
+}
+
+/// [`place`] for a job that has already waited `waited_secs` in the federation queue: the time
+/// waited counts toward its burst threshold, so `burst.after` bounds the job's whole wait, not
+/// only the wait expected from now on.
+pub fn place_waited(
+    job: &JobSpec,
+    snapshot: &FederationSnapshot,
+    config: &PlacementConfig,
+    waited_secs: f64,
+) -> Decision {
+    let waited_secs = if waited_secs.is_finite() { waited_secs.max(0.0) } else { 0.0 };
     let need = Need::of(job);
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
     let mut candidates = Vec::with_capacity(snapshot.clusters.len());
@@ -71,7 +86,8 @@ pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementCon
     // Burst gate, once the best owned wait is known. `burst: never` was already a static reason.
     if let BurstPolicy::After { after, .. } = job.placement.burst {
         let after_secs = after.as_secs();
-        let owned_is_slow = best_owned_wait > after_secs as f64; // also true when no owned cluster fits
+        // Also true when no owned cluster fits.
+        let owned_is_slow = waited_secs + best_owned_wait > after_secs as f64;
         if owned_is_slow {
             // Past the threshold the owner values time more than money (within the budget).
             let weight = config.usd_to_seconds * config.burst_usd_weight;
@@ -83,7 +99,8 @@ pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementCon
         } else {
             for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
                 candidate.verdict = Verdict::Rejected {
-                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, after_secs }.into(),
+                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, waited_secs, after_secs }
+                        .into(),
                 };
             }
         }

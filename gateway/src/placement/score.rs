@@ -39,6 +39,12 @@ pub struct PlacementConfig {
     /// past `after` is worth paying for. Default 0.1: a cloud cluster that starts hours sooner
     /// wins; one that saves only minutes still loses to a cheaper owned cluster.
     pub burst_usd_weight: f64,
+    /// A queued gang that has waited this long and cannot start yet holds its best cluster (see
+    /// [`crate::placement::Holds`]): other jobs may use that cluster's free GPUs only if they are
+    /// expected to finish before the gang is expected to start. Default 1,800 (30 min): long
+    /// enough that most jobs never need a hold, short enough that a large gang is not starved
+    /// by a stream of small ones.
+    pub hold_after_secs: f64,
 }
 
 impl Default for PlacementConfig {
@@ -48,6 +54,7 @@ impl Default for PlacementConfig {
             fragmentation_weight_secs: 300.0,
             unknown_wait_secs: 21_600.0,
             burst_usd_weight: 0.1,
+            hold_after_secs: 1_800.0,
         }
     }
 }
@@ -182,10 +189,11 @@ pub(crate) fn score<'a>(
 }
 
 /// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting in its
-/// queues plus this one: `free_gpus` (free GPUs of the acceptable nodes) plus the release profile.
+/// queues, the federation-queue jobs decided earlier this cycle to wait for it, plus this one: `free_gpus` (free GPUs of the acceptable nodes) plus the release profile.
 /// Enough GPUs free now but in the wrong places (the gang did not fit) still need a release.
 fn expected_wait_secs(cluster: &ClusterSnapshot, free_gpus: u64, job_gpus: u64, config: &PlacementConfig) -> f64 {
-    let pending: u64 = cluster.pressure.queues.iter().map(|q| u64::from(q.pending_gpus)).sum();
+    let local: u64 = cluster.pressure.queues.iter().map(|q| u64::from(q.pending_gpus)).sum();
+    let pending = local.saturating_add(cluster.waiting_gpus());
     let needed = pending.saturating_add(job_gpus);
     // Agents send releases ascending; sort a copy only if one did not.
     let releases = &cluster.pressure.releases;

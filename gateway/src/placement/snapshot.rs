@@ -30,6 +30,9 @@ pub struct ClusterSnapshot {
     region: Name,
     /// US$ per GPU-hour of each shape's GPU type (`info.price`), looked up once.
     prices: Vec<f64>,
+    /// GPUs of federation-queue jobs decided, earlier in this placement cycle, to wait for this
+    /// cluster: they are ahead of any job placed later in the cycle.
+    waiting_gpus: u64,
 }
 
 /// The whole federation as placement sees it for one cycle.
@@ -47,7 +50,24 @@ impl ClusterSnapshot {
         let index = FreeIndex::new(&inventory.shapes);
         let (name, region) = (Name::from(&info.name), Name::from(&info.region));
         let prices = inventory.shapes.iter().map(|s| info.price(&s.gpu_type)).collect();
-        Self { info, inventory, pressure, connected, index, name, region, prices }
+        Self { info, inventory, pressure, connected, index, name, region, prices, waiting_gpus: 0 }
+    }
+
+    /// Records that a job of `gpus` GPUs from the federation queue will wait for this cluster, so
+    /// later decisions in the same cycle expect to queue behind it. Local queues report their own
+    /// backlog; this adds the federation's, which no agent can see.
+    pub fn expect_waiting(&mut self, gpus: u64) {
+        self.waiting_gpus = self.waiting_gpus.saturating_add(gpus);
+    }
+
+    /// Forgets [`expect_waiting`](Self::expect_waiting) jobs (a new placement cycle decides again).
+    pub fn clear_waiting(&mut self) {
+        self.waiting_gpus = 0;
+    }
+
+    /// GPUs of federation-queue jobs expected to wait for this cluster in this cycle.
+    pub fn waiting_gpus(&self) -> u64 {
+        self.waiting_gpus
     }
 
     /// Identity, region, tier, backend and prices, as reported.
@@ -83,6 +103,13 @@ impl ClusterSnapshot {
     /// The free-GPU index of the inventory.
     pub(crate) fn index(&self) -> &FreeIndex {
         &self.index
+    }
+
+    /// Whether the whole gang of `job` fits on this cluster's free nodes now, on a GPU type it
+    /// may use here. The same test [`reserve`](Self::reserve) makes, without changing anything.
+    pub fn fits_now(&self, job: &JobSpec) -> bool {
+        let need = Need::of(job);
+        eligible_options(&need, self).is_some_and(|options| fit_now(self.nodes(), &options, &need.demand).is_ok())
     }
 
     /// Takes the gang's resources off the free nodes that placement assumed (best fit, on the

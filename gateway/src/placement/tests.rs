@@ -236,8 +236,21 @@ fn burst_only_after_owned_wait_exceeds_after() {
     assert_eq!(chosen(&d), Some("owned"));
     assert!(d.chosen.as_ref().is_some_and(|c| !c.starts_now));
     let reasons = rejections(&d, "cloud");
-    assert_eq!(reasons, vec![Rejection::BurstNotYet { owned_wait_secs: 600.0, after_secs: 1800 }]);
-    assert!(reasons[0].to_string().contains("more than 30m; the best owned cluster is expected to start it in 10m"));
+    assert_eq!(reasons, vec![Rejection::BurstNotYet { owned_wait_secs: 600.0, waited_secs: 0.0, after_secs: 1800 }]);
+    assert!(
+        reasons[0].to_string().contains(
+            "more than 30m in all; it has waited 0s and the best owned cluster is expected to start it in 10m"
+        ),
+        "{}",
+        reasons[0]
+    );
+
+    // The same 10 minutes ahead, after 25 minutes already waited in the federation queue: burst.
+    let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 600);
+    let d = place_waited(&spec, &federation(vec![owned.clone(), cloud.clone()]), &PlacementConfig::default(), 1500.0);
+    assert_eq!(chosen(&d), Some("cloud"));
+    let d = place_waited(&spec, &federation(vec![owned, cloud.clone()]), &PlacementConfig::default(), 1000.0);
+    assert_eq!(chosen(&d), Some("owned"));
 
     // Full for 3 hours: burst.
     let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 3 * 3600);

@@ -228,6 +228,16 @@ impl BuiltinScheduler {
         Cancelled::NotFound
     }
 
+    /// GPUs free now, summed over nodes.
+    pub fn free_gpus(&self) -> u64 {
+        self.free_gpus
+    }
+
+    /// GPUs of all nodes.
+    pub fn total_gpus(&self) -> u64 {
+        self.totals.gpus
+    }
+
     /// Running jobs, ordered by id.
     pub fn running(&self) -> impl Iterator<Item = &RunningJob> {
         self.running.values().map(|r| &r.view)

@@ -1,0 +1,280 @@
+//! `meridian sim`: the command line over the simulator.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use meridian_proto::config_file;
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::inventory::Tier;
+
+use super::engine::{self, SimConfig};
+use super::metrics;
+use super::plot::{self, PlotSeries};
+use super::policy::Policy;
+use super::report::{self, Report};
+use super::topology::Topology;
+use super::workload::{self, FleetFacts, HomeCluster, HomeGpuType, Profile};
+use super::{RunResult, SimError, Workload};
+use crate::cli::OutputFormat;
+use crate::placement::PlacementConfig;
+
+/// Largest `--jobs` accepted: beyond this a replay's memory grows past what a laptop offers.
+const MAX_JOBS: usize = 5_000_000;
+
+/// Replays a workload over a simulated federation in virtual time and reports what each
+/// placement policy achieved.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// The simulated fleet: clusters, node shapes, prices and network (YAML; see deploy/sim/).
+    #[arg(long, value_name = "FILE")]
+    pub topology: PathBuf,
+    /// Replay a trace in the Philly CSV format (timestamp,duration,num_gpus,gpu_time,cluster).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["profile", "load", "jobs"], required_unless_present = "profile")]
+    pub trace: Option<PathBuf>,
+    /// Generate a synthetic workload: philly, llm or mixed.
+    #[arg(long, value_name = "NAME", requires = "load")]
+    pub profile: Option<String>,
+    /// Offered load of the synthetic workload: GPU-hours offered ÷ GPU-hours the owned clusters
+    /// have over the arrival window (1.0 = exactly full).
+    #[arg(long, value_name = "X")]
+    pub load: Option<f64>,
+    /// Number of synthetic jobs (default: the profile's).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Seed of everything random: the generator, the decoration (datasets, GPU pins), `random`.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The placement policy to replay.
+    #[arg(long, value_name = "NAME", required_unless_present = "compare", conflicts_with = "compare")]
+    pub policy: Option<String>,
+    /// Replay every policy on the same workload and compare them with `meridian`.
+    #[arg(long)]
+    pub compare: bool,
+    /// Also write an SVG chart: queueing-delay CDF and cost per policy.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Expected owned-cluster wait after which Meridian may burst a job to the cloud (each
+    /// simulated job's `placement.burst.after`).
+    #[arg(long, value_name = "DURATION", default_value = "30m")]
+    pub burst_after: HumanDuration,
+    /// Meridian's placement weights (YAML, the gateway config's `placement` section; see
+    /// docs/operations.md). Without it, the gateway's defaults.
+    #[arg(long, value_name = "FILE")]
+    pub placement: Option<PathBuf>,
+    /// Check after every event that no node is over-committed (slower).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Runs the command, writing the report to `out` and progress to stderr.
+pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<(), SimError> {
+    let topology = Topology::load(&args.topology)?;
+    let policies = policies(args)?;
+    let placement = match &args.placement {
+        Some(path) => config_file::parse_yaml::<PlacementConfig>(&config_file::read(path)?, path)?,
+        None => PlacementConfig::default(),
+    };
+    let workload = build_workload(args, &topology)?;
+    let started = Instant::now();
+    let results = replay_all(&topology, &workload, args, &placement, &policies)?;
+    let elapsed = started.elapsed();
+
+    let runs: Vec<metrics::Metrics> = results.iter().map(|r| metrics::compute(&workload, r)).collect();
+    let report = Report {
+        topology: topology.name.clone(),
+        workload: workload.source.clone(),
+        seed: args.seed,
+        jobs: workload.jobs.len(),
+        tenants: workload.tenants.len(),
+        offered_load: offered_load(&workload, &topology),
+        runs,
+    };
+    if let Some(path) = &args.plot {
+        let series: Vec<PlotSeries> = results
+            .iter()
+            .zip(&report.runs)
+            .map(|(run, m)| PlotSeries {
+                policy: run.policy.clone(),
+                sorted_delays: metrics::sorted_delays(&workload, run),
+                compute_usd: m.compute_usd,
+                egress_usd: m.egress_usd,
+            })
+            .collect();
+        let title = format!("{} on {}", workload.source, topology.name);
+        write_file(path, &plot::render_svg(&title, &series))?;
+    }
+    let text = match output {
+        OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,
+        OutputFormat::Table => report::render_table(&report),
+    };
+    let io = |source| SimError::Io { path: PathBuf::from("<stdout>"), source };
+    out.write_all(text.as_bytes()).map_err(io)?;
+    out.flush().map_err(io)?;
+    eprintln!(
+        "replayed {} jobs under {} {} in {:.1} s",
+        workload.jobs.len(),
+        policies.len(),
+        if policies.len() == 1 { "policy" } else { "policies" },
+        elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn policies(args: &SimArgs) -> Result<Vec<Policy>, SimError> {
+    match (&args.policy, args.compare) {
+        (_, true) => Ok(Policy::ALL.to_vec()),
+        (Some(name), false) => Ok(vec![name.parse()?]),
+        (None, false) => Err(SimError::Invalid("give --policy NAME or --compare".into())),
+    }
+}
+
+/// The clusters tenants may call home: the owned ones, or every cluster of an all-cloud fleet.
+pub fn home_clusters(topology: &Topology) -> Vec<HomeCluster> {
+    let owned = topology.clusters.iter().any(|c| c.info.tier == Tier::Owned);
+    topology
+        .clusters
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !owned || c.info.tier == Tier::Owned)
+        .map(|(index, c)| HomeCluster {
+            cluster: index,
+            region: c.info.region.clone(),
+            gpu_types: c
+                .gpu_types()
+                .into_iter()
+                .map(|(name, gpus, gpus_per_node)| HomeGpuType { name, gpus, gpus_per_node })
+                .collect(),
+        })
+        .collect()
+}
+
+/// GPUs the load factor is measured against: the owned tier (what is paid for already), or
+/// the whole fleet when it has no owned cluster.
+pub fn capacity_gpus(topology: &Topology) -> u64 {
+    match topology.owned_gpus() {
+        0 => topology.gpus(),
+        owned => owned,
+    }
+}
+
+/// Reads or generates the workload named by `args` and decorates it for `topology`.
+pub fn build_workload(args: &SimArgs, topology: &Topology) -> Result<Workload, SimError> {
+    let homes = home_clusters(topology);
+    let (raw, source) = match (&args.trace, &args.profile) {
+        (Some(path), _) => (workload::read_philly(path)?, file_name(path)),
+        (None, Some(name)) => {
+            let profile: Profile = name.parse()?;
+            let load = args.load.ok_or_else(|| SimError::Invalid("--load is required with --profile".into()))?;
+            if !(load.is_finite() && load > 0.0 && load <= 20.0) {
+                return Err(SimError::Invalid(format!("--load: expected a number in (0, 20], got {load}")));
+            }
+            let jobs = args.jobs.unwrap_or(profile.default_jobs());
+            if jobs == 0 || jobs > MAX_JOBS {
+                return Err(SimError::Invalid(format!("--jobs: expected 1 to {MAX_JOBS}, got {jobs}")));
+            }
+            // A gang runs on one GPU type: the largest one-type pool of any home bounds it.
+            let max_gang = homes.iter().flat_map(|h| h.gpu_types.iter().map(|t| t.gpus)).max().unwrap_or(0);
+            let max_gang = u32::try_from(max_gang).unwrap_or(u32::MAX);
+            let raw = workload::synthesize(profile, jobs, load, capacity_gpus(topology), max_gang, args.seed);
+            (raw, format!("{profile} profile, load {load}, {jobs} jobs"))
+        }
+        (None, None) => return Err(SimError::Invalid("give --trace FILE or --profile NAME --load X".into())),
+    };
+    let facts = FleetFacts { homes, regions: topology.regions() };
+    Ok(workload::decorate(raw, &facts, args.seed, source))
+}
+
+/// Offered GPU-seconds over the arrival window's capacity (see [`capacity_gpus`]).
+pub fn offered_load(workload: &Workload, topology: &Topology) -> f64 {
+    let first = workload.jobs.first().map_or(0, |j| j.submit_secs);
+    let last = workload.jobs.last().map_or(0, |j| j.submit_secs);
+    let window = last.saturating_sub(first).max(1) as f64;
+    workload.gpu_secs() as f64 / (window * capacity_gpus(topology) as f64)
+}
+
+/// Replays every policy, on as many threads as there are cores, drawing a progress bar on a
+/// terminal's stderr. Results come back in `policies` order.
+fn replay_all(
+    topology: &Topology,
+    workload: &Workload,
+    args: &SimArgs,
+    placement: &PlacementConfig,
+    policies: &[Policy],
+) -> Result<Vec<RunResult>, SimError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(policies.len()).max(1);
+    let progress: Vec<AtomicU64> = policies.iter().map(|_| AtomicU64::new(0)).collect();
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let mut slots: Vec<Option<Result<RunResult, SimError>>> = policies.iter().map(|_| None).collect();
+    let draw = std::io::stderr().is_terminal();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(i) = Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&i| i < policies.len()) {
+                        let (Some(&policy), Some(counter)) = (policies.get(i), progress.get(i)) else { break };
+                        let config = SimConfig {
+                            seed: args.seed,
+                            burst_after_secs: args.burst_after.as_secs(),
+                            check_invariants: args.check,
+                            placement: placement.clone(),
+                            ..SimConfig::new(policy)
+                        };
+                        mine.push((i, engine::run(topology, workload, &config, counter)));
+                        finished.fetch_add(1, Ordering::Relaxed);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        if draw {
+            let total = workload.jobs.len() as u64 * policies.len() as u64;
+            while finished.load(Ordering::Relaxed) < policies.len() {
+                let done: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+                draw_bar(done, total, finished.load(Ordering::Relaxed), policies.len());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            eprint!("\r{:78}\r", "");
+        }
+        for worker in workers {
+            if let Ok(results) = worker.join() {
+                for (i, result) in results {
+                    if let Some(slot) = slots.get_mut(i) {
+                        *slot = Some(result);
+                    }
+                }
+            }
+        }
+    });
+    slots
+        .into_iter()
+        .zip(policies)
+        .map(|(slot, policy)| match slot {
+            Some(Err(e)) => Err(SimError::Invalid(format!("policy {policy}: {e}"))),
+            Some(ok) => ok,
+            None => Err(SimError::Invalid(format!("policy {policy}: the replay thread died"))),
+        })
+        .collect()
+}
+
+fn draw_bar(done: u64, total: u64, finished: usize, policies: usize) {
+    const WIDTH: u64 = 40;
+    let filled = (done.saturating_mul(WIDTH)).checked_div(total).unwrap_or(WIDTH).min(WIDTH) as usize;
+    let percent = (done.saturating_mul(100)).checked_div(total).unwrap_or(100);
+    eprint!(
+        "\rsimulating [{}{}] {percent:>3}%  {finished}/{policies} policies done",
+        "#".repeat(filled),
+        ".".repeat(WIDTH as usize - filled)
+    );
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), SimError> {
+    std::fs::write(path, text).map_err(|source| SimError::Io { path: path.to_path_buf(), source })
+}

@@ -1,0 +1,950 @@
+//! The event loop: replays a workload over the fleet in virtual time under one policy.
+//!
+//! Every member cluster is a [`BuiltinScheduler`], the production local scheduler, driven with the
+//! same `LocalJob`s an agent submits. Time jumps from one event to the next: a job arrives, a
+//! job's data arrives at the cluster it was sent to, a job completes. Nothing sleeps.
+//!
+//! Data moves before a job can start: a job sent to a cluster outside its data's region reaches
+//! that cluster's queue only after its dataset has been copied (size over the region pair's
+//! bandwidth). Its queueing delay therefore includes the copy, and its GPUs are held only while
+//! it runs, so GPU-seconds used equal GPU-seconds demanded.
+//!
+//! The `meridian` policy keeps jobs in a federation queue and calls [`placement::place`] on a
+//! [`FederationSnapshot`] rebuilt from the schedulers' own `inventory()` and `pressure()` reports
+//! (only for clusters that changed; the others' release times are aged), exactly what agents send
+//! the gateway. A job is bound when its best cluster can start it now, as in production.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use meridian_agent::builtin::{BuiltinScheduler, LocalJob, QueueSpec, Started};
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::inventory::{QueuePressure, Tier};
+use meridian_proto::spec::{
+    BurstPolicy, DEFAULT_PRIORITY, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::policy::Policy;
+use super::topology::Topology;
+use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
+use crate::placement::{self, ClusterSnapshot, FederationSnapshot, Holds, PlacementConfig};
+
+/// Bytes in a GiB over bytes in a GB: dataset sizes are in GiB, prices and links per GB.
+const GB_PER_GIB: f64 = 1.073_741_824;
+
+/// How one replay runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// The placement policy.
+    pub policy: Policy,
+    /// Seed of the policy's own randomness (`random`); the workload has its own.
+    pub seed: u64,
+    /// Meridian's placement weights.
+    pub placement: PlacementConfig,
+    /// `placement.burst.after` of every simulated job, in seconds: how long an owned cluster may
+    /// be expected to keep a job waiting before Meridian may burst it to the cloud.
+    pub burst_after_secs: u64,
+    /// After every event, check that no node holds more GPUs than it has and that every
+    /// scheduler's free count matches its running jobs (tests; costs time).
+    pub check_invariants: bool,
+}
+
+impl SimConfig {
+    /// Defaults for `policy`: production placement weights, bursting after 30 minutes.
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            seed: 0,
+            placement: PlacementConfig::default(),
+            burst_after_secs: 1_800,
+            check_invariants: false,
+        }
+    }
+}
+
+/// Replays `workload` over `topology` under `config.policy`. `progress` counts finished jobs as
+/// the replay goes (for a progress bar); it is only written.
+///
+/// Errors when a job fits no cluster of the topology, or (with `check_invariants`) when a
+/// scheduler's books do not balance.
+pub fn run(
+    topology: &Topology,
+    workload: &Workload,
+    config: &SimConfig,
+    progress: &AtomicU64,
+) -> Result<RunResult, SimError> {
+    Replay::new(topology, workload, config, progress)?.run()
+}
+
+/// One member cluster in the replay.
+struct Member {
+    scheduler: BuiltinScheduler,
+    /// US$ per GPU-hour and GPUs of each node, by node name.
+    nodes: HashMap<String, (f64, u32)>,
+    busy_gpu_secs: u64,
+}
+
+/// Which clusters could ever run a job, shared by every job with the same GPU type and gang.
+struct Feasibility<'a> {
+    by_shape: HashMap<(Option<&'a str>, u32, u32), usize>,
+    lists: Vec<Vec<usize>>,
+    of_job: Vec<usize>,
+}
+
+struct Replay<'a> {
+    topology: &'a Topology,
+    workload: &'a Workload,
+    config: &'a SimConfig,
+    progress: &'a AtomicU64,
+    members: Vec<Member>,
+    feasible: Feasibility<'a>,
+    /// Jobs whose data is being copied: (arrival time, job, cluster).
+    handoffs: BinaryHeap<Reverse<(u64, u32, usize)>>,
+    outcomes: Vec<Option<Outcome>>,
+    /// `first-admit`: the clusters holding a copy of each job not yet started.
+    copies: HashMap<u32, Vec<usize>>,
+    /// Clusters whose local queues changed since their last `schedule`.
+    changed: Vec<bool>,
+    /// Clusters whose scheduler changed since the gateway's snapshot of it.
+    dirty: Vec<bool>,
+    gateway: Option<Gateway>,
+    rng: StdRng,
+    next_round_robin: usize,
+    events: u64,
+    finished: u64,
+    /// Meridian: jobs whose offer a cluster refused since the last placement pass.
+    refused: Vec<u32>,
+}
+
+/// Meridian's federation queue and its view of the members.
+struct Gateway {
+    snapshot: FederationSnapshot,
+    /// When each cluster's snapshot was taken.
+    reported_at: Vec<u64>,
+    /// Queued jobs per tenant, oldest first (all simulated jobs share one priority).
+    queued: Vec<BTreeSet<(u64, u32)>>,
+    /// GPUs each tenant holds: bound, in transit or running.
+    usage: Vec<u64>,
+    /// Specs of queued jobs.
+    specs: HashMap<u32, JobSpec>,
+    /// Jobs bound to a cluster whose data is still being copied there, with their spec: the
+    /// snapshot keeps their GPUs reserved until they arrive (as the gateway does for offers the
+    /// agent has not yet accepted).
+    in_transit: BTreeMap<u32, (usize, JobSpec)>,
+    /// Cluster index by name.
+    index: HashMap<String, usize>,
+    /// Queued jobs, oldest first, to find gangs that have waited long enough to hold a cluster.
+    by_age: BTreeSet<(u64, u32)>,
+    /// Clusters held for long-waiting gangs.
+    holds: Holds<u32>,
+}
+
+/// Oldest queued jobs looked at per pass when deciding holds: holds go to the oldest, and one
+/// per cluster, so a few dozen cover any fleet while keeping passes cheap.
+const HOLD_SCAN: usize = 64;
+
+impl<'a> Replay<'a> {
+    fn new(
+        topology: &'a Topology,
+        workload: &'a Workload,
+        config: &'a SimConfig,
+        progress: &'a AtomicU64,
+    ) -> Result<Self, SimError> {
+        let mut queues: Vec<QueueSpec> =
+            workload.tenants.iter().map(|t| QueueSpec { name: t.name.clone(), weight: 1.0 }).collect();
+        if !workload.tenants.iter().any(|t| t.name == "default") {
+            queues.push(QueueSpec { name: "default".into(), weight: 1.0 });
+        }
+        let mut members = Vec::with_capacity(topology.clusters.len());
+        for cluster in &topology.clusters {
+            let scheduler = BuiltinScheduler::new(cluster.nodes.clone(), queues.clone())
+                .map_err(|e| SimError::Invalid(format!("cluster `{}`: {e}", cluster.info.name)))?;
+            let nodes = cluster.nodes.iter().map(|n| (n.name.clone(), (cluster.price(&n.gpu_type), n.gpus))).collect();
+            members.push(Member { scheduler, nodes, busy_gpu_secs: 0 });
+        }
+        let feasible = Feasibility::new(workload, &members)?;
+        let n = topology.clusters.len();
+        let gateway = (config.policy == Policy::Meridian).then(|| Gateway::new(topology, workload, &members));
+        Ok(Self {
+            topology,
+            workload,
+            config,
+            progress,
+            members,
+            feasible,
+            handoffs: BinaryHeap::new(),
+            outcomes: vec![None; workload.jobs.len()],
+            copies: HashMap::new(),
+            changed: vec![false; n],
+            dirty: vec![true; n],
+            gateway,
+            rng: StdRng::seed_from_u64(config.seed),
+            next_round_robin: 0,
+            events: 0,
+            finished: 0,
+            refused: Vec::new(),
+        })
+    }
+
+    fn run(mut self) -> Result<RunResult, SimError> {
+        let jobs = &self.workload.jobs;
+        let mut next = 0;
+        let mut arrived = Vec::new();
+        loop {
+            let arrival = jobs.get(next).map(|j| j.submit_secs);
+            let handoff = self.handoffs.peek().map(|Reverse((t, _, _))| *t);
+            let completion =
+                self.members.iter().filter_map(|m| m.scheduler.next_completion()).min().map(|d| d.as_secs());
+            let Some(now) = [arrival, handoff, completion].into_iter().flatten().min() else { break };
+            self.events += 1;
+
+            let freed = self.complete(now)?;
+            while let Some(&Reverse((at, job, cluster))) = self.handoffs.peek() {
+                if at > now {
+                    break;
+                }
+                self.handoffs.pop();
+                self.hand_over(job, cluster, now)?;
+            }
+            arrived.clear();
+            while let Some(job) = jobs.get(next).filter(|j| j.submit_secs <= now) {
+                arrived.push(job.id);
+                next += 1;
+            }
+            self.schedule(now)?;
+            for &job in &arrived {
+                self.arrive(job, now)?;
+                // The next arrival sees what this one took, as a live cluster would show it.
+                self.schedule(now)?;
+            }
+            if self.gateway.is_some() {
+                arrived.append(&mut self.refused);
+                self.place_queue(now, freed, &arrived)?;
+                self.schedule(now)?;
+            }
+            if self.config.check_invariants {
+                self.check(now)?;
+            }
+        }
+        self.finish()
+    }
+
+    /// Completes every job due at `now`; true when any GPU was freed.
+    fn complete(&mut self, now: u64) -> Result<bool, SimError> {
+        let mut freed = false;
+        for cluster in 0..self.members.len() {
+            let Some(member) = self.members.get_mut(cluster) else { continue };
+            if member.scheduler.next_completion().is_none_or(|t| t.as_secs() > now) {
+                continue;
+            }
+            for id in member.scheduler.complete_due(Duration::from_secs(now)) {
+                let job = self.job(&id)?;
+                let ended = self.outcomes.get(job.id as usize).and_then(|o| o.as_ref()).map(|o| o.end_secs);
+                if ended != Some(now) {
+                    return Err(invariant(format!("job {} completed at {now}s, expected at {ended:?}", job.id)));
+                }
+                if let Some(gateway) = &mut self.gateway
+                    && let Some(usage) = gateway.usage.get_mut(job.tenant as usize)
+                {
+                    *usage = usage.saturating_sub(job.gpus());
+                }
+                self.finished += 1;
+                freed = true;
+            }
+            self.progress.store(self.finished, Ordering::Relaxed);
+            self.changed[cluster] = true;
+            self.mark(cluster);
+        }
+        Ok(freed)
+    }
+
+    /// A job arrives at the federation: bound to clusters now (baselines) or queued (Meridian).
+    fn arrive(&mut self, id: u32, now: u64) -> Result<(), SimError> {
+        let job = self.job_at(id)?;
+        let feasible = self.feasible.of(id);
+        let pick_most_free = |members: &[Member], among: &mut dyn Iterator<Item = usize>| {
+            among.max_by_key(|&c| (members.get(c).map_or(0, |m| m.scheduler.free_gpus()), Reverse(c)))
+        };
+        let targets: Vec<usize> = match self.config.policy {
+            Policy::Meridian => {
+                if let Some(gateway) = &mut self.gateway {
+                    gateway.enqueue(job, self.workload, self.config.burst_after_secs);
+                }
+                return Ok(());
+            }
+            Policy::HomeOnly => {
+                let home = self.workload.tenants.get(job.tenant as usize).map(|t| t.home);
+                match home.filter(|h| feasible.contains(h)) {
+                    Some(home) => vec![home],
+                    None => {
+                        return Err(SimError::Invalid(format!(
+                            "job {id} cannot run on its tenant's home cluster `{}`",
+                            home.map_or("?", |h| self.cluster_name(h))
+                        )));
+                    }
+                }
+            }
+            Policy::RoundRobin => {
+                let start = self.next_round_robin;
+                let n = self.members.len().max(1);
+                let chosen = (0..n).map(|i| (start + i) % n).find(|c| feasible.contains(c));
+                if let Some(c) = chosen {
+                    self.next_round_robin = c + 1;
+                }
+                chosen.into_iter().collect()
+            }
+            Policy::Random => {
+                if feasible.is_empty() {
+                    Vec::new()
+                } else {
+                    let i = self.rng.random_range(0..feasible.len());
+                    feasible.get(i).copied().into_iter().collect()
+                }
+            }
+            Policy::LeastLoaded => pick_most_free(&self.members, &mut feasible.iter().copied()).into_iter().collect(),
+            Policy::FirstAdmit => feasible.to_vec(),
+            Policy::Cheapest => {
+                let cost = |c: usize| self.cheapest_usd(job, c);
+                feasible
+                    .iter()
+                    .copied()
+                    .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(a.cmp(&b)))
+                    .into_iter()
+                    .collect()
+            }
+            Policy::LocalityFirst => {
+                let region = job.dataset.as_ref().map(|d| d.region.as_str());
+                let clusters = &self.topology.clusters;
+                let mut local =
+                    feasible.iter().copied().filter(|&c| clusters.get(c).map(|k| k.info.region.as_str()) == region);
+                pick_most_free(&self.members, &mut local)
+                    .or_else(|| pick_most_free(&self.members, &mut feasible.iter().copied()))
+                    .into_iter()
+                    .collect()
+            }
+        };
+        if targets.is_empty() {
+            return Err(SimError::Invalid(format!("job {id} fits no cluster of the topology")));
+        }
+        if self.config.policy == Policy::FirstAdmit {
+            self.copies.insert(id, targets.clone());
+        }
+        for cluster in targets {
+            self.send(job, cluster, now)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `job` to `cluster`: at once when its data is there, else when the copy lands.
+    fn send(&mut self, job: &SimJob, cluster: usize, now: u64) -> Result<(), SimError> {
+        let (secs, _, _) = self.transfer(job, cluster);
+        if secs == 0 {
+            self.hand_over(job.id, cluster, now)
+        } else {
+            self.handoffs.push(Reverse((now.saturating_add(secs), job.id, cluster)));
+            Ok(())
+        }
+    }
+
+    /// The job (its data now local) reaches the cluster's scheduler. Meridian's offers start at
+    /// once when they still fit (the agent's `start_now`), else queue locally like any job.
+    fn hand_over(&mut self, id: u32, cluster: usize, now: u64) -> Result<(), SimError> {
+        if self.outcomes.get(id as usize).is_some_and(Option::is_some) {
+            return Ok(()); // first-admit: another copy already started
+        }
+        let job = self.job_at(id)?;
+        if let Some(gateway) = &mut self.gateway {
+            gateway.in_transit.remove(&id);
+            self.dirty[cluster] = true;
+        }
+        let local = self.local_job(job, cluster)?;
+        let at = Duration::from_secs(now);
+        let Some(member) = self.members.get_mut(cluster) else {
+            return Err(invariant(format!("job {id} sent to unknown cluster {cluster}")));
+        };
+        if self.config.policy == Policy::Meridian {
+            // The agent's offer path: start now, or refuse the offer and the job goes back to
+            // the federation queue (its place in the order is its submit time).
+            match member.scheduler.start_now(local, at) {
+                Ok(started) => {
+                    self.mark(cluster);
+                    return self.started(cluster, started, now);
+                }
+                Err(_) => {
+                    if let Some(gateway) = &mut self.gateway {
+                        gateway.unbind(job, self.workload, self.config.burst_after_secs);
+                    }
+                    self.refused.push(id);
+                    return Ok(());
+                }
+            }
+        }
+        member
+            .scheduler
+            .submit(local, at)
+            .map_err(|e| invariant(format!("cluster `{}` refused job {id}: {e}", self.cluster_name(cluster))))?;
+        self.changed[cluster] = true;
+        self.mark(cluster);
+        Ok(())
+    }
+
+    /// Runs the local schedulers of changed clusters until none starts anything more.
+    fn schedule(&mut self, now: u64) -> Result<(), SimError> {
+        let at = Duration::from_secs(now);
+        while let Some(cluster) = self.changed.iter().position(|&c| c) {
+            self.changed[cluster] = false;
+            let Some(member) = self.members.get_mut(cluster) else { continue };
+            let started = member.scheduler.schedule(at);
+            if !started.is_empty() {
+                self.mark(cluster);
+            }
+            for job in started {
+                self.started(cluster, job, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Books a job that just took GPUs on `cluster`.
+    fn started(&mut self, cluster: usize, started: Started, now: u64) -> Result<(), SimError> {
+        let job = self.job(&started.job_id)?;
+        let (_, moved_gb, egress_usd) = self.transfer(job, cluster);
+        let slot = self.outcomes.get_mut(job.id as usize);
+        let Some(slot) = slot.filter(|s| s.is_none()) else {
+            return Err(invariant(format!("job {} started twice", job.id)));
+        };
+        let Some(member) = self.members.get_mut(cluster) else {
+            return Err(invariant(format!("job {} started on unknown cluster {cluster}", job.id)));
+        };
+        let hours = job.duration_secs as f64 / 3600.0;
+        let compute_usd: f64 = started
+            .nodes
+            .iter()
+            .map(|node| member.nodes.get(node).map_or(0.0, |(price, _)| *price) * f64::from(job.gpus_per_replica))
+            .sum::<f64>()
+            * hours;
+        member.busy_gpu_secs += job.gpu_secs();
+        let end_secs = now + job.duration_secs;
+        if started.ends_at != Duration::from_secs(end_secs) {
+            return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.ends_at)));
+        }
+        *slot = Some(Outcome {
+            job: job.id,
+            cluster: u32::try_from(cluster).unwrap_or(u32::MAX),
+            start_secs: now,
+            end_secs,
+            moved_gb,
+            egress_usd,
+            compute_usd,
+        });
+        if let Some(copies) = self.copies.remove(&job.id) {
+            for other in copies.into_iter().filter(|&c| c != cluster) {
+                if let Some(member) = self.members.get_mut(other)
+                    && member.scheduler.cancel(&started.job_id) != meridian_agent::builtin::Cancelled::NotFound
+                {
+                    // The withdrawn copy may have been a queue's blocked head.
+                    self.changed[other] = true;
+                    self.mark(other);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Meridian: places queued jobs in fair-share order, binding each to its best cluster when
+    /// the whole gang can start there now. After capacity was freed every queued job is tried;
+    /// otherwise only the new arrivals (the others saw the same free nodes and chose to wait).
+    fn place_queue(&mut self, now: u64, freed: bool, arrived: &[u32]) -> Result<(), SimError> {
+        let Some(mut gateway) = self.gateway.take() else { return Ok(()) };
+        let result = self.place_with(&mut gateway, now, freed, arrived);
+        self.gateway = Some(gateway);
+        result
+    }
+
+    fn place_with(&mut self, gateway: &mut Gateway, now: u64, freed: bool, arrived: &[u32]) -> Result<(), SimError> {
+        if gateway.specs.is_empty() || (!freed && arrived.is_empty()) {
+            return Ok(());
+        }
+        gateway.refresh(&self.topology.clusters, &self.members, &mut self.dirty, now);
+        gateway.snapshot.clusters.iter_mut().for_each(ClusterSnapshot::clear_waiting);
+        if freed {
+            self.decide_holds(gateway, now)?;
+        }
+        let mut free = FreeRoom::of(&gateway.snapshot);
+        let mut cursors: Vec<Option<(u64, u32)>> = vec![None; gateway.queued.len()];
+        let mut done = vec![false; gateway.queued.len()];
+        let mut arrivals = arrived.iter();
+        // Per gang shape: whether any cluster can start it now; cleared whenever a job binds.
+        let mut fits_somewhere: HashMap<(Option<&str>, u32, u32), bool> = HashMap::new();
+        while free.any() {
+            let next = if freed { gateway.next_fair(&mut cursors, &mut done) } else { arrivals.next().copied() };
+            let Some(id) = next else { break };
+            let job = self.job_at(id)?;
+            let Some(spec) = gateway.specs.get(&id) else { continue };
+            if !free.might_fit(job) {
+                continue;
+            }
+            let shape = (job.gpu_type.as_deref(), job.replicas, job.gpus_per_replica);
+            let snapshot = &gateway.snapshot;
+            let fits = *fits_somewhere
+                .entry(shape)
+                .or_insert_with(|| snapshot.clusters.iter().any(|c| c.connected && c.fits_now(spec)));
+            if !fits {
+                continue;
+            }
+            let waited = now.saturating_sub(job.submit_secs) as f64;
+            let masked = gateway.holds.mask(&mut gateway.snapshot, &id, now as f64, job.duration_secs as f64);
+            let Some(spec) = gateway.specs.get(&id) else { continue };
+            let decision = placement::place_waited(spec, &gateway.snapshot, &self.config.placement, waited);
+            Holds::<u32>::restore(&mut gateway.snapshot, &masked, None);
+            let Some(choice) = decision.chosen else { continue };
+            if !choice.starts_now {
+                // Jobs placed after this one in the pass queue behind it there.
+                if let Some(target) =
+                    gateway.index.get(choice.cluster.as_str()).and_then(|&c| gateway.snapshot.clusters.get_mut(c))
+                {
+                    target.expect_waiting(job.gpus());
+                }
+                continue;
+            }
+            let Some(&cluster) = gateway.index.get(choice.cluster.as_str()) else { continue };
+            let (transfer_secs, _, _) = self.transfer(job, cluster);
+            if transfer_secs == 0 {
+                // Offered and started at once by the agent, or refused: then it stays queued.
+                let local = self.local_job(job, cluster)?;
+                let Some(member) = self.members.get_mut(cluster) else { continue };
+                let Ok(started) = member.scheduler.start_now(local, Duration::from_secs(now)) else {
+                    self.dirty[cluster] = true;
+                    continue;
+                };
+                self.mark(cluster);
+                self.started(cluster, started, now)?;
+            } else {
+                self.handoffs.push(Reverse((now.saturating_add(transfer_secs), job.id, cluster)));
+            }
+            if let Some(target) = gateway.snapshot.clusters.get_mut(cluster) {
+                target.reserve(spec);
+                free.update(cluster, target);
+            }
+            fits_somewhere.clear();
+            gateway.bind(job, cluster, transfer_secs > 0);
+        }
+        Ok(())
+    }
+
+    /// Decides holds afresh: the oldest queued jobs that have waited `holdAfterSecs` and cannot
+    /// start now hold their best cluster, one hold per cluster.
+    fn decide_holds(&self, gateway: &mut Gateway, now: u64) -> Result<(), SimError> {
+        gateway.holds.clear();
+        let threshold = self.config.placement.hold_after_secs;
+        let oldest: Vec<(u64, u32)> = gateway.by_age.iter().take(HOLD_SCAN).copied().collect();
+        for (submit, id) in oldest {
+            let waited = now.saturating_sub(submit) as f64;
+            if waited < threshold || gateway.holds.all_held() {
+                break;
+            }
+            let Some(spec) = gateway.specs.get(&id) else { continue };
+            let decision = placement::place_waited(spec, &gateway.snapshot, &self.config.placement, waited);
+            if let Some(choice) = decision.chosen.filter(|c| !c.starts_now)
+                && let Some(&cluster) = gateway.index.get(choice.cluster.as_str())
+            {
+                gateway.holds.hold(cluster, id, now as f64 + choice.expected_start_secs);
+            }
+        }
+        Ok(())
+    }
+
+    /// US$ to run `job` on `cluster` at its cheapest acceptable GPU type, plus egress.
+    fn cheapest_usd(&self, job: &SimJob, cluster: usize) -> f64 {
+        let Some(info) = self.topology.clusters.get(cluster) else { return f64::INFINITY };
+        let price = info
+            .gpu_types()
+            .into_iter()
+            .filter(|(name, gpus, per_node)| {
+                job.gpu_type.as_deref().is_none_or(|t| t == name)
+                    && *gpus >= job.gpus()
+                    && *per_node >= job.gpus_per_replica
+            })
+            .map(|(name, _, _)| info.price(&name))
+            .fold(f64::INFINITY, f64::min);
+        let (_, _, egress) = self.transfer(job, cluster);
+        price * job.gpus() as f64 * job.duration_secs as f64 / 3600.0 + egress
+    }
+
+    /// (seconds, GB, US$) to copy the job's data to the cluster's region.
+    fn transfer(&self, job: &SimJob, cluster: usize) -> (u64, f64, f64) {
+        let (Some(data), Some(target)) = (&job.dataset, self.topology.clusters.get(cluster)) else {
+            return (0, 0.0, 0.0);
+        };
+        if data.region == target.info.region {
+            return (0, 0.0, 0.0);
+        }
+        let link = self.topology.network.link(&data.region, &target.info.region);
+        let gb = data.size_gib * GB_PER_GIB;
+        let secs = if link.gbps > 0.0 { (gb * 8.0 / link.gbps).ceil() as u64 } else { u64::MAX / 4 };
+        (secs.max(1), gb, gb * link.usd_per_gb)
+    }
+
+    fn local_job(&self, job: &SimJob, cluster: usize) -> Result<LocalJob, SimError> {
+        let tenant = self.workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
+        let member = self.members.get(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
+        Ok(LocalJob {
+            id: job.id.to_string(),
+            queue: member.scheduler.queue_for(tenant).to_owned(),
+            priority: DEFAULT_PRIORITY,
+            replicas: job.replicas,
+            gpus: job.gpus_per_replica,
+            cpu: 0,
+            memory_gib: 0,
+            gpu_types: job.gpu_type.iter().cloned().collect(),
+            gpu_memory_gib: 0,
+            run_for: Duration::from_secs(job.duration_secs),
+        })
+    }
+
+    fn mark(&mut self, cluster: usize) {
+        if let Some(dirty) = self.dirty.get_mut(cluster) {
+            *dirty = true;
+        }
+    }
+
+    fn job_at(&self, id: u32) -> Result<&'a SimJob, SimError> {
+        self.workload.jobs.get(id as usize).ok_or_else(|| invariant(format!("no job {id}")))
+    }
+
+    fn job(&self, id: &str) -> Result<&'a SimJob, SimError> {
+        let index: u32 = id.parse().map_err(|_| invariant(format!("unknown job id `{id}`")))?;
+        self.job_at(index)
+    }
+
+    fn cluster_name(&self, cluster: usize) -> &str {
+        self.topology.clusters.get(cluster).map_or("?", |c| c.info.name.as_str())
+    }
+
+    /// Every scheduler's books balance and no node holds more GPUs than it has.
+    fn check(&self, now: u64) -> Result<(), SimError> {
+        for (cluster, member) in self.members.iter().enumerate() {
+            let mut held: BTreeMap<&str, u64> = BTreeMap::new();
+            let mut running = 0;
+            for job in member.scheduler.running() {
+                for node in &job.nodes {
+                    *held.entry(node.as_str()).or_default() += u64::from(job.job.gpus);
+                }
+                running += job.job.total_gpus();
+            }
+            for (node, gpus) in held {
+                let capacity = member.nodes.get(node).map_or(0, |(_, g)| u64::from(*g));
+                if gpus > capacity {
+                    return Err(invariant(format!(
+                        "at {now}s node `{node}` of `{}` holds {gpus} GPUs but has {capacity}",
+                        self.cluster_name(cluster)
+                    )));
+                }
+            }
+            if running + member.scheduler.free_gpus() != member.scheduler.total_gpus() {
+                return Err(invariant(format!(
+                    "at {now}s `{}`: {running} GPUs running + {} free != {} total",
+                    self.cluster_name(cluster),
+                    member.scheduler.free_gpus(),
+                    member.scheduler.total_gpus()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<RunResult, SimError> {
+        let total = self.outcomes.len();
+        let outcomes: Vec<Outcome> = self.outcomes.into_iter().flatten().collect();
+        if outcomes.len() != total || self.finished != total as u64 {
+            // Name one job left in the federation queue, with placement's own words on why.
+            let stuck = self.gateway.as_ref().and_then(|g| {
+                let (id, spec) = g.specs.iter().min_by_key(|(id, _)| **id)?;
+                let decision = placement::place(spec, &g.snapshot, &self.config.placement);
+                Some(format!("; e.g. job {id}: {}", decision.summary))
+            });
+            return Err(invariant(format!(
+                "{} of {total} jobs never started and {} never finished{}",
+                total - outcomes.len(),
+                total as u64 - self.finished.min(total as u64),
+                stuck.unwrap_or_default()
+            )));
+        }
+        let clusters = self
+            .topology
+            .clusters
+            .iter()
+            .zip(&self.members)
+            .map(|(cluster, member)| ClusterUsage {
+                name: cluster.info.name.clone(),
+                tier: cluster.info.tier,
+                gpus: cluster.gpus(),
+                busy_gpu_secs: member.busy_gpu_secs,
+            })
+            .collect();
+        Ok(RunResult { policy: self.config.policy.name().to_owned(), outcomes, clusters, events: self.events })
+    }
+}
+
+impl<'a> Feasibility<'a> {
+    fn new(workload: &'a Workload, members: &[Member]) -> Result<Self, SimError> {
+        let mut feasibility = Self { by_shape: HashMap::new(), lists: Vec::new(), of_job: Vec::new() };
+        for job in &workload.jobs {
+            let key = (job.gpu_type.as_deref(), job.replicas, job.gpus_per_replica);
+            let index = match feasibility.by_shape.get(&key) {
+                Some(&index) => index,
+                None => {
+                    let probe = LocalJob {
+                        id: String::new(),
+                        queue: String::new(),
+                        priority: 0,
+                        replicas: job.replicas,
+                        gpus: job.gpus_per_replica,
+                        cpu: 0,
+                        memory_gib: 0,
+                        gpu_types: job.gpu_type.iter().cloned().collect(),
+                        gpu_memory_gib: 0,
+                        run_for: Duration::ZERO,
+                    };
+                    let list: Vec<usize> = members
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, m)| m.scheduler.can_ever_fit(&probe))
+                        .map(|(c, _)| c)
+                        .collect();
+                    if list.is_empty() {
+                        return Err(SimError::Invalid(format!(
+                            "job {} ({}×{} GPUs{}) fits no cluster of the topology",
+                            job.id,
+                            job.replicas,
+                            job.gpus_per_replica,
+                            job.gpu_type.as_deref().map(|t| format!(" of type {t}")).unwrap_or_default()
+                        )));
+                    }
+                    feasibility.lists.push(list);
+                    let index = feasibility.lists.len() - 1;
+                    feasibility.by_shape.insert(key, index);
+                    index
+                }
+            };
+            feasibility.of_job.push(index);
+        }
+        Ok(feasibility)
+    }
+
+    /// Clusters that could ever run job `id`, ascending.
+    fn of(&self, id: u32) -> &[usize] {
+        self.of_job.get(id as usize).and_then(|&i| self.lists.get(i)).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl Gateway {
+    fn new(topology: &Topology, workload: &Workload, members: &[Member]) -> Self {
+        let clusters = topology
+            .clusters
+            .iter()
+            .zip(members)
+            .map(|(c, m)| {
+                ClusterSnapshot::new(
+                    c.info.clone(),
+                    m.scheduler.inventory(),
+                    m.scheduler.pressure(Duration::ZERO),
+                    true,
+                )
+            })
+            .collect();
+        Self {
+            snapshot: FederationSnapshot::new(clusters, topology.network.clone()),
+            reported_at: vec![0; topology.clusters.len()],
+            queued: vec![BTreeSet::new(); workload.tenants.len()],
+            usage: vec![0; workload.tenants.len()],
+            specs: HashMap::new(),
+            in_transit: BTreeMap::new(),
+            index: topology.clusters.iter().enumerate().map(|(i, c)| (c.info.name.clone(), i)).collect(),
+            by_age: BTreeSet::new(),
+            holds: Holds::new(topology.clusters.len()),
+        }
+    }
+
+    fn enqueue(&mut self, job: &SimJob, workload: &Workload, burst_after_secs: u64) {
+        let tenant = workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
+        if let Some(queue) = self.queued.get_mut(job.tenant as usize) {
+            queue.insert((job.submit_secs, job.id));
+            self.by_age.insert((job.submit_secs, job.id));
+            self.specs.insert(job.id, spec_of(job, tenant, burst_after_secs));
+        }
+    }
+
+    /// A refused offer: the job queues again, and its tenant no longer holds its GPUs.
+    fn unbind(&mut self, job: &SimJob, workload: &Workload, burst_after_secs: u64) {
+        self.in_transit.remove(&job.id);
+        if let Some(usage) = self.usage.get_mut(job.tenant as usize) {
+            *usage = usage.saturating_sub(job.gpus());
+        }
+        self.enqueue(job, workload, burst_after_secs);
+    }
+
+    fn bind(&mut self, job: &SimJob, cluster: usize, in_transit: bool) {
+        if let Some(queue) = self.queued.get_mut(job.tenant as usize) {
+            queue.remove(&(job.submit_secs, job.id));
+        }
+        self.by_age.remove(&(job.submit_secs, job.id));
+        self.holds.release(&job.id);
+        if let Some(usage) = self.usage.get_mut(job.tenant as usize) {
+            *usage += job.gpus();
+        }
+        if let Some(spec) = self.specs.remove(&job.id)
+            && in_transit
+        {
+            self.in_transit.insert(job.id, (cluster, spec));
+        }
+    }
+
+    /// The next job in the federation queue's order (as [`crate::queue::FairQueue`] yields it):
+    /// the tenant holding the fewest GPUs (equal weights; ties by name), then its oldest job not
+    /// yet tried in this pass.
+    fn next_fair(&self, cursors: &mut [Option<(u64, u32)>], done: &mut [bool]) -> Option<u32> {
+        loop {
+            let tenant = (0..self.queued.len())
+                .filter(|&t| !done.get(t).copied().unwrap_or(true))
+                .min_by_key(|&t| (self.usage.get(t).copied().unwrap_or(0), t))?;
+            let queue = self.queued.get(tenant)?;
+            let cursor = cursors.get_mut(tenant)?;
+            let next = match *cursor {
+                None => queue.iter().next(),
+                Some(after) => queue.range((Bound::Excluded(after), Bound::Unbounded)).next(),
+            };
+            match next {
+                Some(&key) => {
+                    *cursor = Some(key);
+                    return Some(key.1);
+                }
+                None => {
+                    if let Some(d) = done.get_mut(tenant) {
+                        *d = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brings the snapshot up to `now`: clusters that changed report again; the others' release
+    /// times move closer by the time that passed.
+    fn refresh(&mut self, clusters: &[super::topology::SimCluster], members: &[Member], dirty: &mut [bool], now: u64) {
+        for (i, ((cluster, member), snapshot)) in
+            clusters.iter().zip(members).zip(self.snapshot.clusters.iter_mut()).enumerate()
+        {
+            let (Some(dirty), Some(reported_at)) = (dirty.get_mut(i), self.reported_at.get_mut(i)) else { continue };
+            if *dirty {
+                let at = Duration::from_secs(now);
+                *snapshot = ClusterSnapshot::new(
+                    cluster.info.clone(),
+                    member.scheduler.inventory(),
+                    member.scheduler.pressure(at),
+                    true,
+                );
+                for (_, spec) in self.in_transit.values().filter(|(c, _)| *c == i) {
+                    snapshot.reserve(spec);
+                }
+                *dirty = false;
+            } else if *reported_at < now {
+                age(&mut snapshot.pressure, now - *reported_at);
+            }
+            *reported_at = now;
+        }
+    }
+}
+
+/// Moves a pressure report `secs` into the future.
+fn age(pressure: &mut QueuePressure, secs: u64) {
+    for release in &mut pressure.releases {
+        release.after_secs = release.after_secs.saturating_sub(secs);
+    }
+    pressure.estimated_wait_secs = pressure.estimated_wait_secs.saturating_sub(secs);
+}
+
+/// Free GPUs per cluster in the snapshot (total and on the emptiest node), to skip jobs that
+/// cannot start anywhere without asking placement.
+struct FreeRoom {
+    clusters: Vec<(u64, u32)>,
+}
+
+impl FreeRoom {
+    fn of(snapshot: &FederationSnapshot) -> Self {
+        Self { clusters: snapshot.clusters.iter().map(Self::room).collect() }
+    }
+
+    fn room(cluster: &ClusterSnapshot) -> (u64, u32) {
+        let shapes = &cluster.inventory().shapes;
+        let total = shapes.iter().map(|s| u64::from(s.gpus_free())).sum();
+        let most = shapes.iter().flat_map(|s| s.free.iter().map(|n| n.gpus)).max().unwrap_or(0);
+        (total, most)
+    }
+
+    fn update(&mut self, index: usize, cluster: &ClusterSnapshot) {
+        if let Some(slot) = self.clusters.get_mut(index) {
+            *slot = Self::room(cluster);
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.clusters.iter().any(|&(total, _)| total > 0)
+    }
+
+    fn might_fit(&self, job: &SimJob) -> bool {
+        self.clusters.iter().any(|&(total, most)| total >= job.gpus() && most >= job.gpus_per_replica)
+    }
+}
+
+/// The job spec a user would have submitted for `job`.
+pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
+    JobSpec {
+        name: format!("job-{}", job.id),
+        tenant: tenant.to_owned(),
+        priority: DEFAULT_PRIORITY,
+        labels: BTreeMap::new(),
+        idempotency_key: None,
+        gang: GangSpec {
+            replicas: job.replicas,
+            resources: Resources {
+                gpus: job.gpus_per_replica,
+                gpu_types: job.gpu_type.iter().cloned().collect(),
+                gpu_memory_gib: 0,
+                cpu: 0,
+                memory_gib: 0,
+            },
+        },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.duration_secs), limit: None },
+        data: job
+            .dataset
+            .iter()
+            .map(|d| DataRef {
+                uri: format!("s3://sim/job-{}", job.id),
+                size_gib: d.size_gib,
+                region: d.region.clone(),
+            })
+            .collect(),
+        placement: PlacementRules {
+            burst: BurstPolicy::After { after: HumanDuration::from_secs(burst_after_secs), max_usd_per_hour: None },
+            ..PlacementRules::default()
+        },
+        payload: Payload { image: Some("sim".to_owned()), ..Payload::default() },
+    }
+}
+
+fn invariant(message: String) -> SimError {
+    SimError::Invalid(format!("simulation invariant broken: {message}"))
+}
+
+/// The tier of a cluster, for callers that only have its index.
+pub fn tier(topology: &Topology, cluster: u32) -> Option<Tier> {
+    topology.clusters.get(cluster as usize).map(|c| c.info.tier)
+}
+
+#[cfg(test)]
+mod tests;

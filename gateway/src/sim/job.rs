@@ -1,0 +1,178 @@
+//! The simulator's shared vocabulary: jobs of a workload, what became of them, and per-cluster
+//! usage. Every other `sim` module speaks these types.
+
+use std::fmt;
+
+use meridian_proto::inventory::Tier;
+use serde::Serialize;
+
+/// A job as read from a trace or drawn by the generator, before the fleet decorates it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawJob {
+    /// Seconds from the start of the workload (the earliest job submits at 0).
+    pub submit_secs: u64,
+    /// Run time once started, in seconds (at least 1).
+    pub duration_secs: u64,
+    /// GPUs of the whole job (at least 1).
+    pub gpus: u32,
+    /// Tenant (the Philly `cluster` column).
+    pub tenant: String,
+}
+
+/// A dataset a job reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    /// Size in GiB.
+    pub size_gib: f64,
+    /// Home region of the data (a region of the topology).
+    pub region: String,
+}
+
+/// One job of a decorated workload: what placement and the local schedulers see.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimJob {
+    /// Index in [`Workload::jobs`]; jobs are in submit order (ties keep trace order).
+    pub id: u32,
+    /// Seconds from the start of the workload.
+    pub submit_secs: u64,
+    /// Run time once started, in seconds (at least 1). Also the job's runtime estimate.
+    pub duration_secs: u64,
+    /// Replicas of the gang (at least 1); each lands on one node.
+    pub replicas: u32,
+    /// GPUs per replica (at least 1).
+    pub gpus_per_replica: u32,
+    /// Index into [`Workload::tenants`].
+    pub tenant: u32,
+    /// Pinned GPU type; `None` accepts any type.
+    pub gpu_type: Option<String>,
+    /// The dataset it reads, if any.
+    pub dataset: Option<Dataset>,
+}
+
+impl SimJob {
+    /// GPUs of the whole gang.
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.gpus_per_replica)
+    }
+
+    /// GPU-seconds the job demands (GPUs × run time).
+    pub fn gpu_secs(&self) -> u64 {
+        self.gpus() * self.duration_secs
+    }
+}
+
+/// A tenant of the workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant {
+    /// Name (as in the trace).
+    pub name: String,
+    /// Index into the topology's clusters of the tenant's home cluster (an owned one when the
+    /// topology has any): where `home-only` runs its jobs.
+    pub home: usize,
+}
+
+/// A decorated workload, ready to replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Where it came from (`philly.csv`, `llm profile, load 1.0, seed 7`), for reports.
+    pub source: String,
+    /// Tenants, in name order.
+    pub tenants: Vec<Tenant>,
+    /// Jobs in submit order; `jobs[i].id == i`.
+    pub jobs: Vec<SimJob>,
+}
+
+impl Workload {
+    /// GPU-seconds all jobs demand.
+    pub fn gpu_secs(&self) -> u64 {
+        self.jobs.iter().map(SimJob::gpu_secs).sum()
+    }
+}
+
+/// Job-size buckets used by the per-bucket metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum SizeBucket {
+    /// 1 GPU.
+    #[serde(rename = "1")]
+    One,
+    /// 2–8 GPUs (one node).
+    #[serde(rename = "2-8")]
+    Node,
+    /// 9–64 GPUs.
+    #[serde(rename = "9-64")]
+    Multi,
+    /// More than 64 GPUs.
+    #[serde(rename = "65+")]
+    Large,
+}
+
+impl SizeBucket {
+    /// All buckets, smallest first.
+    pub const ALL: [SizeBucket; 4] = [SizeBucket::One, SizeBucket::Node, SizeBucket::Multi, SizeBucket::Large];
+
+    /// The bucket of a job of `gpus` GPUs.
+    pub fn of(gpus: u64) -> Self {
+        match gpus {
+            0..=1 => SizeBucket::One,
+            2..=8 => SizeBucket::Node,
+            9..=64 => SizeBucket::Multi,
+            _ => SizeBucket::Large,
+        }
+    }
+}
+
+impl fmt::Display for SizeBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SizeBucket::One => "1 GPU",
+            SizeBucket::Node => "2-8 GPUs",
+            SizeBucket::Multi => "9-64 GPUs",
+            SizeBucket::Large => "65+ GPUs",
+        })
+    }
+}
+
+/// What became of one job in a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The job ([`SimJob::id`]).
+    pub job: u32,
+    /// Index into the topology's clusters of where it ran.
+    pub cluster: u32,
+    /// When its GPUs were taken (its data had arrived by then).
+    pub start_secs: u64,
+    /// When it finished and gave its GPUs back (`start + duration`).
+    pub end_secs: u64,
+    /// GB (10^9 bytes) of data copied to the cluster's region.
+    pub moved_gb: f64,
+    /// US$ for that copy.
+    pub egress_usd: f64,
+    /// US$ for the GPUs: GPUs × hours × the cluster's price of the GPU type it ran on.
+    pub compute_usd: f64,
+}
+
+/// One cluster's part in a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterUsage {
+    /// Cluster name.
+    pub name: String,
+    /// Owned or cloud.
+    pub tier: Tier,
+    /// GPUs the cluster has.
+    pub gpus: u64,
+    /// GPU-seconds jobs held on it.
+    pub busy_gpu_secs: u64,
+}
+
+/// Everything one policy's replay produced; the metrics are computed from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    /// Policy name as given on the command line.
+    pub policy: String,
+    /// One per job, indexed by job id.
+    pub outcomes: Vec<Outcome>,
+    /// One per topology cluster, in topology order.
+    pub clusters: Vec<ClusterUsage>,
+    /// Scheduling events the engine processed (arrivals, data arrivals, completions).
+    pub events: u64,
+}

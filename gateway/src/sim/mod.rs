@@ -1,0 +1,57 @@
+//! `meridian sim`: replays a workload over a simulated federation in virtual time.
+//!
+//! The replay drives the production code unchanged: [`crate::placement::place`] decides for the
+//! `meridian` policy, and every member cluster is a [`meridian_agent::builtin::BuiltinScheduler`]
+//! (gang placement, weighted fair share) fed the same `LocalJob`s an agent would feed it. Time
+//! advances from event to event (arrivals, data arrivals, completions), never by sleeping.
+//!
+//! - [`job`]: the shared vocabulary (jobs, outcomes, usage).
+//! - [`workload`]: the Philly trace reader, the synthetic generator, and decoration (tenant
+//!   homes, datasets, GPU-type pins).
+//! - [`topology`]: the simulated fleet from YAML (clusters, node shapes, prices, network).
+//! - `engine` and `policy`: the event loop and the placement policies (ours and the baselines).
+//! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart.
+
+pub mod command;
+pub mod engine;
+pub mod job;
+pub mod metrics;
+pub mod plot;
+pub mod policy;
+pub mod report;
+pub mod topology;
+pub mod workload;
+
+use std::path::PathBuf;
+
+pub use job::{ClusterUsage, Dataset, Outcome, RawJob, RunResult, SimJob, SizeBucket, Tenant, Workload};
+
+/// Why a simulation could not run. Every variant names what was wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A trace row is malformed.
+    #[error("{}:{line}: {message}", path.display())]
+    Trace {
+        /// The trace file.
+        path: PathBuf,
+        /// 1-based line number (the header is line 1).
+        line: usize,
+        /// What is wrong, naming the column.
+        message: String,
+    },
+    /// The topology file is not valid.
+    #[error(transparent)]
+    Topology(#[from] meridian_proto::config_file::ConfigError),
+    /// A command-line value or a combination of them is not valid.
+    #[error("{0}")]
+    Invalid(String),
+}

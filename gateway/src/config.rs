@@ -130,6 +130,7 @@ impl GatewayConfig {
                 problems.push(format!("{field}: must be longer than 0s"));
             }
         }
+        problems.extend(self.placement.problems("placement."));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

@@ -89,7 +89,7 @@ impl<Id: PartialEq + Clone> Holds<Id> {
 
     /// Puts back what [`mask`](Self::mask) took out, and in `decision` (made while masked) says
     /// why those clusters were passed over.
-    pub fn restore(snapshot: &mut FederationSnapshot, masked: &[(usize, f64)], decision: Option<&mut Decision>) {
+    pub fn restore(&self, snapshot: &mut FederationSnapshot, masked: &[(usize, f64)], decision: Option<&mut Decision>) {
         for &(index, _) in masked {
             if let Some(cluster) = snapshot.clusters.get_mut(index) {
                 cluster.connected = true;

@@ -59,6 +59,24 @@ impl Default for PlacementConfig {
     }
 }
 
+impl PlacementConfig {
+    /// Every out-of-range weight, each naming its field under `prefix` (`placement.`): all must
+    /// be finite and not negative.
+    pub fn problems(&self, prefix: &str) -> Vec<String> {
+        [
+            ("usdToSeconds", self.usd_to_seconds),
+            ("fragmentationWeightSecs", self.fragmentation_weight_secs),
+            ("unknownWaitSecs", self.unknown_wait_secs),
+            ("burstUsdWeight", self.burst_usd_weight),
+            ("holdAfterSecs", self.hold_after_secs),
+        ]
+        .into_iter()
+        .filter(|(_, value)| !(value.is_finite() && *value >= 0.0))
+        .map(|(field, value)| format!("{prefix}{field}: {value} must be a finite number >= 0"))
+        .collect()
+    }
+}
+
 /// Each term of a cluster's score, kept so `meridian explain` can say why here and not there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -371,6 +371,62 @@ fn wait_estimate_follows_pending_gpus_and_releases() {
     assert_eq!(d.chosen.as_ref().map(|c| c.expected_start_secs), Some(7200.0));
 }
 
+#[test]
+fn jobs_deciding_to_wait_earlier_in_a_round_lengthen_the_expected_wait() {
+    let pressure = QueuePressure {
+        queues: vec![],
+        releases: vec![GpuRelease { after_secs: 300, gpus: 8 }, GpuRelease { after_secs: 900, gpus: 8 }],
+        estimated_wait_secs: 0,
+    };
+    let c = ClusterSnapshot::new(
+        info("q", "us-east", Tier::Owned),
+        Inventory { shapes: vec![shape("h100", 8, &[0, 0])] },
+        pressure,
+        true,
+    );
+    let mut fed = federation(vec![c]);
+    let wait = |fed: &FederationSnapshot| place(&job(1, 8), fed, &PlacementConfig::default()).chosen.unwrap();
+    assert_eq!(wait(&fed).expected_start_secs, 300.0);
+    // An 8-GPU job ahead in this round takes the first release: this one waits for the second.
+    fed.clusters[0].expect_waiting(8);
+    assert_eq!(wait(&fed).expected_start_secs, 900.0);
+    fed.clusters[0].clear_waiting();
+    assert_eq!(wait(&fed).expected_start_secs, 300.0);
+}
+
+#[test]
+fn held_clusters_take_only_jobs_that_end_before_the_holder_starts() {
+    let a = cluster("a", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let b = cluster("b", "us-east", Tier::Owned, vec![shape("h100", 8, &[4])]);
+    let mut fed = federation(vec![a, b]);
+    let mut holds: Holds<&str> = Holds::new(2);
+    assert!(holds.is_empty());
+    // The old gang holds `a` from t=1000 s to its expected start at t=1600 s.
+    assert!(holds.hold(0, "old-gang", 1600.0));
+    assert!(!holds.hold(0, "other", 1700.0), "one hold per cluster");
+    assert!(!holds.hold(1, "old-gang", 1700.0), "one cluster per holder");
+
+    // A 1-hour job may not use `a` (it would still run at 1600 s): it goes to `b`.
+    let masked = holds.mask(&mut fed, &"long", 1000.0, 3600.0);
+    let mut d = place(&job(1, 4), &fed, &PlacementConfig::default());
+    holds.restore(&mut fed, &masked, Some(&mut d));
+    assert_eq!(chosen(&d), Some("b"));
+    assert_eq!(rejections(&d, "a"), vec![Rejection::HeldForOlderGang { in_secs: 600.0 }]);
+    assert!(rejections(&d, "a")[0].to_string().contains("held for an older gang expected to start in 10m"));
+    assert!(fed.clusters.iter().all(|c| c.connected), "restore puts every cluster back");
+
+    // A 5-minute job ends before 1600 s: it may backfill `a` (the best fit for a whole node).
+    let masked = holds.mask(&mut fed, &"short", 1000.0, 300.0);
+    assert!(masked.is_empty());
+    assert_eq!(chosen(&place(&job(1, 8), &fed, &PlacementConfig::default())), Some("a"));
+
+    // The holder itself is never kept out, and releasing its hold frees the cluster for all.
+    assert!(holds.mask(&mut fed, &"old-gang", 1000.0, 99_999.0).is_empty());
+    holds.release(&"old-gang");
+    assert!(holds.is_empty());
+    assert!(holds.mask(&mut fed, &"long", 1000.0, 3600.0).is_empty());
+}
+
 // --- properties --------------------------------------------------------------------------------
 
 const TYPES: [&str; 3] = ["h100", "a100-80g", "l4"];

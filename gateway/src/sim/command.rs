@@ -73,7 +73,11 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
     let topology = Topology::load(&args.topology)?;
     let policies = policies(args)?;
     let placement = match &args.placement {
-        Some(path) => config_file::parse_yaml::<PlacementConfig>(&config_file::read(path)?, path)?,
+        Some(path) => {
+            let placement = config_file::parse_yaml::<PlacementConfig>(&config_file::read(path)?, path)?;
+            config_file::check(path, placement.problems(""))?;
+            placement
+        }
         None => PlacementConfig::default(),
     };
     let workload = build_workload(args, &topology)?;
@@ -183,15 +187,17 @@ pub fn build_workload(args: &SimArgs, topology: &Topology) -> Result<Workload, S
         (None, None) => return Err(SimError::Invalid("give --trace FILE or --profile NAME --load X".into())),
     };
     let facts = FleetFacts { homes, regions: topology.regions() };
-    Ok(workload::decorate(raw, &facts, args.seed, source))
+    let mut workload = workload::decorate(raw, &facts, args.seed, source);
+    if let (None, Some(load)) = (&args.trace, args.load) {
+        // Decoration shrinks gangs that do not fit their tenant's home; keep the load asked for.
+        workload.scale_to_load(load, capacity_gpus(topology));
+    }
+    Ok(workload)
 }
 
 /// Offered GPU-seconds over the arrival window's capacity (see [`capacity_gpus`]).
 pub fn offered_load(workload: &Workload, topology: &Topology) -> f64 {
-    let first = workload.jobs.first().map_or(0, |j| j.submit_secs);
-    let last = workload.jobs.last().map_or(0, |j| j.submit_secs);
-    let window = last.saturating_sub(first).max(1) as f64;
-    workload.gpu_secs() as f64 / (window * capacity_gpus(topology) as f64)
+    workload.offered_load(capacity_gpus(topology))
 }
 
 /// Replays every policy, on as many threads as there are cores, drawing a progress bar on a
@@ -277,4 +283,127 @@ fn file_name(path: &Path) -> String {
 
 fn write_file(path: &Path, text: &str) -> Result<(), SimError> {
     std::fs::write(path, text).map_err(|source| SimError::Io { path: path.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/sim/hybrid-3region.yaml");
+    const PHILLY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/philly.csv");
+
+    fn args(profile: &str, load: f64, jobs: usize, seed: u64) -> SimArgs {
+        SimArgs {
+            topology: PathBuf::from(HYBRID),
+            trace: None,
+            profile: Some(profile.to_owned()),
+            load: Some(load),
+            jobs: Some(jobs),
+            seed,
+            policy: None,
+            compare: true,
+            plot: None,
+            burst_after: HumanDuration::from_secs(1800),
+            placement: None,
+            check: true,
+        }
+    }
+
+    fn output(args: &SimArgs, format: OutputFormat) -> Result<String, SimError> {
+        let mut out = Vec::new();
+        run(args, format, &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn same_seed_gives_identical_json_and_another_seed_differs() {
+        let first = output(&args("mixed", 1.0, 300, 7), OutputFormat::Json).unwrap();
+        let again = output(&args("mixed", 1.0, 300, 7), OutputFormat::Json).unwrap();
+        assert_eq!(first, again);
+        let other = output(&args("mixed", 1.0, 300, 8), OutputFormat::Json).unwrap();
+        assert_ne!(first, other);
+
+        let report: serde_json::Value = serde_json::from_str(&first).unwrap();
+        let runs = report["runs"].as_array().unwrap();
+        let names: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+        assert_eq!(names, Policy::ALL.map(Policy::name));
+        for run in runs {
+            assert_eq!(run["overall"]["jobs"], 300, "every job finished once under {}", run["policy"]);
+        }
+        let load = report["offeredLoad"].as_f64().unwrap();
+        assert!((load - 1.0).abs() < 0.01, "offered load {load}");
+    }
+
+    #[test]
+    fn compare_table_and_plot_name_every_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let plot = dir.path().join("chart.svg");
+        let mut a = args("llm", 0.8, 120, 1);
+        a.plot = Some(plot.clone());
+        let table = output(&a, OutputFormat::Table).unwrap();
+        let svg = std::fs::read_to_string(&plot).unwrap();
+        for policy in Policy::ALL {
+            assert!(table.contains(policy.name()), "table lacks {policy}:\n{table}");
+            assert!(svg.contains(policy.name()), "chart lacks {policy}");
+        }
+        assert!(table.contains("ratio to meridian"), "{table}");
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_the_flag_named() {
+        let cases: Vec<(SimArgs, &str)> = vec![
+            (SimArgs { load: Some(0.0), ..args("llm", 1.0, 10, 1) }, "--load"),
+            (SimArgs { load: Some(f64::NAN), ..args("llm", 1.0, 10, 1) }, "--load"),
+            (SimArgs { jobs: Some(0), ..args("llm", 1.0, 10, 1) }, "--jobs"),
+            (SimArgs { profile: Some("bert".into()), ..args("llm", 1.0, 10, 1) }, "bert"),
+            (SimArgs { compare: false, policy: Some("fastest".into()), ..args("llm", 1.0, 10, 1) }, "--policy"),
+            (SimArgs { topology: PathBuf::from("/nonexistent/fleet.yaml"), ..args("llm", 1.0, 10, 1) }, "fleet.yaml"),
+            (
+                SimArgs {
+                    trace: Some(PathBuf::from("/nonexistent/trace.csv")),
+                    profile: None,
+                    ..args("llm", 1.0, 10, 1)
+                },
+                "trace.csv",
+            ),
+        ];
+        for (a, needle) in cases {
+            let err = output(&a, OutputFormat::Table).unwrap_err().to_string();
+            assert!(err.contains(needle), "expected `{needle}` in: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("placement.yaml");
+        std::fs::write(&bad, "usdToSeconds: -1\n").unwrap();
+        let err = output(&SimArgs { placement: Some(bad), ..args("llm", 1.0, 10, 1) }, OutputFormat::Table)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("usdToSeconds"), "{err}");
+    }
+
+    #[test]
+    fn the_philly_trace_replays_with_every_job_once_and_gpu_seconds_conserved() {
+        if !Path::new(PHILLY).exists() {
+            println!("skipped: {PHILLY} is not present (see ../shared/traces/README.md)");
+            return;
+        }
+        let topology = Topology::load(Path::new(HYBRID)).unwrap();
+        let a = SimArgs {
+            trace: Some(PathBuf::from(PHILLY)),
+            profile: None,
+            load: None,
+            jobs: None,
+            ..args("x", 1.0, 1, 1)
+        };
+        let mut workload = build_workload(&a, &topology).unwrap();
+        assert_eq!(workload.jobs.len(), 82_247);
+        // A debug build replays the first 3,000 jobs (a busy fortnight); release runs all of them.
+        workload.jobs.truncate(3_000);
+        for policy in Policy::ALL {
+            let config = SimConfig { check_invariants: true, ..SimConfig::new(policy) };
+            let run = engine::run(&topology, &workload, &config, &AtomicU64::new(0)).unwrap();
+            assert_eq!(run.outcomes.len(), workload.jobs.len(), "{policy}");
+            let used: u64 = run.clusters.iter().map(|c| c.busy_gpu_secs).sum();
+            assert_eq!(used, workload.gpu_secs(), "{policy}");
+        }
+    }
 }

@@ -117,8 +117,6 @@ struct Replay<'a> {
     next_round_robin: usize,
     events: u64,
     finished: u64,
-    /// Meridian: jobs whose offer a cluster refused since the last placement pass.
-    refused: Vec<u32>,
 }
 
 /// Meridian's federation queue and its view of the members.
@@ -187,7 +185,6 @@ impl<'a> Replay<'a> {
             next_round_robin: 0,
             events: 0,
             finished: 0,
-            refused: Vec::new(),
         })
     }
 
@@ -203,7 +200,7 @@ impl<'a> Replay<'a> {
             let Some(now) = [arrival, handoff, completion].into_iter().flatten().min() else { break };
             self.events += 1;
 
-            let freed = self.complete(now)?;
+            self.complete(now)?;
             while let Some(&Reverse((at, job, cluster))) = self.handoffs.peek() {
                 if at > now {
                     break;
@@ -223,8 +220,7 @@ impl<'a> Replay<'a> {
                 self.schedule(now)?;
             }
             if self.gateway.is_some() {
-                arrived.append(&mut self.refused);
-                self.place_queue(now, freed, &arrived)?;
+                self.place_queue(now)?;
                 self.schedule(now)?;
             }
             if self.config.check_invariants {
@@ -234,9 +230,8 @@ impl<'a> Replay<'a> {
         self.finish()
     }
 
-    /// Completes every job due at `now`; true when any GPU was freed.
-    fn complete(&mut self, now: u64) -> Result<bool, SimError> {
-        let mut freed = false;
+    /// Completes every job due at `now`.
+    fn complete(&mut self, now: u64) -> Result<(), SimError> {
         for cluster in 0..self.members.len() {
             let Some(member) = self.members.get_mut(cluster) else { continue };
             if member.scheduler.next_completion().is_none_or(|t| t.as_secs() > now) {
@@ -254,13 +249,12 @@ impl<'a> Replay<'a> {
                     *usage = usage.saturating_sub(job.gpus());
                 }
                 self.finished += 1;
-                freed = true;
             }
             self.progress.store(self.finished, Ordering::Relaxed);
             self.changed[cluster] = true;
             self.mark(cluster);
         }
-        Ok(freed)
+        Ok(())
     }
 
     /// A job arrives at the federation: bound to clusters now (baselines) or queued (Meridian).
@@ -358,11 +352,14 @@ impl<'a> Replay<'a> {
             return Ok(()); // first-admit: another copy already started
         }
         let job = self.job_at(id)?;
-        if let Some(gateway) = &mut self.gateway {
-            gateway.in_transit.remove(&id);
+        let mut local = self.local_job(job, cluster)?;
+        if let Some(gateway) = &mut self.gateway
+            && let Some((_, spec)) = gateway.in_transit.remove(&id)
+        {
+            // The offer pins the GPU type placement costed.
+            local.gpu_types = spec.gang.resources.gpu_types;
             self.dirty[cluster] = true;
         }
-        let local = self.local_job(job, cluster)?;
         let at = Duration::from_secs(now);
         let Some(member) = self.members.get_mut(cluster) else {
             return Err(invariant(format!("job {id} sent to unknown cluster {cluster}")));
@@ -379,7 +376,6 @@ impl<'a> Replay<'a> {
                     if let Some(gateway) = &mut self.gateway {
                         gateway.unbind(job, self.workload, self.config.burst_after_secs);
                     }
-                    self.refused.push(id);
                     return Ok(());
                 }
             }
@@ -457,33 +453,29 @@ impl<'a> Replay<'a> {
     }
 
     /// Meridian: places queued jobs in fair-share order, binding each to its best cluster when
-    /// the whole gang can start there now. After capacity was freed every queued job is tried;
-    /// otherwise only the new arrivals (the others saw the same free nodes and chose to wait).
-    fn place_queue(&mut self, now: u64, freed: bool, arrived: &[u32]) -> Result<(), SimError> {
+    /// the whole gang can start there now. Like the gateway's placement round, every queued job
+    /// is considered at every event; jobs that cannot start anywhere are skipped cheaply.
+    fn place_queue(&mut self, now: u64) -> Result<(), SimError> {
         let Some(mut gateway) = self.gateway.take() else { return Ok(()) };
-        let result = self.place_with(&mut gateway, now, freed, arrived);
+        let result = self.place_with(&mut gateway, now);
         self.gateway = Some(gateway);
         result
     }
 
-    fn place_with(&mut self, gateway: &mut Gateway, now: u64, freed: bool, arrived: &[u32]) -> Result<(), SimError> {
-        if gateway.specs.is_empty() || (!freed && arrived.is_empty()) {
+    fn place_with(&mut self, gateway: &mut Gateway, now: u64) -> Result<(), SimError> {
+        if gateway.specs.is_empty() {
             return Ok(());
         }
         gateway.refresh(&self.topology.clusters, &self.members, &mut self.dirty, now);
         gateway.snapshot.clusters.iter_mut().for_each(ClusterSnapshot::clear_waiting);
-        if freed {
-            self.decide_holds(gateway, now)?;
-        }
+        self.decide_holds(gateway, now)?;
         let mut free = FreeRoom::of(&gateway.snapshot);
         let mut cursors: Vec<Option<(u64, u32)>> = vec![None; gateway.queued.len()];
         let mut done = vec![false; gateway.queued.len()];
-        let mut arrivals = arrived.iter();
         // Per gang shape: whether any cluster can start it now; cleared whenever a job binds.
         let mut fits_somewhere: HashMap<(Option<&str>, u32, u32), bool> = HashMap::new();
         while free.any() {
-            let next = if freed { gateway.next_fair(&mut cursors, &mut done) } else { arrivals.next().copied() };
-            let Some(id) = next else { break };
+            let Some(id) = gateway.next_fair(&mut cursors, &mut done) else { break };
             let job = self.job_at(id)?;
             let Some(spec) = gateway.specs.get(&id) else { continue };
             if !free.might_fit(job) {
@@ -501,7 +493,7 @@ impl<'a> Replay<'a> {
             let masked = gateway.holds.mask(&mut gateway.snapshot, &id, now as f64, job.duration_secs as f64);
             let Some(spec) = gateway.specs.get(&id) else { continue };
             let decision = placement::place_waited(spec, &gateway.snapshot, &self.config.placement, waited);
-            Holds::<u32>::restore(&mut gateway.snapshot, &masked, None);
+            gateway.holds.restore(&mut gateway.snapshot, &masked, None);
             let Some(choice) = decision.chosen else { continue };
             if !choice.starts_now {
                 // Jobs placed after this one in the pass queue behind it there.
@@ -514,9 +506,12 @@ impl<'a> Replay<'a> {
             }
             let Some(&cluster) = gateway.index.get(choice.cluster.as_str()) else { continue };
             let (transfer_secs, _, _) = self.transfer(job, cluster);
+            // The offer pins the GPU type placement costed, as the gateway's offers do.
+            let pinned = vec![choice.gpu_type.as_str().to_owned()];
             if transfer_secs == 0 {
                 // Offered and started at once by the agent, or refused: then it stays queued.
-                let local = self.local_job(job, cluster)?;
+                let mut local = self.local_job(job, cluster)?;
+                local.gpu_types = pinned.clone();
                 let Some(member) = self.members.get_mut(cluster) else { continue };
                 let Ok(started) = member.scheduler.start_now(local, Duration::from_secs(now)) else {
                     self.dirty[cluster] = true;
@@ -532,7 +527,7 @@ impl<'a> Replay<'a> {
                 free.update(cluster, target);
             }
             fits_somewhere.clear();
-            gateway.bind(job, cluster, transfer_secs > 0);
+            gateway.bind(job, cluster, (transfer_secs > 0).then_some(pinned));
         }
         Ok(())
     }
@@ -789,7 +784,9 @@ impl Gateway {
         self.enqueue(job, workload, burst_after_secs);
     }
 
-    fn bind(&mut self, job: &SimJob, cluster: usize, in_transit: bool) {
+    /// Takes `job` out of the queue, bound to `cluster`; `in_transit` is the GPU type its offer
+    /// pins when its data must first be copied there.
+    fn bind(&mut self, job: &SimJob, cluster: usize, in_transit: Option<Vec<String>>) {
         if let Some(queue) = self.queued.get_mut(job.tenant as usize) {
             queue.remove(&(job.submit_secs, job.id));
         }
@@ -798,9 +795,10 @@ impl Gateway {
         if let Some(usage) = self.usage.get_mut(job.tenant as usize) {
             *usage += job.gpus();
         }
-        if let Some(spec) = self.specs.remove(&job.id)
-            && in_transit
+        if let Some(mut spec) = self.specs.remove(&job.id)
+            && let Some(pinned) = in_transit
         {
+            spec.gang.resources.gpu_types = pinned;
             self.in_transit.insert(job.id, (cluster, spec));
         }
     }

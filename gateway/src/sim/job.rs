@@ -87,6 +87,32 @@ impl Workload {
     pub fn gpu_secs(&self) -> u64 {
         self.jobs.iter().map(SimJob::gpu_secs).sum()
     }
+
+    /// Seconds from the first submit to the last (at least 1).
+    pub fn arrival_window_secs(&self) -> u64 {
+        let first = self.jobs.first().map_or(0, |j| j.submit_secs);
+        let last = self.jobs.last().map_or(0, |j| j.submit_secs);
+        last.saturating_sub(first).max(1)
+    }
+
+    /// Offered load against `capacity_gpus`: GPU-seconds demanded over what that many GPUs give
+    /// during the arrival window.
+    pub fn offered_load(&self, capacity_gpus: u64) -> f64 {
+        self.gpu_secs() as f64 / (self.arrival_window_secs() as f64 * capacity_gpus.max(1) as f64)
+    }
+
+    /// Stretches or squeezes the arrival times (not the jobs) so the offered load against
+    /// `capacity_gpus` becomes `load`. Submit order is kept.
+    pub fn scale_to_load(&mut self, load: f64, capacity_gpus: u64) {
+        let current = self.offered_load(capacity_gpus);
+        if !(load.is_finite() && load > 0.0 && current > 0.0) {
+            return;
+        }
+        let factor = current / load;
+        for job in &mut self.jobs {
+            job.submit_secs = (job.submit_secs as f64 * factor).round() as u64;
+        }
+    }
 }
 
 /// Job-size buckets used by the per-bucket metrics.

@@ -347,6 +347,16 @@ fn decisions_serialize_as_camel_case_explain_json() {
     assert!(d.summary.starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"), "{}", d.summary);
 }
 
+/// Owned cluster `q` with two full 8-GPU H100 nodes and the given pressure.
+fn full_h100_pair(pressure: QueuePressure) -> ClusterSnapshot {
+    ClusterSnapshot::new(
+        info("q", "us-east", Tier::Owned),
+        Inventory { shapes: vec![shape("h100", 8, &[0, 0])] },
+        pressure,
+        true,
+    )
+}
+
 #[test]
 fn wait_estimate_follows_pending_gpus_and_releases() {
     let pressure = QueuePressure {
@@ -354,13 +364,7 @@ fn wait_estimate_follows_pending_gpus_and_releases() {
         releases: vec![GpuRelease { after_secs: 900, gpus: 8 }, GpuRelease { after_secs: 300, gpus: 8 }],
         estimated_wait_secs: 0,
     };
-    let c = ClusterSnapshot::new(
-        info("q", "us-east", Tier::Owned),
-        Inventory { shapes: vec![shape("h100", 8, &[0, 0])] },
-        pressure,
-        true,
-    );
-    let fed = federation(vec![c]);
+    let fed = federation(vec![full_h100_pair(pressure)]);
     // 8 pending + 8 wanted: 16 GPUs free after both releases (sorted: 300 s, then 900 s).
     let d = place(&job(1, 8), &fed, &PlacementConfig::default());
     assert_eq!(d.chosen.as_ref().map(|c| c.expected_start_secs), Some(900.0));
@@ -378,13 +382,7 @@ fn jobs_deciding_to_wait_earlier_in_a_round_lengthen_the_expected_wait() {
         releases: vec![GpuRelease { after_secs: 300, gpus: 8 }, GpuRelease { after_secs: 900, gpus: 8 }],
         estimated_wait_secs: 0,
     };
-    let c = ClusterSnapshot::new(
-        info("q", "us-east", Tier::Owned),
-        Inventory { shapes: vec![shape("h100", 8, &[0, 0])] },
-        pressure,
-        true,
-    );
-    let mut fed = federation(vec![c]);
+    let mut fed = federation(vec![full_h100_pair(pressure)]);
     let wait = |fed: &FederationSnapshot| place(&job(1, 8), fed, &PlacementConfig::default()).chosen.unwrap();
     assert_eq!(wait(&fed).expected_start_secs, 300.0);
     // An 8-GPU job ahead in this round takes the first release: this one waits for the second.

@@ -588,18 +588,7 @@ impl<'a> Replay<'a> {
     fn local_job(&self, job: &SimJob, cluster: usize) -> Result<LocalJob, SimError> {
         let tenant = self.workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
         let member = self.members.get(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
-        Ok(LocalJob {
-            id: job.id.to_string(),
-            queue: member.scheduler.queue_for(tenant).to_owned(),
-            priority: DEFAULT_PRIORITY,
-            replicas: job.replicas,
-            gpus: job.gpus_per_replica,
-            cpu: 0,
-            memory_gib: 0,
-            gpu_types: job.gpu_type.iter().cloned().collect(),
-            gpu_memory_gib: 0,
-            run_for: Duration::from_secs(job.duration_secs),
-        })
+        Ok(local_job(job, job.id.to_string(), member.scheduler.queue_for(tenant).to_owned()))
     }
 
     fn mark(&mut self, cluster: usize) {
@@ -694,18 +683,7 @@ impl<'a> Feasibility<'a> {
             let index = match feasibility.by_shape.get(&key) {
                 Some(&index) => index,
                 None => {
-                    let probe = LocalJob {
-                        id: String::new(),
-                        queue: String::new(),
-                        priority: 0,
-                        replicas: job.replicas,
-                        gpus: job.gpus_per_replica,
-                        cpu: 0,
-                        memory_gib: 0,
-                        gpu_types: job.gpu_type.iter().cloned().collect(),
-                        gpu_memory_gib: 0,
-                        run_for: Duration::ZERO,
-                    };
+                    let probe = local_job(job, String::new(), String::new());
                     let list: Vec<usize> = members
                         .iter()
                         .enumerate()
@@ -896,6 +874,23 @@ impl FreeRoom {
 
     fn might_fit(&self, job: &SimJob) -> bool {
         self.clusters.iter().any(|&(total, most)| total >= job.gpus() && most >= job.gpus_per_replica)
+    }
+}
+
+/// What an agent hands its scheduler for `job`: GPUs only (simulated nodes are sized by GPUs),
+/// the job's GPU-type pin, and its real run time.
+fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
+    LocalJob {
+        id,
+        queue,
+        priority: DEFAULT_PRIORITY,
+        replicas: job.replicas,
+        gpus: job.gpus_per_replica,
+        cpu: 0,
+        memory_gib: 0,
+        gpu_types: job.gpu_type.iter().cloned().collect(),
+        gpu_memory_gib: 0,
+        run_for: Duration::from_secs(job.duration_secs),
     }
 }
 

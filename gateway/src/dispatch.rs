@@ -427,6 +427,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_long_waiting_gang_holds_its_cluster_and_only_shorter_jobs_backfill() {
+        // holdAfterSecs 0: any queued job that cannot start holds its cluster at once.
+        let mut config = GatewayConfig::default();
+        config.placement.hold_after_secs = 0.0;
+        let gateway = gateway(config);
+        let (connection, mut rx) = connect(&gateway);
+        assert!(matches!(next(&mut rx), pb::gateway_message::Body::Welcome(_)));
+        gateway.agent_message("east", connection, inventory(&[8, 0])).unwrap();
+        let gang = "name: gang\ntenant: t\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+        let (gang, _) = gateway.submit(gang).unwrap();
+        gateway.placement_round().unwrap();
+        assert_eq!(gateway.get(&gang.id).unwrap().state, JobState::Queued, "2×8 does not fit on one free node");
+
+        // Its expected start is unknown (no release profile): the default 6 h. A 10-hour job would
+        // delay it, so it may not take the free node; a 1-hour job may.
+        let job = |name: &str, hours: u32| {
+            format!(
+                "name: {name}\ntenant: u\ngang: {{replicas: 1, resources: {{gpus: 8}}}}\nruntime: {{estimate: {hours}h}}\npayload: {{command: [x]}}\n"
+            )
+        };
+        let (long, _) = gateway.submit(&job("long", 10)).unwrap();
+        gateway.placement_round().unwrap();
+        assert_eq!(gateway.get(&long.id).unwrap().state, JobState::Queued);
+        let explained = gateway.explain(&long.id).unwrap();
+        let reasons = explained.candidates.iter().flat_map(|c| c.reasons.iter()).cloned().collect::<Vec<_>>();
+        assert!(reasons.iter().any(|r| r.contains("held for an older gang")), "{reasons:?}");
+
+        let (short, _) = gateway.submit(&job("short", 1)).unwrap();
+        gateway.placement_round().unwrap();
+        assert_eq!(gateway.get(&short.id).unwrap().state, JobState::Offered, "backfill ends before the gang");
+        assert_eq!(gateway.get(&long.id).unwrap().state, JobState::Queued);
+    }
+
+    #[tokio::test]
     async fn an_accepted_offer_binds_and_a_running_report_runs() {
         let gateway = gateway(GatewayConfig::default());
         let (id, connection, _rx) = offered(&gateway);

@@ -15,24 +15,20 @@
 //! the gateway. A job is bound when its best cluster can start it now, as in production.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
-use std::ops::Bound;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use meridian_agent::builtin::{BuiltinScheduler, LocalJob, QueueSpec, Started};
-use meridian_proto::duration::HumanDuration;
-use meridian_proto::inventory::{QueuePressure, Tier};
-use meridian_proto::spec::{
-    BurstPolicy, DEFAULT_PRIORITY, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
-};
+use meridian_proto::spec::DEFAULT_PRIORITY;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::federation::{FreeRoom, Gateway, HOLD_SCAN};
 use super::policy::Policy;
 use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
-use crate::placement::{self, ClusterSnapshot, FederationSnapshot, Holds, PlacementConfig};
+use crate::placement::{self, ClusterSnapshot, PlacementConfig};
 
 /// Bytes in a GiB over bytes in a GB: dataset sizes are in GiB, prices and links per GB.
 const GB_PER_GIB: f64 = 1.073_741_824;
@@ -82,8 +78,8 @@ pub fn run(
 }
 
 /// One member cluster in the replay.
-struct Member {
-    scheduler: BuiltinScheduler,
+pub(super) struct Member {
+    pub(super) scheduler: BuiltinScheduler,
     /// US$ per GPU-hour and GPUs of each node, by node name.
     nodes: HashMap<String, (f64, u32)>,
     busy_gpu_secs: u64,
@@ -118,33 +114,6 @@ struct Replay<'a> {
     events: u64,
     finished: u64,
 }
-
-/// Meridian's federation queue and its view of the members.
-struct Gateway {
-    snapshot: FederationSnapshot,
-    /// When each cluster's snapshot was taken.
-    reported_at: Vec<u64>,
-    /// Queued jobs per tenant, oldest first (all simulated jobs share one priority).
-    queued: Vec<BTreeSet<(u64, u32)>>,
-    /// GPUs each tenant holds: bound, in transit or running.
-    usage: Vec<u64>,
-    /// Specs of queued jobs.
-    specs: HashMap<u32, JobSpec>,
-    /// Jobs bound to a cluster whose data is still being copied there, with their spec: the
-    /// snapshot keeps their GPUs reserved until they arrive (as the gateway does for offers the
-    /// agent has not yet accepted).
-    in_transit: BTreeMap<u32, (usize, JobSpec)>,
-    /// Cluster index by name.
-    index: HashMap<String, usize>,
-    /// Queued jobs, oldest first, to find gangs that have waited long enough to hold a cluster.
-    by_age: BTreeSet<(u64, u32)>,
-    /// Clusters held for long-waiting gangs.
-    holds: Holds<u32>,
-}
-
-/// Oldest queued jobs looked at per pass when deciding holds: holds go to the oldest, and one
-/// per cluster, so a few dozen cover any fleet while keeping passes cheap.
-const HOLD_SCAN: usize = 64;
 
 impl<'a> Replay<'a> {
     fn new(
@@ -251,8 +220,7 @@ impl<'a> Replay<'a> {
                 self.finished += 1;
             }
             self.progress.store(self.finished, Ordering::Relaxed);
-            self.changed[cluster] = true;
-            self.mark(cluster);
+            self.requeue_local(cluster);
         }
         Ok(())
     }
@@ -358,7 +326,7 @@ impl<'a> Replay<'a> {
         {
             // The offer pins the GPU type placement costed.
             local.gpu_types = spec.gang.resources.gpu_types;
-            self.dirty[cluster] = true;
+            self.mark(cluster);
         }
         let at = Duration::from_secs(now);
         let Some(member) = self.members.get_mut(cluster) else {
@@ -384,8 +352,7 @@ impl<'a> Replay<'a> {
             .scheduler
             .submit(local, at)
             .map_err(|e| invariant(format!("cluster `{}` refused job {id}: {e}", self.cluster_name(cluster))))?;
-        self.changed[cluster] = true;
-        self.mark(cluster);
+        self.requeue_local(cluster);
         Ok(())
     }
 
@@ -393,7 +360,9 @@ impl<'a> Replay<'a> {
     fn schedule(&mut self, now: u64) -> Result<(), SimError> {
         let at = Duration::from_secs(now);
         while let Some(cluster) = self.changed.iter().position(|&c| c) {
-            self.changed[cluster] = false;
+            if let Some(flag) = self.changed.get_mut(cluster) {
+                *flag = false;
+            }
             let Some(member) = self.members.get_mut(cluster) else { continue };
             let started = member.scheduler.schedule(at);
             if !started.is_empty() {
@@ -444,8 +413,7 @@ impl<'a> Replay<'a> {
                     && member.scheduler.cancel(&started.job_id) != meridian_agent::builtin::Cancelled::NotFound
                 {
                     // The withdrawn copy may have been a queue's blocked head.
-                    self.changed[other] = true;
-                    self.mark(other);
+                    self.requeue_local(other);
                 }
             }
         }
@@ -514,7 +482,7 @@ impl<'a> Replay<'a> {
                 local.gpu_types = pinned.clone();
                 let Some(member) = self.members.get_mut(cluster) else { continue };
                 let Ok(started) = member.scheduler.start_now(local, Duration::from_secs(now)) else {
-                    self.dirty[cluster] = true;
+                    self.mark(cluster);
                     continue;
                 };
                 self.mark(cluster);
@@ -591,6 +559,15 @@ impl<'a> Replay<'a> {
         Ok(local_job(job, job.id.to_string(), member.scheduler.queue_for(tenant).to_owned()))
     }
 
+    /// The cluster's local queues changed: run its scheduler, and report it to the gateway again.
+    fn requeue_local(&mut self, cluster: usize) {
+        if let Some(changed) = self.changed.get_mut(cluster) {
+            *changed = true;
+        }
+        self.mark(cluster);
+    }
+
+    /// The cluster's scheduler changed: the gateway's snapshot of it is stale.
     fn mark(&mut self, cluster: usize) {
         if let Some(dirty) = self.dirty.get_mut(cluster) {
             *dirty = true;
@@ -716,167 +693,6 @@ impl<'a> Feasibility<'a> {
     }
 }
 
-impl Gateway {
-    fn new(topology: &Topology, workload: &Workload, members: &[Member]) -> Self {
-        let clusters = topology
-            .clusters
-            .iter()
-            .zip(members)
-            .map(|(c, m)| {
-                ClusterSnapshot::new(
-                    c.info.clone(),
-                    m.scheduler.inventory(),
-                    m.scheduler.pressure(Duration::ZERO),
-                    true,
-                )
-            })
-            .collect();
-        Self {
-            snapshot: FederationSnapshot::new(clusters, topology.network.clone()),
-            reported_at: vec![0; topology.clusters.len()],
-            queued: vec![BTreeSet::new(); workload.tenants.len()],
-            usage: vec![0; workload.tenants.len()],
-            specs: HashMap::new(),
-            in_transit: BTreeMap::new(),
-            index: topology.clusters.iter().enumerate().map(|(i, c)| (c.info.name.clone(), i)).collect(),
-            by_age: BTreeSet::new(),
-            holds: Holds::new(topology.clusters.len()),
-        }
-    }
-
-    fn enqueue(&mut self, job: &SimJob, workload: &Workload, burst_after_secs: u64) {
-        let tenant = workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
-        if let Some(queue) = self.queued.get_mut(job.tenant as usize) {
-            queue.insert((job.submit_secs, job.id));
-            self.by_age.insert((job.submit_secs, job.id));
-            self.specs.insert(job.id, spec_of(job, tenant, burst_after_secs));
-        }
-    }
-
-    /// A refused offer: the job queues again, and its tenant no longer holds its GPUs.
-    fn unbind(&mut self, job: &SimJob, workload: &Workload, burst_after_secs: u64) {
-        self.in_transit.remove(&job.id);
-        if let Some(usage) = self.usage.get_mut(job.tenant as usize) {
-            *usage = usage.saturating_sub(job.gpus());
-        }
-        self.enqueue(job, workload, burst_after_secs);
-    }
-
-    /// Takes `job` out of the queue, bound to `cluster`; `in_transit` is the GPU type its offer
-    /// pins when its data must first be copied there.
-    fn bind(&mut self, job: &SimJob, cluster: usize, in_transit: Option<Vec<String>>) {
-        if let Some(queue) = self.queued.get_mut(job.tenant as usize) {
-            queue.remove(&(job.submit_secs, job.id));
-        }
-        self.by_age.remove(&(job.submit_secs, job.id));
-        self.holds.release(&job.id);
-        if let Some(usage) = self.usage.get_mut(job.tenant as usize) {
-            *usage += job.gpus();
-        }
-        if let Some(mut spec) = self.specs.remove(&job.id)
-            && let Some(pinned) = in_transit
-        {
-            spec.gang.resources.gpu_types = pinned;
-            self.in_transit.insert(job.id, (cluster, spec));
-        }
-    }
-
-    /// The next job in the federation queue's order (as [`crate::queue::FairQueue`] yields it):
-    /// the tenant holding the fewest GPUs (equal weights; ties by name), then its oldest job not
-    /// yet tried in this pass.
-    fn next_fair(&self, cursors: &mut [Option<(u64, u32)>], done: &mut [bool]) -> Option<u32> {
-        loop {
-            let tenant = (0..self.queued.len())
-                .filter(|&t| !done.get(t).copied().unwrap_or(true))
-                .min_by_key(|&t| (self.usage.get(t).copied().unwrap_or(0), t))?;
-            let queue = self.queued.get(tenant)?;
-            let cursor = cursors.get_mut(tenant)?;
-            let next = match *cursor {
-                None => queue.iter().next(),
-                Some(after) => queue.range((Bound::Excluded(after), Bound::Unbounded)).next(),
-            };
-            match next {
-                Some(&key) => {
-                    *cursor = Some(key);
-                    return Some(key.1);
-                }
-                None => {
-                    if let Some(d) = done.get_mut(tenant) {
-                        *d = true;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Brings the snapshot up to `now`: clusters that changed report again; the others' release
-    /// times move closer by the time that passed.
-    fn refresh(&mut self, clusters: &[super::topology::SimCluster], members: &[Member], dirty: &mut [bool], now: u64) {
-        for (i, ((cluster, member), snapshot)) in
-            clusters.iter().zip(members).zip(self.snapshot.clusters.iter_mut()).enumerate()
-        {
-            let (Some(dirty), Some(reported_at)) = (dirty.get_mut(i), self.reported_at.get_mut(i)) else { continue };
-            if *dirty {
-                let at = Duration::from_secs(now);
-                *snapshot = ClusterSnapshot::new(
-                    cluster.info.clone(),
-                    member.scheduler.inventory(),
-                    member.scheduler.pressure(at),
-                    true,
-                );
-                for (_, spec) in self.in_transit.values().filter(|(c, _)| *c == i) {
-                    snapshot.reserve(spec);
-                }
-                *dirty = false;
-            } else if *reported_at < now {
-                age(&mut snapshot.pressure, now - *reported_at);
-            }
-            *reported_at = now;
-        }
-    }
-}
-
-/// Moves a pressure report `secs` into the future.
-fn age(pressure: &mut QueuePressure, secs: u64) {
-    for release in &mut pressure.releases {
-        release.after_secs = release.after_secs.saturating_sub(secs);
-    }
-    pressure.estimated_wait_secs = pressure.estimated_wait_secs.saturating_sub(secs);
-}
-
-/// Free GPUs per cluster in the snapshot (total and on the emptiest node), to skip jobs that
-/// cannot start anywhere without asking placement.
-struct FreeRoom {
-    clusters: Vec<(u64, u32)>,
-}
-
-impl FreeRoom {
-    fn of(snapshot: &FederationSnapshot) -> Self {
-        Self { clusters: snapshot.clusters.iter().map(Self::room).collect() }
-    }
-
-    fn room(cluster: &ClusterSnapshot) -> (u64, u32) {
-        let shapes = &cluster.inventory().shapes;
-        let total = shapes.iter().map(|s| u64::from(s.gpus_free())).sum();
-        let most = shapes.iter().flat_map(|s| s.free.iter().map(|n| n.gpus)).max().unwrap_or(0);
-        (total, most)
-    }
-
-    fn update(&mut self, index: usize, cluster: &ClusterSnapshot) {
-        if let Some(slot) = self.clusters.get_mut(index) {
-            *slot = Self::room(cluster);
-        }
-    }
-
-    fn any(&self) -> bool {
-        self.clusters.iter().any(|&(total, _)| total > 0)
-    }
-
-    fn might_fit(&self, job: &SimJob) -> bool {
-        self.clusters.iter().any(|&(total, most)| total >= job.gpus() && most >= job.gpus_per_replica)
-    }
-}
-
 /// What an agent hands its scheduler for `job`: GPUs only (simulated nodes are sized by GPUs),
 /// the job's GPU-type pin, and its real run time.
 fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
@@ -894,49 +710,8 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
     }
 }
 
-/// The job spec a user would have submitted for `job`.
-pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
-    JobSpec {
-        name: format!("job-{}", job.id),
-        tenant: tenant.to_owned(),
-        priority: DEFAULT_PRIORITY,
-        labels: BTreeMap::new(),
-        idempotency_key: None,
-        gang: GangSpec {
-            replicas: job.replicas,
-            resources: Resources {
-                gpus: job.gpus_per_replica,
-                gpu_types: job.gpu_type.iter().cloned().collect(),
-                gpu_memory_gib: 0,
-                cpu: 0,
-                memory_gib: 0,
-            },
-        },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.duration_secs), limit: None },
-        data: job
-            .dataset
-            .iter()
-            .map(|d| DataRef {
-                uri: format!("s3://sim/job-{}", job.id),
-                size_gib: d.size_gib,
-                region: d.region.clone(),
-            })
-            .collect(),
-        placement: PlacementRules {
-            burst: BurstPolicy::After { after: HumanDuration::from_secs(burst_after_secs), max_usd_per_hour: None },
-            ..PlacementRules::default()
-        },
-        payload: Payload { image: Some("sim".to_owned()), ..Payload::default() },
-    }
-}
-
 fn invariant(message: String) -> SimError {
     SimError::Invalid(format!("simulation invariant broken: {message}"))
-}
-
-/// The tier of a cluster, for callers that only have its index.
-pub fn tier(topology: &Topology, cluster: u32) -> Option<Tier> {
-    topology.clusters.get(cluster as usize).map(|c| c.info.tier)
 }
 
 #[cfg(test)]

@@ -9,11 +9,13 @@
 //! - [`workload`]: the Philly trace reader, the synthetic generator, and decoration (tenant
 //!   homes, datasets, GPU-type pins).
 //! - [`topology`]: the simulated fleet from YAML (clusters, node shapes, prices, network).
-//! - `engine` and `policy`: the event loop and the placement policies (ours and the baselines).
+//! - `engine`, `federation` and `policy`: the event loop, Meridian's federation queue and view of
+//!   the members, and the placement policies (ours and the baselines).
 //! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart.
 
 pub mod command;
 pub mod engine;
+mod federation;
 pub mod job;
 pub mod metrics;
 pub mod plot;

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::config::GatewayConfig;
 use crate::dispatch;
-use crate::placement::{self, Decision, FederationSnapshot, Holds};
+use crate::placement::{self, Decision, Holds};
 use crate::queue::{FairQueue, QueuedJob};
 use crate::registry::{AgentLink, ClusterSummary, Registry};
 use crate::store::{self, JobRecord, Store};
@@ -506,67 +506,30 @@ fn place_queue(inner: &Inner, state: &mut State) {
         return;
     }
     let at_ms = now_ms();
+    let now_secs = at_ms as f64 / 1000.0;
     let config = &inner.config.placement;
     let waited = |submitted_at_ms: i64| (at_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
-    let holds = decide_holds(state, &queued, &snapshot, config, at_ms);
+    let mut oldest: Vec<&QueuedJob> = queued.iter().collect();
+    oldest.sort_by(|a, b| a.submitted_at_ms.cmp(&b.submitted_at_ms).then_with(|| a.id.cmp(&b.id)));
+    let oldest_first = oldest.into_iter().filter_map(|next| {
+        let job = state.jobs.get(&next.id)?;
+        Some((next.id.clone(), &job.spec, waited(next.submitted_at_ms)))
+    });
+    let holds = Holds::for_round(oldest_first, &snapshot, config, now_secs);
     let mut queue = FairQueue::new(queued, &usage, |t| inner.config.tenant_weight(t));
-    let now_secs = at_ms as f64 / 1000.0;
     while let Some(next) = queue.pop_next() {
         let Some(job) = state.jobs.get(&next.id) else { continue };
-        let masked = holds.mask(&mut snapshot, &next.id, now_secs, job.spec.runtime.estimate.as_secs_f64());
-        let mut decision = placement::place_waited(&job.spec, &snapshot, config, waited(next.submitted_at_ms));
-        holds.restore(&mut snapshot, &masked, Some(&mut decision));
-        match decision.chosen.as_ref() {
-            Some(choice) if choice.starts_now => {
-                let (cluster, gpu_type) = (choice.cluster.clone(), choice.gpu_type.clone());
-                if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
-                    target.reserve(&job.spec);
-                }
-                queue.placed(&next);
-                dispatch::offer(inner, state, &next.id, &cluster, &gpu_type, &decision.summary);
+        let decision = holds.place(&mut snapshot, &next.id, &job.spec, waited(next.submitted_at_ms), config, now_secs);
+        if let Some(choice) = decision.chosen.as_ref().filter(|c| c.starts_now) {
+            let (cluster, gpu_type) = (choice.cluster.clone(), choice.gpu_type.clone());
+            if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
+                target.reserve(&job.spec);
             }
-            Some(choice) => {
-                // Jobs later in this round queue behind this one there.
-                if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == choice.cluster) {
-                    target.expect_waiting(u64::from(next.gpus));
-                }
-            }
-            None => {}
+            queue.placed(&next);
+            dispatch::offer(inner, state, &next.id, &cluster, &gpu_type, &decision.summary);
         }
         state.decisions.insert(next.id.clone(), Decided { at_ms, decision });
     }
-}
-
-/// Oldest queued jobs looked at per round when deciding holds (one hold per cluster goes to the
-/// oldest jobs, so a few dozen cover any federation).
-const HOLD_SCAN: usize = 64;
-
-/// Holds for this round: the oldest queued jobs that have waited `holdAfterSecs` and cannot start
-/// now hold their best cluster, one hold per cluster (see [`Holds`]).
-fn decide_holds(
-    state: &State,
-    queued: &[QueuedJob],
-    snapshot: &FederationSnapshot,
-    config: &placement::PlacementConfig,
-    at_ms: i64,
-) -> Holds<String> {
-    let mut holds = Holds::new(snapshot.clusters.len());
-    let mut oldest: Vec<&QueuedJob> = queued.iter().collect();
-    oldest.sort_by(|a, b| a.submitted_at_ms.cmp(&b.submitted_at_ms).then_with(|| a.id.cmp(&b.id)));
-    for next in oldest.into_iter().take(HOLD_SCAN) {
-        let waited = (at_ms.saturating_sub(next.submitted_at_ms) as f64 / 1000.0).max(0.0);
-        if waited < config.hold_after_secs || holds.all_held() {
-            break;
-        }
-        let Some(job) = state.jobs.get(&next.id) else { continue };
-        let decision = placement::place_waited(&job.spec, snapshot, config, waited);
-        if let Some(choice) = decision.chosen.filter(|c| !c.starts_now)
-            && let Some(index) = snapshot.clusters.iter().position(|c| *c.name() == choice.cluster)
-        {
-            holds.hold(index, next.id.clone(), at_ms as f64 / 1000.0 + choice.expected_start_secs);
-        }
-    }
-    holds
 }
 
 /// Addresses the gateway listens on (after binding port 0, the real ports).

@@ -8,10 +8,22 @@
 //! until the gang's expected start. While the hold lasts, other jobs may still take the cluster's
 //! free GPUs, but only jobs whose runtime estimate ends before the holder is expected to start
 //! (backfill), so they never delay it. One hold per cluster; the gang's own offer ends its hold.
+//!
+//! A placement round (the gateway's `place_queue`, and the simulator's replay of it) decides the
+//! round's holds with [`Holds::for_round`], then each queued job in fair-share order with
+//! [`Holds::place`].
+
+use meridian_proto::spec::JobSpec;
 
 use super::decision::{Decision, Verdict};
 use super::filter::Rejection;
+use super::place_waited;
+use super::score::PlacementConfig;
 use super::snapshot::FederationSnapshot;
+
+/// Oldest queued jobs looked at per round when deciding holds: holds go to the oldest jobs, one
+/// per cluster, so a few dozen cover any federation while keeping rounds cheap.
+pub const HOLD_SCAN: usize = 64;
 
 /// Clusters held for gangs, by index into a [`FederationSnapshot`]'s clusters.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +50,59 @@ impl<Id: PartialEq + Clone> Holds<Id> {
     /// Drops every hold (before holds are decided again).
     pub fn clear(&mut self) {
         self.by_cluster.iter_mut().for_each(|h| *h = None);
+    }
+
+    /// This round's holds. `oldest_first` yields queued jobs (id, spec, seconds waited), oldest
+    /// first; of the first [`HOLD_SCAN`], those that have waited `holdAfterSecs` and cannot start
+    /// now hold the cluster placement prefers for them, until their expected start (seconds from
+    /// `now_secs` on the caller's clock). One hold per cluster.
+    pub fn for_round<'a>(
+        oldest_first: impl IntoIterator<Item = (Id, &'a JobSpec, f64)>,
+        snapshot: &FederationSnapshot,
+        config: &PlacementConfig,
+        now_secs: f64,
+    ) -> Self {
+        let mut holds = Self::new(snapshot.clusters.len());
+        for (id, job, waited_secs) in oldest_first.into_iter().take(HOLD_SCAN) {
+            if waited_secs < config.hold_after_secs || holds.all_held() {
+                break;
+            }
+            let decision = place_waited(job, snapshot, config, waited_secs);
+            if let Some(choice) = decision.chosen.filter(|c| !c.starts_now)
+                && let Some(index) = snapshot.clusters.iter().position(|c| *c.name() == choice.cluster)
+            {
+                holds.hold(index, id, now_secs + choice.expected_start_secs);
+            }
+        }
+        holds
+    }
+
+    /// Decides for queued job `id` in a placement round: clusters held for other jobs that it
+    /// would still occupy when they are expected to start are closed to it, and the decision says
+    /// so. When its best cluster cannot start it now, it stays queued and counts as waiting
+    /// there for every job decided after it in the round
+    /// ([`ClusterSnapshot::expect_waiting`](super::ClusterSnapshot::expect_waiting)).
+    ///
+    /// When the decision starts the job now, the caller offers it and
+    /// [`reserve`](super::ClusterSnapshot::reserve)s its nodes.
+    pub fn place(
+        &self,
+        snapshot: &mut FederationSnapshot,
+        id: &Id,
+        job: &JobSpec,
+        waited_secs: f64,
+        config: &PlacementConfig,
+        now_secs: f64,
+    ) -> Decision {
+        let masked = self.mask(snapshot, id, now_secs, job.runtime.estimate.as_secs_f64());
+        let mut decision = place_waited(job, snapshot, config, waited_secs);
+        self.restore(snapshot, &masked, Some(&mut decision));
+        if let Some(choice) = decision.chosen.as_ref().filter(|c| !c.starts_now)
+            && let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == choice.cluster)
+        {
+            target.expect_waiting(u64::from(job.total_gpus()));
+        }
+        decision
     }
 
     /// Holds `cluster` for `job`, expected to start at `start_at` (seconds on the caller's clock),

@@ -31,7 +31,7 @@ use meridian_proto::spec::{BurstPolicy, JobSpec};
 
 pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
-pub use hold::Holds;
+pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
 pub use network::{LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};

@@ -24,11 +24,11 @@ use meridian_proto::spec::DEFAULT_PRIORITY;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::federation::{FreeRoom, Gateway, HOLD_SCAN};
+use super::federation::{FreeRoom, Gateway};
 use super::policy::Policy;
 use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
-use crate::placement::{self, ClusterSnapshot, PlacementConfig};
+use crate::placement::{self, ClusterSnapshot, Holds, PlacementConfig};
 
 /// Bytes in a GiB over bytes in a GB: dataset sizes are in GiB, prices and links per GB.
 const GB_PER_GIB: f64 = 1.073_741_824;
@@ -436,7 +436,11 @@ impl<'a> Replay<'a> {
         }
         gateway.refresh(&self.topology.clusters, &self.members, &mut self.dirty, now);
         gateway.snapshot.clusters.iter_mut().for_each(ClusterSnapshot::clear_waiting);
-        self.decide_holds(gateway, now)?;
+        let oldest_first = gateway
+            .by_age
+            .iter()
+            .filter_map(|&(submit, id)| Some((id, gateway.specs.get(&id)?, now.saturating_sub(submit) as f64)));
+        gateway.holds = Holds::for_round(oldest_first, &gateway.snapshot, &self.config.placement, now as f64);
         let mut free = FreeRoom::of(&gateway.snapshot);
         let mut cursors: Vec<Option<(u64, u32)>> = vec![None; gateway.queued.len()];
         let mut done = vec![false; gateway.queued.len()];
@@ -458,20 +462,9 @@ impl<'a> Replay<'a> {
                 continue;
             }
             let waited = now.saturating_sub(job.submit_secs) as f64;
-            let masked = gateway.holds.mask(&mut gateway.snapshot, &id, now as f64, job.duration_secs as f64);
-            let Some(spec) = gateway.specs.get(&id) else { continue };
-            let decision = placement::place_waited(spec, &gateway.snapshot, &self.config.placement, waited);
-            gateway.holds.restore(&mut gateway.snapshot, &masked, None);
-            let Some(choice) = decision.chosen else { continue };
-            if !choice.starts_now {
-                // Jobs placed after this one in the pass queue behind it there.
-                if let Some(target) =
-                    gateway.index.get(choice.cluster.as_str()).and_then(|&c| gateway.snapshot.clusters.get_mut(c))
-                {
-                    target.expect_waiting(job.gpus());
-                }
-                continue;
-            }
+            let decision =
+                gateway.holds.place(&mut gateway.snapshot, &id, spec, waited, &self.config.placement, now as f64);
+            let Some(choice) = decision.chosen.filter(|c| c.starts_now) else { continue };
             let Some(&cluster) = gateway.index.get(choice.cluster.as_str()) else { continue };
             let (transfer_secs, _, _) = self.transfer(job, cluster);
             // The offer pins the GPU type placement costed, as the gateway's offers do.
@@ -496,28 +489,6 @@ impl<'a> Replay<'a> {
             }
             fits_somewhere.clear();
             gateway.bind(job, cluster, (transfer_secs > 0).then_some(pinned));
-        }
-        Ok(())
-    }
-
-    /// Decides holds afresh: the oldest queued jobs that have waited `holdAfterSecs` and cannot
-    /// start now hold their best cluster, one hold per cluster.
-    fn decide_holds(&self, gateway: &mut Gateway, now: u64) -> Result<(), SimError> {
-        gateway.holds.clear();
-        let threshold = self.config.placement.hold_after_secs;
-        let oldest: Vec<(u64, u32)> = gateway.by_age.iter().take(HOLD_SCAN).copied().collect();
-        for (submit, id) in oldest {
-            let waited = now.saturating_sub(submit) as f64;
-            if waited < threshold || gateway.holds.all_held() {
-                break;
-            }
-            let Some(spec) = gateway.specs.get(&id) else { continue };
-            let decision = placement::place_waited(spec, &gateway.snapshot, &self.config.placement, waited);
-            if let Some(choice) = decision.chosen.filter(|c| !c.starts_now)
-                && let Some(&cluster) = gateway.index.get(choice.cluster.as_str())
-            {
-                gateway.holds.hold(cluster, id, now as f64 + choice.expected_start_secs);
-            }
         }
         Ok(())
     }

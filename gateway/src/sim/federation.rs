@@ -43,10 +43,6 @@ pub(super) struct Gateway {
     pub(super) holds: Holds<u32>,
 }
 
-/// Oldest queued jobs looked at per pass when deciding holds: holds go to the oldest, and one
-/// per cluster, so a few dozen cover any fleet while keeping passes cheap.
-pub(super) const HOLD_SCAN: usize = 64;
-
 impl Gateway {
     pub(super) fn new(topology: &Topology, workload: &Workload, members: &[Member]) -> Self {
         let clusters = topology

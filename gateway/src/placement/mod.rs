@@ -33,7 +33,7 @@ pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
 pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
-pub use network::{LinkCost, NetworkError, NetworkLink, NetworkTable};
+pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 

@@ -43,6 +43,20 @@ pub struct LinkCost {
     pub usd_per_gb: f64,
 }
 
+/// Bytes in a GiB over bytes in a GB: dataset sizes are in GiB, prices and link speeds per GB.
+const GB_PER_GIB: f64 = 1.073_741_824;
+
+/// What copying a dataset to another region takes.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DataCopy {
+    /// GB (10^9 bytes) moved.
+    pub gb: f64,
+    /// Seconds at the link's bandwidth (infinite over a link of no bandwidth).
+    pub secs: f64,
+    /// US$ of egress.
+    pub usd: f64,
+}
+
 /// One configured link, as written in the gateway config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -139,6 +153,19 @@ impl NetworkTable {
         })
     }
 
+    /// What copying `size_gib` GiB of data from region `from` to region `to` takes; nothing
+    /// when both are the same region (the data is already there).
+    pub fn copy(&self, from: &str, to: &str, size_gib: f64) -> DataCopy {
+        if from == to {
+            return DataCopy::default();
+        }
+        let link = self.link(from, to);
+        let gb = size_gib * GB_PER_GIB;
+        // Links are validated positive; the guard keeps a hand-built table from dividing by 0.
+        let secs = if link.gbps > 0.0 { gb * 8.0 / link.gbps } else { f64::INFINITY };
+        DataCopy { gb, secs, usd: gb * link.usd_per_gb }
+    }
+
     /// A table for the regions `us-east`, `us-west`, `eu-west`, `eu-central` and `ap-northeast`.
     ///
     /// Numbers are picked from public measurements between the matching AWS regions (Skyplane's
@@ -193,6 +220,16 @@ impl From<NetworkTable> for Vec<NetworkLink> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copying_costs_time_and_egress_between_regions_and_nothing_within_one() {
+        let table = NetworkTable::default_seeded();
+        assert_eq!(table.copy("us-east", "us-east", 500.0), DataCopy::default());
+        let copy = table.copy("us-east", "us-west", 100.0);
+        assert!((copy.gb - 107.374_182_4).abs() < 1e-9);
+        assert!((copy.secs - copy.gb * 8.0 / 4.35).abs() < 1e-9);
+        assert!((copy.usd - copy.gb * 0.02).abs() < 1e-9);
+    }
 
     #[test]
     fn lookup_is_symmetric_when_one_direction_is_listed() {

@@ -16,9 +16,6 @@ use super::name::Name;
 use super::network::NetworkTable;
 use super::snapshot::ClusterSnapshot;
 
-/// Bytes in a GiB over bytes in a GB: sizes are given in GiB, prices and link speeds per GB.
-const GB_PER_GIB: f64 = 1.073_741_824;
-
 /// Weights that turn money and fragmentation into seconds of delay. The defaults read as
 /// documentation of what the federation values.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -150,12 +147,10 @@ impl<'a> RegionCosts<'a> {
             return (secs, usd);
         }
         let (mut secs, mut usd) = (0.0, 0.0);
-        for data in self.data.iter().filter(|d| d.region != region) {
-            let link = self.network.link(&data.region, region);
-            let gb = data.size_gib * GB_PER_GIB;
-            // Links are validated positive; the guard keeps a hand-built table from dividing by 0.
-            secs += if link.gbps > 0.0 { gb * 8.0 / link.gbps } else { f64::INFINITY };
-            usd += gb * link.usd_per_gb;
+        for data in self.data {
+            let copy = self.network.copy(&data.region, region, data.size_gib);
+            secs += copy.secs;
+            usd += copy.usd;
         }
         self.cache.push((region, secs, usd));
         (secs, usd)

@@ -30,9 +30,6 @@ use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
 use crate::placement::{self, ClusterSnapshot, Holds, PlacementConfig};
 
-/// Bytes in a GiB over bytes in a GB: dataset sizes are in GiB, prices and links per GB.
-const GB_PER_GIB: f64 = 1.073_741_824;
-
 /// How one replay runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
@@ -518,10 +515,10 @@ impl<'a> Replay<'a> {
         if data.region == target.info.region {
             return (0, 0.0, 0.0);
         }
-        let link = self.topology.network.link(&data.region, &target.info.region);
-        let gb = data.size_gib * GB_PER_GIB;
-        let secs = if link.gbps > 0.0 { (gb * 8.0 / link.gbps).ceil() as u64 } else { u64::MAX / 4 };
-        (secs.max(1), gb, gb * link.usd_per_gb)
+        let copy = self.topology.network.copy(&data.region, &target.info.region, data.size_gib);
+        // Whole seconds, at least one, so a copy is always an event of its own.
+        let secs = if copy.secs.is_finite() { copy.secs.ceil() as u64 } else { u64::MAX / 4 };
+        (secs.max(1), copy.gb, copy.usd)
     }
 
     fn local_job(&self, job: &SimJob, cluster: usize) -> Result<LocalJob, SimError> {

@@ -220,7 +220,8 @@ fn replay_all(
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
-                    while let Some(i) = Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&i| i < policies.len()) {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
                         let (Some(&policy), Some(counter)) = (policies.get(i), progress.get(i)) else { break };
                         let config = SimConfig {
                             seed: args.seed,
@@ -238,7 +239,8 @@ fn replay_all(
             .collect();
         if draw {
             let total = workload.jobs.len() as u64 * policies.len() as u64;
-            while finished.load(Ordering::Relaxed) < policies.len() {
+            // Until every worker is done, even one that died without counting itself finished.
+            while !workers.iter().all(|w| w.is_finished()) {
                 let done: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
                 draw_bar(done, total, finished.load(Ordering::Relaxed), policies.len());
                 std::thread::sleep(Duration::from_millis(200));

@@ -2,8 +2,12 @@
 //!
 //! The gateway's view is a [`FederationSnapshot`] built from each member scheduler's own
 //! `inventory()` and `pressure()` reports, which are what an agent sends. A member is reported
-//! again only when it changed; the others' release times are aged. Queue order, holds and the
-//! placement round itself follow `server::place_queue`; the engine drives them.
+//! again only when it changed; the others' release times are aged.
+//!
+//! Each round decides holds and jobs through the same [`crate::placement::Holds`] calls as
+//! `server::place_queue`. The queue itself keeps [`crate::queue::FairQueue`]'s order, but is kept
+//! from event to event instead of rebuilt and sorted each round as the gateway does: a replay runs
+//! a round at every one of hundreds of thousands of events, over queues thousands of jobs long.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;

@@ -1,6 +1,6 @@
 //! The gateway core: jobs, their life cycle, the placement loop, and the agent streams.
 //!
-//! All mutable state sits in one [`State`] behind a mutex that is never held across an `.await`;
+//! All mutable state sits in one `State` behind a mutex that is never held across an `.await`;
 //! every API (REST, gRPC) and every agent stream calls the same [`Gateway`] methods, so a job
 //! looks the same whichever way it is touched.
 

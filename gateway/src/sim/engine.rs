@@ -9,10 +9,11 @@
 //! bandwidth). Its queueing delay therefore includes the copy, and its GPUs are held only while
 //! it runs, so GPU-seconds used equal GPU-seconds demanded.
 //!
-//! The `meridian` policy keeps jobs in a federation queue and calls [`placement::place`] on a
-//! [`FederationSnapshot`] rebuilt from the schedulers' own `inventory()` and `pressure()` reports
-//! (only for clusters that changed; the others' release times are aged), exactly what agents send
-//! the gateway. A job is bound when its best cluster can start it now, as in production.
+//! The `meridian` policy keeps jobs in a federation queue and runs the gateway's placement round
+//! over it at every event (see `federation.rs`): holds and decisions through
+//! [`crate::placement::Holds`], on a [`crate::placement::FederationSnapshot`] rebuilt from the
+//! schedulers' own `inventory()` and `pressure()` reports, exactly what agents send. A job is
+//! bound when its best cluster can start it now, as in production.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    // Service stubs only with the `grpc` feature; message types always.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
+    tonic_prost_build::configure().build_client(grpc).build_server(grpc).compile_fds(descriptors)?;
     Ok(())
 }

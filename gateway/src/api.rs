@@ -326,7 +326,7 @@ impl pb::jobs_server::Jobs for JobsApi {
         }
         let filter = grpc(parse_filter(&params))?;
         let jobs = grpc(self.gateway.list(&filter))?;
-        Ok(tonic::Response::new(pb::ListJobsResponse { jobs: jobs.iter().map(job_to_wire).collect() }))
+        Ok(tonic::Response::new(pb::ListJobsResponse { jobs: jobs.iter().map(job_to_wire).collect(), continue_token: String::new() }))
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<tonic::Response<pb::Job>, Status> {

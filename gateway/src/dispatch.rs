@@ -38,6 +38,7 @@ pub fn welcome_message<'a>(jobs: impl Iterator<Item = &'a JobRecord>) -> pb::Gat
         body: Some(pb::gateway_message::Body::Welcome(pb::Welcome {
             gateway_version: env!("CARGO_PKG_VERSION").to_string(),
             bound_jobs: jobs.map(offer_message).collect(),
+            lease_ms: 0,
         })),
     }
 }
@@ -89,7 +90,7 @@ pub(crate) fn handle_agent_message(
     entry.last_seen = Instant::now();
     let Some(body) = message.body else { return Ok(false) };
     match body {
-        pb::agent_message::Body::Hello(_) => Ok(false),
+        pb::agent_message::Body::Hello(_) | pb::agent_message::Body::Heartbeat(_) => Ok(false),
         pb::agent_message::Body::Inventory(inv) => {
             let inventory = match Inventory::try_from(inv) {
                 Ok(inventory) => inventory,
@@ -379,6 +380,7 @@ mod tests {
                 state: pb::JobState::from(state) as i32,
                 message: String::new(),
                 nodes: vec!["dgx-0".into()],
+                requeue: false,
             })),
         }
     }

@@ -11,9 +11,10 @@ pub mod client;
 pub mod config;
 pub mod demo;
 pub mod dispatch;
-pub mod placement;
-pub mod queue;
 pub mod registry;
 pub mod server;
 pub mod sim;
 pub mod store;
+
+pub use meridian_placement as placement;
+pub use meridian_placement::queue;

@@ -421,6 +421,7 @@ impl From<&ClusterInfo> for pb::Hello {
             supports_containers: info.supports_containers,
             supports_bare_commands: info.supports_bare_commands,
             agent_version: String::new(),
+            instance_id: String::new(),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! - [`spec`]: the user-facing job spec (`JobSpec`) with its serde names, parsing and validation.
 //! - [`inventory`]: what a member cluster reports (identity, node shapes, queue pressure).
 //! - [`job`]: job identity and life-cycle states.
+//! - [`protocol`]: the agent ↔ gateway messages as domain types.
 
 pub mod config_file;
 pub mod convert;
@@ -12,6 +13,7 @@ pub mod duration;
 pub mod gpu;
 pub mod inventory;
 pub mod job;
+pub mod protocol;
 pub mod selector;
 pub mod spec;
 pub mod validate;
@@ -19,5 +21,5 @@ pub mod validate;
 /// Generated protobuf and gRPC code for package `meridian.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
-    tonic::include_proto!("meridian.v1");
+    include!(concat!(env!("OUT_DIR"), "/meridian.v1.rs"));
 }

@@ -67,7 +67,7 @@ pub enum Rejection {
         backend: BackendKind,
     },
     /// The cluster's free GPUs are held for an older gang that is expected to start there first,
-    /// and this job would still be running then (see [`crate::placement::Holds`]).
+    /// and this job would still be running then (see [`crate::Holds`]).
     HeldForOlderGang {
         /// Seconds until the holding gang is expected to start.
         in_secs: f64,

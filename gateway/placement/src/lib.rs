@@ -20,6 +20,7 @@ mod hold;
 mod index;
 mod name;
 pub mod network;
+pub mod queue;
 pub mod score;
 pub mod snapshot;
 

@@ -37,7 +37,7 @@ pub struct PlacementConfig {
     /// wins; one that saves only minutes still loses to a cheaper owned cluster.
     pub burst_usd_weight: f64,
     /// A queued gang that has waited this long and cannot start yet holds its best cluster (see
-    /// [`crate::placement::Holds`]): other jobs may use that cluster's free GPUs only if they are
+    /// [`crate::Holds`]): other jobs may use that cluster's free GPUs only if they are
     /// expected to finish before the gang is expected to start. Default 1,800 (30 min): long
     /// enough that most jobs never need a hold, short enough that a large gang is not starved
     /// by a stream of small ones.

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group};
-use meridian_gateway::placement::{self, ClusterSnapshot, FederationSnapshot, NetworkTable, PlacementConfig};
+use meridian_placement::{self as placement, ClusterSnapshot, FederationSnapshot, NetworkTable, PlacementConfig};
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::{
     BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,

@@ -1,0 +1,353 @@
+//! Agent streams: hello, reports, heartbeats, and a stream's end.
+//!
+//! Every binding of a job to a cluster carries a fencing token that grows with each offer. A
+//! report or reply with an older token (or from another cluster) describes a stale copy: it is
+//! answered with a cancel (or, for a result, an acknowledgement that drops it) instead of being
+//! applied, so a job never runs twice knowingly.
+
+use std::collections::HashSet;
+
+use meridian_proto::inventory::Inventory;
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
+
+use crate::Core;
+use crate::io::{ConnId, Effects, Error, Reply};
+use crate::record::{JobRecord, KnownCluster, Record};
+use crate::registry::Link;
+
+/// The assignment of a job's current binding, its spec pinned to the GPU type placement chose so
+/// the member cannot pick another type than the one that was costed.
+pub(crate) fn assignment(job: &JobRecord) -> Assignment {
+    let mut spec = job.spec.clone();
+    if let Some(gpu_type) = &job.gpu_type {
+        spec.gang.resources.gpu_types = vec![gpu_type.clone()];
+    }
+    Assignment { job_id: job.id.clone(), fencing_token: job.fencing_token, spec }
+}
+
+/// Whether `job` is currently bound to `cluster` under `token`.
+fn is_current(job: &JobRecord, cluster: &str, token: u64) -> bool {
+    job.cluster.as_deref() == Some(cluster) && job.fencing_token == token
+}
+
+/// Whether two inventories have the same node shapes (ignoring what is free).
+fn same_shapes(a: &Inventory, b: &Inventory) -> bool {
+    a.shapes.len() == b.shapes.len()
+        && a.shapes.iter().zip(&b.shapes).all(|(x, y)| {
+            x.name == y.name
+                && x.gpu_type == y.gpu_type
+                && x.gpus_per_node == y.gpus_per_node
+                && x.cpu_per_node == y.cpu_per_node
+                && x.memory_gib_per_node == y.memory_gib_per_node
+                && x.free.len() == y.free.len()
+        })
+}
+
+impl Core {
+    pub(crate) fn hello(
+        &mut self,
+        conn: ConnId,
+        hello: AgentHello,
+        now_ms: i64,
+        effects: &mut Effects,
+    ) -> Result<Reply, Error> {
+        let name = hello.info.name.clone();
+        if let Some(link) = self.registry.get(&name).and_then(|c| c.link.as_ref())
+            && link.instance != hello.instance_id
+        {
+            tracing::warn!(
+                cluster = %name,
+                live = %link.instance,
+                refused = %hello.instance_id,
+                "refused a second agent for a connected cluster"
+            );
+            return Err(Error::DuplicateAgent { cluster: name, instance: link.instance.clone() });
+        }
+        let link = Link { conn, instance: hello.instance_id.clone() };
+        if let Some(old) = self.registry.connect(hello.info, link, now_ms) {
+            // The same agent process reconnected before its old stream was noticed dead.
+            effects.close.push(old);
+        }
+        self.clusters_version += 1;
+        self.round_wanted = true;
+        let bound: Vec<Assignment> = self
+            .active
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|j| {
+                j.cluster.as_deref() == Some(name.as_str())
+                    && matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown)
+            })
+            .map(|j| assignment(j))
+            .collect();
+        effects.sends.push((conn, GatewayCommand::Welcome { bound, lease: self.config.agent_lease() }));
+        tracing::info!(cluster = %name, conn, instance = %hello.instance_id, "agent connected");
+        Ok(Reply::Attached)
+    }
+
+    pub(crate) fn agent_event(&mut self, conn: ConnId, event: AgentEvent, now_ms: i64, effects: &mut Effects) {
+        let Some(entry) = self.registry.entry_of_mut(conn) else {
+            // A stream that was replaced or dropped; its successor is authoritative.
+            return;
+        };
+        entry.last_seen_ms = now_ms;
+        let cluster = entry.info.name.clone();
+        match event {
+            AgentEvent::Inventory(inventory) => {
+                let shapes_changed = !same_shapes(&entry.inventory, &inventory);
+                entry.inventory = inventory;
+                if shapes_changed {
+                    let known = KnownCluster { info: entry.info.clone(), inventory: entry.inventory.clone() };
+                    effects.persist.push(Record::Cluster(known));
+                }
+                self.clusters_version += 1;
+                self.round_wanted = true;
+            }
+            AgentEvent::Pressure(pressure) => {
+                entry.pressure = pressure;
+                self.clusters_version += 1;
+                self.round_wanted = true;
+            }
+            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => {
+                self.offer_reply(conn, &cluster, &job_id, fencing_token, accepted, &reason, effects);
+            }
+            AgentEvent::Status(report) => self.apply_report(conn, &cluster, report, now_ms, effects),
+            AgentEvent::Heartbeat { seq, jobs } => {
+                let held: HashSet<String> = jobs.iter().map(|r| r.job_id.clone()).collect();
+                for report in jobs {
+                    self.apply_report(conn, &cluster, report, now_ms, effects);
+                }
+                self.missing_from_heartbeat(&cluster, &held, effects);
+                if let Some(lease) = self.config.agent_lease() {
+                    effects.sends.push((conn, GatewayCommand::Lease { heartbeat_seq: seq, lease }));
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn offer_reply(
+        &mut self,
+        conn: ConnId,
+        cluster: &str,
+        job_id: &str,
+        token: u64,
+        accepted: bool,
+        reason: &str,
+        effects: &mut Effects,
+    ) {
+        let current =
+            self.jobs.get(job_id).is_some_and(|j| is_current(j, cluster, token) && j.state == JobState::Offered);
+        if !current {
+            if accepted {
+                // Accepted too late (cancelled, timed out, offered elsewhere): stop that copy.
+                effects.sends.push((conn, GatewayCommand::Cancel { job_id: job_id.to_string(), fencing_token: token }));
+            }
+            return;
+        }
+        let Some(mut job) = self.job_mut(job_id) else { return };
+        if accepted {
+            job.state = JobState::Bound;
+            job.message = if reason.is_empty() {
+                format!("accepted by {cluster}")
+            } else {
+                format!("queued on {cluster}: {reason}")
+            };
+        } else {
+            job.state = JobState::Queued;
+            job.cluster = None;
+            job.gpu_type = None;
+            job.message = format!("{cluster} declined the offer: {reason}");
+            tracing::info!(job = %job.id, cluster, reason, "offer declined");
+        }
+        self.save(job, effects);
+    }
+
+    /// Applies what an agent says about one job (a status message or a heartbeat entry).
+    fn apply_report(&mut self, conn: ConnId, cluster: &str, report: JobReport, now_ms: i64, effects: &mut Effects) {
+        let terminal = report.state.is_terminal();
+        let ack = |effects: &mut Effects| {
+            effects.sends.push((
+                conn,
+                GatewayCommand::Ack { job_id: report.job_id.clone(), fencing_token: report.fencing_token },
+            ));
+        };
+        let cancel = |effects: &mut Effects| {
+            effects.sends.push((
+                conn,
+                GatewayCommand::Cancel { job_id: report.job_id.clone(), fencing_token: report.fencing_token },
+            ));
+        };
+        let Some(mut job) = self.job_mut(&report.job_id).filter(|j| is_current(j, cluster, report.fencing_token))
+        else {
+            // A stale binding (or a job forgotten after retention): drop its result, stop its copy.
+            if terminal {
+                ack(effects);
+            } else {
+                tracing::warn!(job = %report.job_id, cluster, token = report.fencing_token, "stale copy reported; cancelling it");
+                cancel(effects);
+            }
+            return;
+        };
+        if job.state.is_terminal() {
+            if !terminal {
+                // The user cancelled while the stop was in flight or the cluster was away.
+                cancel(effects);
+                return;
+            }
+            if job.state == JobState::Cancelled && report.state == JobState::Cancelled {
+                let message = format!("cancelled by user; stopped on {cluster}");
+                if job.message != message {
+                    job.message = message;
+                    self.save(job, effects);
+                }
+            }
+            ack(effects);
+            return;
+        }
+        let previous = job.state;
+        if terminal {
+            if report.requeue {
+                job.state = JobState::Queued;
+                job.cluster = None;
+                job.gpu_type = None;
+                job.nodes.clear();
+                job.started_at_ms = None;
+                job.message = if report.message.is_empty() {
+                    format!("{cluster} stopped the job; placing it again")
+                } else {
+                    format!("{}; placing it again", report.message)
+                };
+            } else {
+                job.state = report.state;
+                job.finished_at_ms = Some(now_ms);
+                job.message = if report.message.is_empty() {
+                    format!("{} on {cluster}", report.state.as_str().to_lowercase())
+                } else {
+                    report.message.clone()
+                };
+            }
+            tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
+            self.save(job, effects);
+            // Delivered after the record above is durable: only then may the agent forget it.
+            ack(effects);
+            return;
+        }
+        match report.state {
+            JobState::Running => {
+                let nodes_changed = !report.nodes.is_empty() && report.nodes != job.nodes;
+                if previous == JobState::Running && !nodes_changed {
+                    return;
+                }
+                job.state = JobState::Running;
+                if job.started_at_ms.is_none() {
+                    job.started_at_ms = Some(now_ms);
+                }
+                if nodes_changed {
+                    job.nodes = report.nodes;
+                }
+                job.message = format!("running on {cluster}");
+            }
+            JobState::Bound | JobState::Offered => {
+                // Held by the member, waiting in its local queue.
+                let message = if report.message.is_empty() {
+                    format!("accepted by {cluster}")
+                } else {
+                    format!("queued on {cluster}: {}", report.message)
+                };
+                if previous == JobState::Bound && job.message == message {
+                    return;
+                }
+                if previous == JobState::Running {
+                    // A member may requeue a started job locally (preemption); say so.
+                    job.started_at_ms = None;
+                }
+                job.state = JobState::Bound;
+                job.message = message;
+            }
+            JobState::Queued | JobState::Unknown | JobState::Succeeded | JobState::Failed | JobState::Cancelled => {
+                return;
+            }
+        }
+        if job.state != previous {
+            tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
+        }
+        self.save(job, effects);
+    }
+
+    /// Jobs the gateway has bound to `cluster` that the agent's heartbeat does not list: the
+    /// member no longer holds them (its agent restarted with a backend that cannot adopt them,
+    /// or the member lost them). Nothing runs them, so they are placed again.
+    fn missing_from_heartbeat(&mut self, cluster: &str, held: &HashSet<String>, effects: &mut Effects) {
+        let missing: Vec<String> = self
+            .active
+            .iter()
+            .filter(|id| !held.contains(*id))
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|j| {
+                j.cluster.as_deref() == Some(cluster)
+                    && matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown)
+            })
+            .map(|j| j.id.clone())
+            .collect();
+        for id in missing {
+            let Some(mut job) = self.job_mut(&id) else { continue };
+            tracing::warn!(job = %id, cluster, "member no longer holds the job; placing it again");
+            job.state = JobState::Queued;
+            job.cluster = None;
+            job.gpu_type = None;
+            job.nodes.clear();
+            job.started_at_ms = None;
+            job.message = format!(
+                "{cluster} no longer holds the job (its agent restarted or the member lost it); placing it again"
+            );
+            self.save(job, effects);
+        }
+    }
+
+    pub(crate) fn agent_gone(&mut self, conn: ConnId, now_ms: i64, effects: &mut Effects) {
+        let last_seen = self.registry.entry_of_mut(conn).map(|e| e.last_seen_ms);
+        if let Some(cluster) = self.registry.disconnect(conn) {
+            tracing::warn!(cluster = %cluster, conn, "agent disconnected");
+            self.clusters_version += 1;
+            self.cluster_lost(&cluster, last_seen.unwrap_or(now_ms), effects);
+        }
+    }
+
+    /// A cluster's stream is gone: offers return to the queue, bound and running jobs become
+    /// `Unknown`, counted from when the cluster was last heard (the agent's lease runs from then
+    /// too, so the agent stops its copies before the gateway places them again).
+    pub(crate) fn cluster_lost(&mut self, cluster: &str, last_seen_ms: i64, effects: &mut Effects) {
+        let ids: Vec<String> = self
+            .active
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|j| j.cluster.as_deref() == Some(cluster) && crate::jobs::holds_gpus(j.state))
+            .map(|j| j.id.clone())
+            .collect();
+        for id in ids {
+            let Some(mut job) = self.job_mut(&id) else { continue };
+            match job.state {
+                JobState::Offered => {
+                    job.state = JobState::Queued;
+                    job.cluster = None;
+                    job.gpu_type = None;
+                    job.message = format!("{cluster} disconnected before answering the offer");
+                    self.save(job, effects);
+                }
+                JobState::Unknown => {}
+                _ => {
+                    job.state = JobState::Unknown;
+                    job.message = format!(
+                        "{cluster} stopped reporting; the job is placed again elsewhere if it stays away for {}",
+                        meridian_proto::duration::HumanDuration(self.config.lost_job_timeout)
+                    );
+                    self.save(job, effects);
+                    self.unknown_since.insert(id, last_seen_ms);
+                }
+            }
+        }
+        self.round_wanted = true;
+    }
+}

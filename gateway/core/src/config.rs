@@ -1,0 +1,60 @@
+//! The policy the core runs with (the gateway's config file maps onto this).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use meridian_placement::{NetworkTable, PlacementConfig};
+
+/// Timeouts, weights and limits of the core. `Default` reads as the documented defaults.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Placement weights.
+    pub placement: PlacementConfig,
+    /// Region-pair network (seeded defaults plus overrides).
+    pub network: NetworkTable,
+    /// Fair-share weight per tenant.
+    pub tenant_weights: BTreeMap<String, f64>,
+    /// Weight of tenants not listed.
+    pub default_tenant_weight: f64,
+    /// An offer unanswered this long is withdrawn and the job placed again.
+    pub offer_timeout: Duration,
+    /// A cluster silent this long is disconnected and its jobs become `Unknown`.
+    pub cluster_timeout: Duration,
+    /// A job `Unknown` this long, counted from when its cluster was last heard, is placed again.
+    pub lost_job_timeout: Duration,
+    /// Agents get a lease of `lost_job_timeout - lease_margin`: they stop the gateway's jobs
+    /// once they have not heard from it for that long, before the gateway places them again.
+    /// The margin covers the two clocks running at slightly different rates.
+    pub lease_margin: Duration,
+    /// Finished jobs (and their decisions) are forgotten this long after they finished.
+    pub retention: Duration,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            placement: PlacementConfig::default(),
+            network: NetworkTable::default_seeded(),
+            tenant_weights: BTreeMap::new(),
+            default_tenant_weight: 1.0,
+            offer_timeout: Duration::from_secs(30),
+            cluster_timeout: Duration::from_secs(15),
+            lost_job_timeout: Duration::from_secs(600),
+            lease_margin: Duration::from_secs(60),
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl CoreConfig {
+    /// Fair-share weight of `tenant`.
+    pub fn tenant_weight(&self, tenant: &str) -> f64 {
+        self.tenant_weights.get(tenant).copied().unwrap_or(self.default_tenant_weight)
+    }
+
+    /// The lease agents get, or None when the margin leaves none (then agents never stop jobs
+    /// on their own, and a partition can briefly run two copies).
+    pub fn agent_lease(&self) -> Option<Duration> {
+        self.lost_job_timeout.checked_sub(self.lease_margin).filter(|lease| !lease.is_zero())
+    }
+}

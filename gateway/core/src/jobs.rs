@@ -1,0 +1,179 @@
+//! The job table: every change to a job goes through [`Core::save`], which keeps the indexes
+//! and asks for the record to be persisted. Submit and cancel live here too.
+
+use std::sync::Arc;
+
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::GatewayCommand;
+use meridian_proto::spec::JobSpec;
+
+use crate::io::{Effects, Error, Reply};
+use crate::record::{JobRecord, Record};
+use crate::{Core, Decided};
+
+/// States in which a job holds (or is about to hold) GPUs on its cluster.
+pub(crate) fn holds_gpus(state: JobState) -> bool {
+    matches!(state, JobState::Offered | JobState::Bound | JobState::Running | JobState::Unknown)
+}
+
+impl Core {
+    /// Adds `job` to the indexes that depend on its state.
+    pub(crate) fn index(&mut self, job: &JobRecord) {
+        if job.state.is_terminal() {
+            self.active.remove(&job.id);
+            self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
+        } else {
+            self.active.insert(job.id.clone());
+        }
+    }
+
+    /// Replaces a job's record, keeps the indexes and timers right, and persists it.
+    pub(crate) fn save(&mut self, job: JobRecord, effects: &mut Effects) {
+        if job.state != JobState::Offered {
+            self.offered_at.remove(&job.id);
+        }
+        if job.state != JobState::Unknown {
+            self.unknown_since.remove(&job.id);
+        }
+        if job.state == JobState::Queued || job.state.is_terminal() {
+            // Capacity or the queue changed.
+            self.round_wanted = true;
+        }
+        if self.jobs.get(&job.id).is_none_or(|previous| previous.cluster != job.cluster || previous.state != job.state)
+        {
+            // Per-cluster job counts in the summaries may have changed.
+            self.clusters_version += 1;
+        }
+        self.index(&job);
+        effects.persist.push(Record::Job(job.clone()));
+        self.jobs.insert(job.id.clone(), Arc::new(job));
+    }
+
+    /// A copy of a job to change and [`save`](Self::save).
+    pub(crate) fn job_mut(&self, id: &str) -> Option<JobRecord> {
+        self.jobs.get(id).map(|j| JobRecord::clone(j))
+    }
+
+    fn new_job_id(&mut self, now_ms: i64) -> String {
+        loop {
+            self.id_sequence += 1;
+            // Fixed-width hex: ids sort by submission time, then by gateway process, then by order.
+            let id = format!("j-{:011x}{:04x}{:06x}", now_ms.max(0), self.id_salt, self.id_sequence & 0xff_ffff);
+            if !self.jobs.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    pub(crate) fn submit(&mut self, spec: JobSpec, now_ms: i64, effects: &mut Effects) -> Result<Reply, Error> {
+        if let Some(key) = &spec.idempotency_key
+            && let Some(existing) = self.idempotency.get(&(spec.tenant.clone(), key.clone()))
+            && let Some(job) = self.jobs.get(existing)
+        {
+            if job.spec != spec {
+                return Err(Error::IdempotencyConflict { key: key.clone(), existing: existing.clone() });
+            }
+            return Ok(Reply::Submitted { job: Arc::clone(job), created: false });
+        }
+        let snapshot = self.registry.snapshot(&self.config.network);
+        if let Some(reasons) = meridian_placement::never_fits(&spec, &snapshot) {
+            return Err(Error::NeverFits {
+                reasons: reasons.into_iter().map(|(cluster, why)| (cluster, why.to_string())).collect(),
+            });
+        }
+        let job = JobRecord {
+            id: self.new_job_id(now_ms),
+            spec,
+            state: JobState::Queued,
+            cluster: None,
+            fencing_token: 0,
+            message: "waiting for placement".into(),
+            placement: None,
+            submitted_at_ms: now_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            gpu_type: None,
+            nodes: Vec::new(),
+        };
+        if let Some(key) = &job.spec.idempotency_key {
+            self.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
+        }
+        tracing::info!(job = %job.id, name = %job.spec.name, tenant = %job.spec.tenant, "job accepted");
+        let id = job.id.clone();
+        self.save(job, effects);
+        let job = self.jobs.get(&id).map(Arc::clone).ok_or(Error::NotFound(id))?;
+        Ok(Reply::Submitted { job, created: true })
+    }
+
+    pub(crate) fn cancel(&mut self, id: &str, now_ms: i64, effects: &mut Effects) -> Result<Reply, Error> {
+        let mut job = self.job_mut(id).ok_or_else(|| Error::NotFound(id.to_string()))?;
+        if job.state.is_terminal() {
+            return Ok(Reply::Cancelled(Arc::new(job)));
+        }
+        let placed = job.state != JobState::Queued;
+        job.state = JobState::Cancelled;
+        job.finished_at_ms = Some(now_ms);
+        job.message = match job.cluster.clone() {
+            Some(cluster) if placed => match self.registry.conn_of(&cluster) {
+                Some(conn) => {
+                    // Sent only after the Cancelled record is durable (the runtime's rule), so a
+                    // crash cannot leave a job stopped on its member but Running at the gateway.
+                    effects.sends.push((
+                        conn,
+                        GatewayCommand::Cancel { job_id: job.id.clone(), fencing_token: job.fencing_token },
+                    ));
+                    format!("cancelled by user; stop sent to {cluster}")
+                }
+                None => format!("cancelled by user; {cluster} is unreachable and will drop the job when it reconnects"),
+            },
+            _ => "cancelled by user before placement".into(),
+        };
+        tracing::info!(job = %job.id, "job cancelled by user");
+        let job_id = job.id.clone();
+        self.save(job, effects);
+        let job = self.jobs.get(&job_id).map(Arc::clone).ok_or(Error::NotFound(job_id))?;
+        Ok(Reply::Cancelled(job))
+    }
+
+    /// Forgets finished jobs whose retention has passed, with their decisions.
+    pub(crate) fn expire_finished(&mut self, now_ms: i64, effects: &mut Effects) {
+        let retention_ms = i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        while let Some((finished_at, id)) = self.finished.first().cloned() {
+            if finished_at > cutoff {
+                break;
+            }
+            self.finished.pop_first();
+            // The index may hold an older finish time of a job that was saved again; only the
+            // job's current finish time counts.
+            let Some(job) = self.jobs.get(&id) else { continue };
+            if !job.state.is_terminal() || job.finished_at_ms.unwrap_or(job.submitted_at_ms) != finished_at {
+                continue;
+            }
+            if let Some(key) = &job.spec.idempotency_key {
+                let owner = (job.spec.tenant.clone(), key.clone());
+                if self.idempotency.get(&owner) == Some(&id) {
+                    self.idempotency.remove(&owner);
+                }
+            }
+            self.jobs.remove(&id);
+            if self.decisions.remove(&id).is_some() {
+                effects.persist.push(Record::DeleteDecision(id.clone()));
+            }
+            effects.persist.push(Record::DeleteJob(id));
+        }
+    }
+
+    /// Records the decision that placed a job, durable with the offer.
+    pub(crate) fn save_decision(
+        &mut self,
+        id: &str,
+        at_ms: i64,
+        decision: meridian_placement::Decision,
+        effects: &mut Effects,
+    ) {
+        let stored = crate::view::stored_decision(at_ms, &decision);
+        effects.persist.push(Record::Decision(id.to_string(), stored));
+        self.decisions.insert(id.to_string(), Arc::new(Decided::Live { at_ms, decision }));
+    }
+}

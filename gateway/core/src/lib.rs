@@ -1,0 +1,218 @@
+//! The gateway's core: one sans-IO state machine that owns jobs, member clusters (by stream),
+//! offers, fencing tokens, timers, idempotency keys and placement decisions.
+//!
+//! `Core::step(input, now_ms, &mut effects)` is the only way in. It does no I/O, reads no clock
+//! and spawns nothing: the production runtime (in the gateway crate) and the simulator drive the
+//! same code, the first in real time, the second in virtual time.
+//!
+//! The rule that makes crashes harmless: every record a step asks to persist is committed (and
+//! fsynced) by the runtime before any send or reply of that step is delivered. So a reply or an
+//! offer never describes state that a crash could take back, and an agent's result is
+//! acknowledged only once it is durable.
+//!
+//! Reads never go through `step`: [`Core::view`] returns a cheap, immutable [`ReadView`]
+//! (persistent maps shared with the core) that the runtime publishes after each commit.
+
+mod agents;
+pub mod config;
+pub mod io;
+mod jobs;
+pub mod record;
+pub mod registry;
+mod round;
+mod timers;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use meridian_placement::Decision;
+
+pub use config::CoreConfig;
+pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
+pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
+pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
+
+use registry::Registry;
+
+/// The latest placement decision of a job: made this run (full detail) or read back from the
+/// store (as stored).
+#[derive(Debug, Clone)]
+pub enum Decided {
+    /// Made by a round of this process.
+    Live {
+        /// When (Unix ms).
+        at_ms: i64,
+        /// The decision with every cluster's verdict.
+        decision: Decision,
+    },
+    /// Read from the store (the decision that placed the job).
+    Stored(StoredDecision),
+}
+
+/// The state machine. See the crate documentation.
+pub struct Core {
+    config: CoreConfig,
+    /// Every job the gateway remembers: active ones and finished ones within retention.
+    jobs: imbl::OrdMap<String, Arc<JobRecord>>,
+    /// Ids of jobs not in a terminal state: what rounds, timers and cluster losses look at.
+    active: BTreeSet<String>,
+    /// Finished jobs by finish time, for retention.
+    finished: BTreeSet<(i64, String)>,
+    /// (tenant, idempotency key) → job id.
+    idempotency: HashMap<(String, String), String>,
+    decisions: imbl::HashMap<String, Arc<Decided>>,
+    registry: Registry,
+    /// Offers in flight: since when (Unix ms).
+    offered_at: HashMap<String, i64>,
+    /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
+    unknown_since: HashMap<String, i64>,
+    id_salt: u16,
+    id_sequence: u64,
+    /// Something placement depends on changed since the last round.
+    round_wanted: bool,
+    /// Set once a commit failed: the core then refuses every change.
+    failed: Option<String>,
+    /// Bumped whenever cluster summaries change, so views rebuild them only then.
+    clusters_version: u64,
+    cluster_view: Arc<Vec<ClusterSummary>>,
+    cluster_view_version: u64,
+}
+
+impl Core {
+    /// Builds the core from what the store held. Offers in flight at the last stop are void
+    /// (the agent will not find them in its welcome); bound and running jobs are `Unknown` until
+    /// their cluster reports them, counted from `now_ms`. `id_salt` keeps the ids of two gateway
+    /// processes apart (the runtime passes a random number; the simulator a fixed one).
+    pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
+        let mut core = Core {
+            config,
+            jobs: imbl::OrdMap::new(),
+            active: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            idempotency: HashMap::new(),
+            decisions: imbl::HashMap::new(),
+            registry: Registry::from_known(loaded.clusters, now_ms),
+            offered_at: HashMap::new(),
+            unknown_since: HashMap::new(),
+            id_salt,
+            id_sequence: 0,
+            round_wanted: true,
+            failed: None,
+            clusters_version: 1,
+            cluster_view: Arc::new(Vec::new()),
+            cluster_view_version: 0,
+        };
+        for (id, decision) in loaded.decisions {
+            core.decisions.insert(id, Arc::new(Decided::Stored(decision)));
+        }
+        for mut job in loaded.jobs {
+            match job.state {
+                meridian_proto::job::JobState::Offered => {
+                    job.state = meridian_proto::job::JobState::Queued;
+                    job.cluster = None;
+                    job.gpu_type = None;
+                    job.message = "offer voided by a gateway restart".into();
+                }
+                meridian_proto::job::JobState::Bound | meridian_proto::job::JobState::Running => {
+                    job.state = meridian_proto::job::JobState::Unknown;
+                }
+                _ => {}
+            }
+            if job.state == meridian_proto::job::JobState::Unknown {
+                core.unknown_since.insert(job.id.clone(), now_ms);
+            }
+            if let Some(key) = &job.spec.idempotency_key {
+                core.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
+            }
+            core.index(&job);
+            core.jobs.insert(job.id.clone(), Arc::new(job));
+        }
+        core
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Applies one input at `now_ms` (Unix ms, never decreasing), appending what must happen to
+    /// `effects`.
+    pub fn step(&mut self, input: Input, now_ms: i64, effects: &mut Effects) {
+        if let Some(reason) = &self.failed {
+            // A failed store means in-memory state may be ahead of what is durable: refuse every
+            // change, answer every caller, and let agents keep their results for later.
+            let error = Error::Unavailable(reason.clone());
+            match input {
+                Input::Submit { reply, .. } | Input::Cancel { reply, .. } | Input::AgentHello { reply, .. } => {
+                    effects.replies.push((reply, Err(error)));
+                }
+                Input::Agent { .. } | Input::AgentGone { .. } | Input::Tick | Input::Round => {}
+            }
+            return;
+        }
+        match input {
+            Input::Submit { spec, reply } => {
+                let answer = self.submit(spec, now_ms, effects);
+                effects.replies.push((reply, answer));
+            }
+            Input::Cancel { job_id, reply } => {
+                let answer = self.cancel(&job_id, now_ms, effects);
+                effects.replies.push((reply, answer));
+            }
+            Input::AgentHello { conn, hello, reply } => {
+                let answer = self.hello(conn, hello, now_ms, effects);
+                effects.replies.push((reply, answer));
+            }
+            Input::Agent { conn, event } => self.agent_event(conn, event, now_ms, effects),
+            Input::AgentGone { conn } => self.agent_gone(conn, now_ms, effects),
+            Input::Tick => self.tick(now_ms, effects),
+            Input::Round => self.round(now_ms, effects),
+        }
+    }
+
+    /// Whether a placement round would see something new (a submit, a report, a freed GPU).
+    pub fn wants_round(&self) -> bool {
+        self.round_wanted && self.failed.is_none()
+    }
+
+    /// Marks the core failed after a commit error: from now on it refuses every change with
+    /// `reason` (the public message; the operator's detail goes to the log).
+    pub fn fail(&mut self, reason: impl Into<String>) {
+        if self.failed.is_none() {
+            self.failed = Some(reason.into());
+        }
+    }
+
+    /// Why the core refuses changes, if it does.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Number of jobs remembered (active and within retention).
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Number of jobs not yet finished.
+    pub fn active_count(&self) -> usize {
+        self.active.len()
+    }
+
+    /// A job by id.
+    pub fn job(&self, id: &str) -> Option<&Arc<JobRecord>> {
+        self.jobs.get(id)
+    }
+
+    /// A consistent, immutable snapshot for readers; cheap (shares structure with the core).
+    pub fn view(&mut self) -> ReadView {
+        if self.cluster_view_version != self.clusters_version {
+            self.cluster_view = Arc::new(self.cluster_summaries());
+            self.cluster_view_version = self.clusters_version;
+        }
+        ReadView::new(self.jobs.clone(), self.decisions.clone(), Arc::clone(&self.cluster_view), self.failed.clone())
+    }
+}

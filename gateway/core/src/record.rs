@@ -1,0 +1,267 @@
+//! What the core keeps durable: job records, known clusters and placement decisions, their
+//! keys in the store, and their versioned encoding.
+//!
+//! The core never writes; it returns [`Record`]s in its effects and the runtime commits them (one
+//! group commit for everything a batch of inputs produced) before any send or reply of that batch.
+
+use meridian_proto::inventory::{ClusterInfo, Inventory, Tier};
+use meridian_proto::job::JobState;
+use meridian_proto::spec::JobSpec;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Schema version written with every stored object; a newer one is refused, not misread.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Key prefix of job records.
+pub const JOB_PREFIX: &str = "jobs/";
+/// Key prefix of known clusters.
+pub const CLUSTER_PREFIX: &str = "clusters/";
+/// Key prefix of placement decisions (the one that placed each job).
+pub const DECISION_PREFIX: &str = "decisions/";
+
+/// A job as the gateway keeps it: the spec plus where it is in its life.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRecord {
+    /// Gateway-assigned id (`j-…`); ids sort in submission order.
+    pub id: String,
+    /// The validated spec as submitted.
+    pub spec: JobSpec,
+    /// Current state.
+    pub state: JobState,
+    /// Cluster the job is offered to, bound to or ran on.
+    pub cluster: Option<String>,
+    /// Generation of the current binding; bumps on every offer so stale copies can be fenced off.
+    pub fencing_token: u64,
+    /// Last human-readable note (placement summary, failure reason).
+    pub message: String,
+    /// The placement decision that sent the job to its cluster, in one sentence with numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    /// Unix milliseconds.
+    pub submitted_at_ms: i64,
+    /// When all replicas started (Unix ms).
+    pub started_at_ms: Option<i64>,
+    /// When it reached a terminal state (Unix ms).
+    pub finished_at_ms: Option<i64>,
+    /// GPU type placement chose on `cluster` (the offer pins the member to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Nodes the replicas run on, as the member reported.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
+/// A cluster the gateway has seen, remembered across restarts so jobs that could never run
+/// anywhere are still refused while agents reconnect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KnownCluster {
+    /// Identity and prices.
+    pub info: ClusterInfo,
+    /// Last reported inventory (its shapes say what could ever fit).
+    pub inventory: Inventory,
+}
+
+/// A cluster's verdict in a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerdictKind {
+    /// The cluster the job went to (or would go to once it can start).
+    Chosen,
+    /// It could run the job, but scored worse.
+    Feasible,
+    /// It cannot run the job now; `reasons` say why.
+    Rejected,
+}
+
+/// One cluster's verdict in an explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateView {
+    /// Cluster name.
+    pub cluster: String,
+    /// Its region.
+    pub region: String,
+    /// `owned` or `cloud`.
+    pub tier: Tier,
+    /// Chosen, feasible or rejected.
+    pub verdict: VerdictKind,
+    /// Why not (rejected only), as sentences.
+    pub reasons: Vec<String>,
+    /// The score terms (feasible and chosen only).
+    pub score: Option<meridian_placement::ScoreBreakdown>,
+}
+
+/// A placement decision as stored and explained: when, the one-sentence summary and every
+/// cluster's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredDecision {
+    /// When it was made (Unix ms).
+    pub at_ms: i64,
+    /// One sentence with numbers.
+    pub summary: String,
+    /// Every cluster considered.
+    pub candidates: Vec<CandidateView>,
+}
+
+/// One durable change the core asks for.
+// Most records are jobs; boxing the largest variant would only add an allocation to each.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    /// Write a job's record.
+    Job(JobRecord),
+    /// Forget a job (retention).
+    DeleteJob(String),
+    /// Remember a cluster.
+    Cluster(KnownCluster),
+    /// The decision that placed a job.
+    Decision(String, StoredDecision),
+    /// Forget a job's decision.
+    DeleteDecision(String),
+}
+
+/// A record as a key and bytes (None: delete the key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    /// Store key.
+    pub key: String,
+    /// The value, or None for a delete.
+    pub value: Option<Vec<u8>>,
+}
+
+/// Why a stored value could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not the expected JSON.
+    #[error("stored value under `{key}` does not decode: {source}")]
+    Codec {
+        /// The key.
+        key: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Written by a newer Meridian.
+    #[error(
+        "stored value under `{key}` has schema version {found}; this gateway reads up to {SCHEMA_VERSION} (upgrade the gateway)"
+    )]
+    TooNew {
+        /// The key.
+        key: String,
+        /// Version found.
+        found: u32,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Versioned<T> {
+    v: u32,
+    #[serde(flatten)]
+    data: T,
+}
+
+#[derive(Deserialize)]
+struct VersionOnly {
+    v: u32,
+}
+
+impl Record {
+    /// The store key this record writes.
+    pub fn key(&self) -> String {
+        match self {
+            Record::Job(job) => format!("{JOB_PREFIX}{}", job.id),
+            Record::DeleteJob(id) => format!("{JOB_PREFIX}{id}"),
+            Record::Cluster(cluster) => format!("{CLUSTER_PREFIX}{}", cluster.info.name),
+            Record::Decision(id, _) | Record::DeleteDecision(id) => format!("{DECISION_PREFIX}{id}"),
+        }
+    }
+
+    /// Key and bytes. Serialising these plain data types cannot fail; should it ever, the
+    /// error is returned rather than a half-written value.
+    pub fn encode(&self) -> Result<Encoded, serde_json::Error> {
+        fn versioned<T: Serialize>(data: &T) -> Result<Vec<u8>, serde_json::Error> {
+            serde_json::to_vec(&Versioned { v: SCHEMA_VERSION, data })
+        }
+        let value = match self {
+            Record::Job(job) => Some(versioned(job)?),
+            Record::Cluster(cluster) => Some(versioned(cluster)?),
+            Record::Decision(_, decision) => Some(versioned(decision)?),
+            Record::DeleteJob(_) | Record::DeleteDecision(_) => None,
+        };
+        Ok(Encoded { key: self.key(), value })
+    }
+}
+
+/// Decodes one stored value, refusing newer schema versions as such.
+pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, DecodeError> {
+    let codec = |source| DecodeError::Codec { key: key.to_string(), source };
+    let VersionOnly { v } = serde_json::from_slice(bytes).map_err(codec)?;
+    if v > SCHEMA_VERSION {
+        return Err(DecodeError::TooNew { key: key.to_string(), found: v });
+    }
+    let versioned: Versioned<T> = serde_json::from_slice(bytes).map_err(codec)?;
+    Ok(versioned.data)
+}
+
+/// Everything the core starts from, read back from the store.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// Every job record.
+    pub jobs: Vec<JobRecord>,
+    /// Every known cluster.
+    pub clusters: Vec<KnownCluster>,
+    /// Stored decisions by job id.
+    pub decisions: Vec<(String, StoredDecision)>,
+}
+
+impl Loaded {
+    /// Decodes the entries of a store scan (any prefix mix); unknown prefixes are ignored.
+    pub fn decode(entries: impl IntoIterator<Item = (String, Vec<u8>)>) -> Result<Self, DecodeError> {
+        let mut loaded = Loaded::default();
+        for (key, bytes) in entries {
+            if key.starts_with(JOB_PREFIX) {
+                loaded.jobs.push(decode(&key, &bytes)?);
+            } else if key.starts_with(CLUSTER_PREFIX) {
+                loaded.clusters.push(decode(&key, &bytes)?);
+            } else if let Some(id) = key.strip_prefix(DECISION_PREFIX) {
+                loaded.decisions.push((id.to_string(), decode(&key, &bytes)?));
+            }
+        }
+        Ok(loaded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_schema_versions_are_refused_as_such() {
+        let err = decode::<KnownCluster>("clusters/x", br#"{"v":99}"#).unwrap_err();
+        assert!(matches!(err, DecodeError::TooNew { found: 99, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_decision_round_trips_through_its_encoding() {
+        let decision = StoredDecision {
+            at_ms: 5,
+            summary: "east: starts now".into(),
+            candidates: vec![CandidateView {
+                cluster: "east".into(),
+                region: "us-east".into(),
+                tier: Tier::Owned,
+                verdict: VerdictKind::Rejected,
+                reasons: vec!["no H100".into()],
+                score: None,
+            }],
+        };
+        let record = Record::Decision("j-1".into(), decision.clone());
+        let encoded = record.encode().unwrap();
+        assert_eq!(encoded.key, "decisions/j-1");
+        let loaded = Loaded::decode([(encoded.key, encoded.value.unwrap())]).unwrap();
+        assert_eq!(loaded.decisions, vec![("j-1".to_string(), decision)]);
+    }
+}

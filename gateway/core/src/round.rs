@@ -1,0 +1,99 @@
+//! A placement round: queued jobs in fair-share order, each offered to its best cluster when it
+//! can start there now (late binding); otherwise it stays queued and its decision says why.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use meridian_placement::Holds;
+use meridian_placement::queue::{FairQueue, QueuedJob};
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::GatewayCommand;
+
+use crate::agents::assignment;
+use crate::io::Effects;
+use crate::jobs::holds_gpus;
+use crate::{Core, Decided};
+
+impl Core {
+    pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
+        self.round_wanted = false;
+        let mut snapshot = self.registry.snapshot(&self.config.network);
+        let mut usage: BTreeMap<String, u32> = BTreeMap::new();
+        let mut queued = Vec::new();
+        for job in self.active.iter().filter_map(|id| self.jobs.get(id)) {
+            if job.state == JobState::Offered {
+                // The member's inventory does not show an offer until the agent accepts it.
+                if let Some(cluster) =
+                    snapshot.clusters.iter_mut().find(|c| Some(c.info().name.as_str()) == job.cluster.as_deref())
+                {
+                    cluster.reserve(&job.spec);
+                }
+            }
+            if holds_gpus(job.state) {
+                *usage.entry(job.spec.tenant.clone()).or_default() += job.spec.total_gpus();
+            }
+            if job.state == JobState::Queued {
+                queued.push(QueuedJob {
+                    id: job.id.clone(),
+                    tenant: job.spec.tenant.clone(),
+                    priority: job.spec.priority,
+                    submitted_at_ms: job.submitted_at_ms,
+                    gpus: job.spec.total_gpus(),
+                });
+            }
+        }
+        if queued.is_empty() {
+            return;
+        }
+        let now_secs = now_ms as f64 / 1000.0;
+        let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
+        let config = self.config.placement.clone();
+        // Active ids sort by submission (ids start with the submit time), so this is oldest first.
+        let holds = {
+            let oldest_first = queued.iter().filter_map(|next| {
+                let job = self.jobs.get(&next.id)?;
+                Some((next.id.clone(), &job.spec, waited(next.submitted_at_ms)))
+            });
+            Holds::for_round(oldest_first, &snapshot, &config, now_secs)
+        };
+        let mut queue = FairQueue::new(queued, &usage, |t| self.config.tenant_weight(t));
+        while let Some(next) = queue.pop_next() {
+            let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
+            let decision =
+                holds.place(&mut snapshot, &next.id, &job.spec, waited(next.submitted_at_ms), &config, now_secs);
+            let chosen =
+                decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
+            let Some((cluster, gpu_type)) = chosen else {
+                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                continue;
+            };
+            let Some(conn) = self.registry.conn_of(&cluster) else {
+                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                continue;
+            };
+            if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
+                target.reserve(&job.spec);
+            }
+            queue.placed(&next);
+            let mut offered = JobRecord::clone(&job);
+            offered.state = JobState::Offered;
+            offered.cluster = Some(cluster.to_string());
+            offered.gpu_type = (!gpu_type.is_empty()).then(|| gpu_type.to_string());
+            offered.fencing_token += 1;
+            offered.message = format!("offered to {cluster}");
+            offered.placement = Some(decision.summary.clone());
+            tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
+            // The offer goes out only after the Offered record (with its new token) and the
+            // decision are durable.
+            effects.sends.push((conn, GatewayCommand::Offer(assignment(&offered))));
+            let id = offered.id.clone();
+            self.save(offered, effects);
+            self.offered_at.insert(id.clone(), now_ms);
+            self.save_decision(&id, now_ms, decision, effects);
+        }
+        // Offers changed the snapshot only for this round; reports will confirm them.
+        self.round_wanted = false;
+    }
+}
+
+use crate::record::JobRecord;

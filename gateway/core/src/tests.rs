@@ -1,0 +1,731 @@
+//! The core's behaviour, driven through `step` exactly as the runtime and the simulator drive it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, JobReport};
+use meridian_proto::spec::JobSpec;
+use meridian_proto::validate::parse_job_spec;
+
+use super::*;
+
+const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+
+fn spec(text: &str) -> JobSpec {
+    parse_job_spec(text, &GpuCatalog::default()).unwrap()
+}
+
+fn info(name: &str) -> ClusterInfo {
+    ClusterInfo {
+        name: name.into(),
+        region: "us-east".into(),
+        tier: Tier::Owned,
+        backend: BackendKind::Builtin,
+        prices: BTreeMap::from([("h100".to_string(), 2.0)]),
+        supports_containers: true,
+        supports_bare_commands: true,
+    }
+}
+
+fn inventory(free_gpus: &[u32]) -> AgentEvent {
+    AgentEvent::Inventory(Inventory {
+        shapes: vec![NodeShape {
+            name: "dgx".into(),
+            gpu_type: "h100".into(),
+            gpu_memory_gib: 80,
+            gpus_per_node: 8,
+            cpu_per_node: 96,
+            memory_gib_per_node: 1024,
+            free: free_gpus.iter().map(|&gpus| NodeFree { gpus, cpu: 96, memory_gib: 1024 }).collect(),
+        }],
+    })
+}
+
+fn report(job: &str, token: u64, state: JobState) -> JobReport {
+    JobReport {
+        job_id: job.into(),
+        fencing_token: token,
+        state,
+        message: String::new(),
+        nodes: vec!["dgx-0".into()],
+        requeue: false,
+    }
+}
+
+/// Drives a core the way the runtime does, keeping what was committed.
+struct Harness {
+    core: Core,
+    now_ms: i64,
+    next_reply: u64,
+    next_conn: u64,
+    durable: BTreeMap<String, Record>,
+}
+
+impl Harness {
+    fn new(config: CoreConfig) -> Self {
+        Self::from_loaded(config, Loaded::default())
+    }
+
+    fn from_loaded(config: CoreConfig, loaded: Loaded) -> Self {
+        let now_ms = 1_800_000_000_000;
+        Self {
+            core: Core::new(config, loaded, now_ms, 7),
+            now_ms,
+            next_reply: 1,
+            next_conn: 1,
+            durable: BTreeMap::new(),
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Effects {
+        let mut fx = Effects::default();
+        self.core.step(input, self.now_ms, &mut fx);
+        for record in &fx.persist {
+            self.durable.insert(record.key(), record.clone());
+        }
+        fx
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now_ms += i64::try_from(by.as_millis()).unwrap();
+    }
+
+    fn submit(&mut self, text: &str) -> String {
+        let reply = self.next_reply;
+        self.next_reply += 1;
+        let fx = self.step(Input::Submit { spec: spec(text), reply });
+        match &fx.replies[..] {
+            [(r, Ok(Reply::Submitted { job, created: true }))] if *r == reply => job.id.clone(),
+            other => panic!("expected a created job, got {other:?}"),
+        }
+    }
+
+    fn connect(&mut self, cluster: &str, instance: &str) -> (ConnId, Effects) {
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let hello = AgentHello { info: info(cluster), instance_id: instance.into(), agent_version: "test".into() };
+        let fx = self.step(Input::AgentHello { conn, hello, reply: 0 });
+        (conn, fx)
+    }
+
+    fn event(&mut self, conn: ConnId, event: AgentEvent) -> Effects {
+        self.step(Input::Agent { conn, event })
+    }
+
+    fn state(&self, id: &str) -> JobState {
+        self.core.job(id).unwrap().state
+    }
+
+    fn job(&self, id: &str) -> JobRecord {
+        JobRecord::clone(self.core.job(id).unwrap())
+    }
+
+    /// A connected one-node cluster with a job offered to it.
+    fn offered(&mut self) -> (String, ConnId) {
+        let (conn, _) = self.connect("east", "a1");
+        self.event(conn, inventory(&[8]));
+        let id = self.submit(JOB);
+        let fx = self.step(Input::Round);
+        assert!(
+            fx.sends
+                .iter()
+                .any(|(c, m)| *c == conn
+                    && matches!(m, GatewayCommand::Offer(a) if a.job_id == id && a.fencing_token == 1)),
+            "{:?}",
+            fx.sends
+        );
+        (id, conn)
+    }
+
+    fn running(&mut self) -> (String, ConnId) {
+        let (id, conn) = self.offered();
+        self.event(
+            conn,
+            AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+        );
+        self.event(conn, AgentEvent::Status(report(&id, 1, JobState::Running)));
+        assert_eq!(self.state(&id), JobState::Running);
+        (id, conn)
+    }
+}
+
+fn sends_to(fx: &Effects, conn: ConnId) -> Vec<&GatewayCommand> {
+    fx.sends.iter().filter(|(c, _)| *c == conn).map(|(_, m)| m).collect()
+}
+
+fn persisted_job<'a>(fx: &'a Effects, id: &str) -> Option<&'a JobRecord> {
+    fx.persist.iter().rev().find_map(|r| match r {
+        Record::Job(job) if job.id == id => Some(job),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_submitted_job_is_persisted_in_the_step_that_answers_it() {
+    let mut h = Harness::new(CoreConfig::default());
+    let fx = h.step(Input::Submit { spec: spec(JOB), reply: 9 });
+    let Some((9, Ok(Reply::Submitted { job, created: true }))) = fx.replies.first() else { panic!("{fx:?}") };
+    assert_eq!(persisted_job(&fx, &job.id).map(|j| j.state), Some(JobState::Queued));
+}
+
+#[test]
+fn an_offer_is_sent_with_its_durable_record_and_decision() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8]));
+    let id = h.submit(JOB);
+    let fx = h.step(Input::Round);
+    let offered = persisted_job(&fx, &id).unwrap();
+    assert_eq!(
+        (offered.state, offered.fencing_token, offered.gpu_type.as_deref()),
+        (JobState::Offered, 1, Some("h100"))
+    );
+    assert!(fx.persist.iter().any(|r| matches!(r, Record::Decision(j, d) if *j == id && !d.candidates.is_empty())));
+    match sends_to(&fx, conn)[..] {
+        [GatewayCommand::Offer(a)] => assert_eq!(a.spec.gang.resources.gpu_types, vec!["h100".to_string()]),
+        ref other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_accepted_offer_binds_and_a_running_report_runs() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, _) = h.running();
+    let job = h.job(&id);
+    assert_eq!(job.nodes, vec!["dgx-0".to_string()]);
+    assert!(job.placement.is_some_and(|p| p.contains("east")));
+}
+
+#[test]
+fn a_declined_offer_returns_the_job_to_the_queue_with_the_reason() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.offered();
+    h.event(
+        conn,
+        AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: 1,
+            accepted: false,
+            reason: "node dgx-0 is draining".into(),
+        },
+    );
+    let job = h.job(&id);
+    assert_eq!((job.state, job.cluster.clone()), (JobState::Queued, None));
+    assert!(job.message.contains("draining"), "{}", job.message);
+}
+
+#[test]
+fn a_report_with_a_stale_token_is_cancelled_not_applied() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.offered();
+    h.event(
+        conn,
+        AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+    );
+    let fx = h.event(conn, AgentEvent::Status(report(&id, 0, JobState::Succeeded)));
+    assert_eq!(h.state(&id), JobState::Bound, "a stale result changes nothing");
+    assert!(
+        matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { fencing_token: 0, .. }]),
+        "a stale result is dropped"
+    );
+    let fx = h.event(conn, AgentEvent::Status(report(&id, 0, JobState::Running)));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { fencing_token: 0, .. }]));
+}
+
+#[test]
+fn a_cancel_is_durable_in_the_step_that_tells_the_agent() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let fx = h.step(Input::Cancel { job_id: id.clone(), reply: 3 });
+    assert_eq!(persisted_job(&fx, &id).map(|j| j.state), Some(JobState::Cancelled));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { fencing_token: 1, .. }]));
+    // The agent's confirmation updates the note and is acknowledged.
+    let mut stopped = report(&id, 1, JobState::Cancelled);
+    stopped.message = "stopped".into();
+    let fx = h.event(conn, AgentEvent::Status(stopped));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { .. }]));
+    assert!(h.job(&id).message.contains("stopped on east"));
+}
+
+#[test]
+fn a_late_acceptance_of_a_cancelled_job_is_stopped() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.offered();
+    h.step(Input::Cancel { job_id: id.clone(), reply: 3 });
+    let fx = h.event(
+        conn,
+        AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+    );
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { .. }]));
+    assert_eq!(h.state(&id), JobState::Cancelled);
+}
+
+#[test]
+fn a_result_is_acknowledged_only_with_its_record() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let fx = h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Succeeded)));
+    assert_eq!(persisted_job(&fx, &id).map(|j| j.state), Some(JobState::Succeeded));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { fencing_token: 1, .. }]));
+    // The agent re-sends it in a heartbeat (the ack crossed it): acknowledged again, nothing new stored.
+    let fx = h.event(conn, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Succeeded)] });
+    assert!(fx.persist.is_empty(), "{:?}", fx.persist);
+    assert!(sends_to(&fx, conn).iter().any(|m| matches!(m, GatewayCommand::Ack { .. })));
+}
+
+#[test]
+fn a_job_that_finished_while_its_cluster_was_away_ends_succeeded() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    h.step(Input::AgentGone { conn });
+    assert_eq!(h.state(&id), JobState::Unknown);
+    let (again, fx) = h.connect("east", "a1");
+    match sends_to(&fx, again)[..] {
+        [GatewayCommand::Welcome { bound, lease }] => {
+            assert_eq!(
+                bound.iter().map(|a| (a.job_id.clone(), a.fencing_token)).collect::<Vec<_>>(),
+                vec![(id.clone(), 1)]
+            );
+            assert_eq!(*lease, CoreConfig::default().agent_lease());
+        }
+        ref other => panic!("{other:?}"),
+    }
+    let fx = h.event(again, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Succeeded)] });
+    assert_eq!(h.state(&id), JobState::Succeeded);
+    assert!(sends_to(&fx, again).iter().any(|m| matches!(m, GatewayCommand::Ack { .. })));
+    // Messages still arriving on the old stream are ignored.
+    h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Failed)));
+    assert_eq!(h.state(&id), JobState::Succeeded);
+}
+
+#[test]
+fn heartbeats_renew_the_lease_with_their_sequence_number() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let fx = h.event(conn, AgentEvent::Heartbeat { seq: 41, jobs: vec![report(&id, 1, JobState::Running)] });
+    assert!(fx.persist.is_empty(), "an unchanged heartbeat stores nothing: {:?}", fx.persist);
+    let lease = CoreConfig::default().agent_lease().unwrap();
+    assert_eq!(sends_to(&fx, conn), vec![&GatewayCommand::Lease { heartbeat_seq: 41, lease }]);
+}
+
+#[test]
+fn a_heartbeat_that_omits_a_bound_job_places_it_again() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    h.event(conn, AgentEvent::Heartbeat { seq: 2, jobs: Vec::new() });
+    let job = h.job(&id);
+    assert_eq!((job.state, job.cluster.clone()), (JobState::Queued, None));
+    assert!(job.message.contains("no longer holds"), "{}", job.message);
+}
+
+#[test]
+fn a_job_stopped_by_its_member_through_no_fault_of_its_own_is_placed_again() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let mut stopped = report(&id, 1, JobState::Failed);
+    stopped.requeue = true;
+    stopped.message = "stopped by east: lease expired".into();
+    let fx = h.event(conn, AgentEvent::Status(stopped));
+    assert_eq!(h.state(&id), JobState::Queued);
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { .. }]));
+    // Placed again with a newer token.
+    h.event(conn, inventory(&[8]));
+    let fx = h.step(Input::Round);
+    assert!(fx.sends.iter().any(|(_, m)| matches!(m, GatewayCommand::Offer(a) if a.fencing_token == 2)));
+}
+
+#[test]
+fn a_second_agent_for_a_connected_cluster_is_refused_and_the_first_keeps_its_jobs() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let (rogue, fx) = h.connect("east", "intruder");
+    assert!(
+        matches!(&fx.replies[..], [(_, Err(Error::DuplicateAgent { instance, .. }))] if instance == "a1"),
+        "{fx:?}"
+    );
+    assert!(fx.sends.is_empty(), "the refused stream gets no welcome");
+    let fx = h.event(rogue, AgentEvent::Heartbeat { seq: 1, jobs: Vec::new() });
+    assert!(fx.is_empty(), "a refused stream is not heard");
+    assert_eq!(h.state(&id), JobState::Running);
+    h.event(conn, AgentEvent::Heartbeat { seq: 3, jobs: vec![report(&id, 1, JobState::Running)] });
+    assert_eq!(h.state(&id), JobState::Running);
+}
+
+#[test]
+fn the_same_agent_instance_replaces_its_own_stream() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let (again, fx) = h.connect("east", "a1");
+    assert_eq!(fx.close, vec![conn]);
+    assert!(matches!(&fx.replies[..], [(_, Ok(Reply::Attached))]));
+    h.step(Input::AgentGone { conn });
+    assert_eq!(h.state(&id), JobState::Running, "the old stream's end is not the cluster's");
+    h.event(again, AgentEvent::Status(report(&id, 1, JobState::Succeeded)));
+    assert_eq!(h.state(&id), JobState::Succeeded);
+}
+
+#[test]
+fn an_unanswered_offer_expires_and_the_job_is_placed_again() {
+    let mut h = Harness::new(CoreConfig { offer_timeout: Duration::from_secs(5), ..Default::default() });
+    let (id, conn) = h.offered();
+    h.advance(Duration::from_secs(6));
+    h.event(conn, inventory(&[8]));
+    let fx = h.step(Input::Tick);
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { fencing_token: 1, .. }]));
+    let fx = h.step(Input::Round);
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Offer(a)] if a.job_id == id && a.fencing_token == 2));
+}
+
+#[test]
+fn a_job_lost_with_its_cluster_is_placed_again_only_after_the_timeout_counted_from_last_contact() {
+    let config = CoreConfig {
+        lost_job_timeout: Duration::from_secs(60),
+        cluster_timeout: Duration::from_secs(10),
+        lease_margin: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let mut h = Harness::new(config);
+    let (id, east) = h.running();
+    let (west, _) = h.connect("west", "b1");
+    h.advance(Duration::from_secs(11));
+    h.event(west, inventory(&[8]));
+    let fx = h.step(Input::Tick);
+    assert_eq!(fx.close, vec![east], "a silent cluster's stream is dropped");
+    assert_eq!(h.state(&id), JobState::Unknown);
+    // 60 s after east was last heard (t = 0), not after it was noticed silent (t = 11).
+    h.advance(Duration::from_secs(48));
+    h.event(west, inventory(&[8]));
+    h.step(Input::Tick);
+    assert_eq!(h.state(&id), JobState::Unknown, "not before the timeout");
+    h.advance(Duration::from_secs(1));
+    h.event(west, inventory(&[8]));
+    h.step(Input::Tick);
+    let fx = h.step(Input::Round);
+    assert!(matches!(sends_to(&fx, west)[..], [GatewayCommand::Offer(a)] if a.job_id == id && a.fencing_token == 2));
+    // East comes back: its welcome leaves the job out, and its stale report is cancelled.
+    let (east_again, fx) = h.connect("east", "a1");
+    assert!(matches!(sends_to(&fx, east_again)[..], [GatewayCommand::Welcome { bound, .. }] if bound.is_empty()));
+    let fx = h.event(east_again, AgentEvent::Status(report(&id, 1, JobState::Running)));
+    assert!(matches!(sends_to(&fx, east_again)[..], [GatewayCommand::Cancel { fencing_token: 1, .. }]));
+    assert_eq!(h.job(&id).cluster.as_deref(), Some("west"));
+}
+
+#[test]
+fn the_agent_lease_ends_before_the_gateway_places_lost_jobs_again() {
+    let config = CoreConfig::default();
+    let lease = config.agent_lease().unwrap();
+    assert!(lease + config.lease_margin <= config.lost_job_timeout);
+    let none = CoreConfig { lease_margin: Duration::from_secs(600), ..Default::default() };
+    assert_eq!(none.agent_lease(), None);
+}
+
+#[test]
+fn one_round_never_offers_the_same_free_gpus_twice() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8]));
+    let first = h.submit(JOB);
+    let second = h.submit(&JOB.replace("name: j", "name: k"));
+    h.step(Input::Round);
+    h.step(Input::Round);
+    let states = [h.state(&first), h.state(&second)];
+    assert_eq!(states.iter().filter(|s| **s == JobState::Offered).count(), 1, "{states:?}");
+}
+
+#[test]
+fn a_long_waiting_gang_holds_its_cluster_and_only_shorter_jobs_backfill() {
+    let mut config = CoreConfig::default();
+    config.placement.hold_after_secs = 0.0;
+    let mut h = Harness::new(config);
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8, 0]));
+    let gang = h.submit("name: gang\ntenant: t\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n");
+    h.step(Input::Round);
+    assert_eq!(h.state(&gang), JobState::Queued);
+    let job = |name: &str, hours: u32| {
+        format!(
+            "name: {name}\ntenant: u\ngang: {{replicas: 1, resources: {{gpus: 8}}}}\nruntime: {{estimate: {hours}h}}\npayload: {{command: [x]}}\n"
+        )
+    };
+    let long = h.submit(&job("long", 10));
+    h.step(Input::Round);
+    assert_eq!(h.state(&long), JobState::Queued);
+    let explained = h.core.view().explain(&long).unwrap();
+    assert!(explained.candidates.iter().flat_map(|c| &c.reasons).any(|r| r.contains("held for an older gang")));
+    let short = h.submit(&job("short", 1));
+    h.step(Input::Round);
+    assert_eq!(h.state(&short), JobState::Offered, "backfill ends before the gang");
+}
+
+#[test]
+fn a_failed_commit_makes_the_core_refuse_every_change() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    h.core.fail("the store failed");
+    let fx = h.step(Input::Submit { spec: spec(JOB), reply: 5 });
+    assert!(matches!(&fx.replies[..], [(5, Err(Error::Unavailable(_)))]));
+    assert!(fx.persist.is_empty());
+    let fx = h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Succeeded)));
+    assert!(fx.is_empty(), "no result is acknowledged: the agent keeps it");
+    assert_eq!(h.core.view().failure(), Some("the store failed"));
+}
+
+#[test]
+fn finished_jobs_are_forgotten_after_retention_with_their_decisions_and_keys() {
+    let mut h = Harness::new(CoreConfig { retention: Duration::from_secs(3600), ..Default::default() });
+    let (id, conn) = h.offered();
+    h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Succeeded)));
+    let keyed = h.submit(&format!("{JOB}idempotencyKey: k1\n"));
+    h.step(Input::Cancel { job_id: keyed.clone(), reply: 1 });
+    h.advance(Duration::from_secs(3599));
+    assert!(h.step(Input::Tick).persist.is_empty());
+    h.advance(Duration::from_secs(2));
+    let fx = h.step(Input::Tick);
+    assert!(fx.persist.contains(&Record::DeleteJob(id.clone())));
+    assert!(fx.persist.contains(&Record::DeleteDecision(id.clone())));
+    assert!(fx.persist.contains(&Record::DeleteJob(keyed.clone())));
+    assert_eq!(h.core.job_count(), 0);
+    // The key is free again.
+    let again = h.submit(&format!("{JOB}idempotencyKey: k1\n"));
+    assert_ne!(again, keyed);
+}
+
+#[test]
+fn explain_works_after_a_restart_from_what_was_stored() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, _) = h.running();
+    let entries: Vec<(String, Vec<u8>)> =
+        h.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
+    let loaded = Loaded::decode(entries).unwrap();
+    let mut restarted = Harness::from_loaded(CoreConfig::default(), loaded);
+    assert_eq!(restarted.state(&id), JobState::Unknown, "running until its cluster says otherwise");
+    let explained = restarted.core.view().explain(&id).unwrap();
+    assert_eq!(explained.candidates.len(), 1);
+    assert_eq!(explained.candidates[0].verdict, record::VerdictKind::Chosen);
+}
+
+#[test]
+fn lists_are_paged_oldest_first_with_a_continue_token() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8]));
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        ids.push(h.submit(&JOB.replace("name: j", &format!("name: j{i}"))));
+        h.advance(Duration::from_millis(1));
+    }
+    let view = h.core.view();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = view.list(&JobFilter::default(), 3, after.as_deref());
+        seen.extend(page.jobs.iter().map(|j| j.id.clone()));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+}
+
+mod properties {
+    //! Random input sequences against a model of truthful agents.
+
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Submit,
+        Connect(usize),
+        Gone(usize),
+        Inventory(usize, u32),
+        /// The agent answers its oldest unanswered offer.
+        Answer(usize, bool),
+        /// A held job finishes on its member.
+        Finish(usize, bool),
+        Heartbeat(usize),
+        Cancel(usize),
+        Advance(u64),
+        Tick,
+        Round,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => Just(Op::Submit),
+            1 => (0..2usize).prop_map(Op::Connect),
+            1 => (0..2usize).prop_map(Op::Gone),
+            2 => (0..2usize, 0..3u32).prop_map(|(c, n)| Op::Inventory(c, n * 4)),
+            3 => (0..2usize, any::<bool>()).prop_map(|(c, a)| Op::Answer(c, a)),
+            2 => (0..2usize, any::<bool>()).prop_map(|(c, ok)| Op::Finish(c, ok)),
+            2 => (0..2usize).prop_map(Op::Heartbeat),
+            1 => (0..8usize).prop_map(Op::Cancel),
+            2 => (1..400u64).prop_map(Op::Advance),
+            2 => Just(Op::Tick),
+            3 => Just(Op::Round),
+        ]
+    }
+
+    /// What one member's agent holds: (job, token) → state, plus offers it has not answered.
+    #[derive(Default)]
+    struct Agent {
+        conn: Option<ConnId>,
+        held: BTreeMap<String, (u64, JobState)>,
+        offers: Vec<(String, u64)>,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn no_job_runs_twice_tokens_grow_and_sends_follow_their_records(ops in proptest::collection::vec(op(), 1..120)) {
+            let config = CoreConfig {
+                offer_timeout: Duration::from_secs(30),
+                cluster_timeout: Duration::from_secs(60),
+                lost_job_timeout: Duration::from_secs(300),
+                lease_margin: Duration::from_secs(30),
+                ..Default::default()
+            };
+            let mut h = Harness::new(config);
+            let names = ["east", "west"];
+            let mut agents: Vec<Agent> = vec![Agent::default(), Agent::default()];
+            let mut submitted: Vec<String> = Vec::new();
+            let mut tokens: HashMap<String, u64> = HashMap::new();
+            let mut offered: HashMap<String, u64> = HashMap::new();
+            let mut seq = 0;
+            for op in ops {
+                let input = match op {
+                    Op::Submit => Input::Submit { spec: spec(JOB), reply: 1 },
+                    Op::Connect(c) => {
+                        if let Some(old) = agents[c].conn.take() {
+                            h.step(Input::AgentGone { conn: old });
+                        }
+                        let conn = h.next_conn;
+                        h.next_conn += 1;
+                        agents[c].conn = Some(conn);
+                        let hello = AgentHello { info: info(names[c]), instance_id: format!("i{c}"), agent_version: String::new() };
+                        Input::AgentHello { conn, hello, reply: 2 }
+                    }
+                    Op::Gone(c) => match agents[c].conn.take() {
+                        Some(conn) => Input::AgentGone { conn },
+                        None => continue,
+                    },
+                    Op::Inventory(c, free) => match agents[c].conn {
+                        Some(conn) => Input::Agent { conn, event: inventory(&[free]) },
+                        None => continue,
+                    },
+                    Op::Answer(c, accept) => {
+                        let Some(conn) = agents[c].conn else { continue };
+                        if agents[c].offers.is_empty() { continue; }
+                        let (job, token) = agents[c].offers.remove(0);
+                        if accept {
+                            agents[c].held.insert(job.clone(), (token, JobState::Running));
+                        }
+                        Input::Agent { conn, event: AgentEvent::OfferReply { job_id: job, fencing_token: token, accepted: accept, reason: String::new() } }
+                    }
+                    Op::Finish(c, ok) => {
+                        let Some(conn) = agents[c].conn else { continue };
+                        let Some((job, (token, _))) = agents[c].held.iter().find(|(_, (_, s))| *s == JobState::Running).map(|(j, t)| (j.clone(), *t)) else { continue };
+                        let state = if ok { JobState::Succeeded } else { JobState::Failed };
+                        agents[c].held.insert(job.clone(), (token, state));
+                        Input::Agent { conn, event: AgentEvent::Status(report(&job, token, state)) }
+                    }
+                    Op::Heartbeat(c) => {
+                        let Some(conn) = agents[c].conn else { continue };
+                        seq += 1;
+                        let jobs = agents[c].held.iter().map(|(j, (t, s))| report(j, *t, *s)).collect();
+                        Input::Agent { conn, event: AgentEvent::Heartbeat { seq, jobs } }
+                    }
+                    Op::Cancel(i) => match submitted.get(i) {
+                        Some(id) => Input::Cancel { job_id: id.clone(), reply: 3 },
+                        None => continue,
+                    },
+                    Op::Advance(secs) => { h.advance(Duration::from_secs(secs)); continue; }
+                    Op::Tick => Input::Tick,
+                    Op::Round => Input::Round,
+                };
+                let durable_before = h.durable.clone();
+                let fx = h.step(input);
+                // Every send is justified by state durable no later than this step.
+                for (conn, command) in &fx.sends {
+                    match command {
+                        GatewayCommand::Offer(a) => {
+                            let record = persisted_job(&fx, &a.job_id);
+                            prop_assert!(record.is_some_and(|j| j.state == JobState::Offered && j.fencing_token == a.fencing_token), "offer without its record: {a:?}");
+                            let previous = offered.insert(a.job_id.clone(), a.fencing_token);
+                            prop_assert!(previous.is_none_or(|p| a.fencing_token > p), "offer tokens must strictly increase: {previous:?} then {}", a.fencing_token);
+                        }
+                        GatewayCommand::Ack { job_id, fencing_token } => {
+                            let now = persisted_job(&fx, job_id).cloned().or_else(|| match durable_before.get(&format!("jobs/{job_id}")) {
+                                Some(Record::Job(j)) => Some(j.clone()),
+                                _ => None,
+                            });
+                            let stale = now.as_ref().is_none_or(|j| j.fencing_token != *fencing_token || j.state == JobState::Queued);
+                            prop_assert!(stale || now.is_some_and(|j| j.state.is_terminal()), "ack before the result is durable");
+                        }
+                        _ => {}
+                    }
+                    // Deliver to the model agent.
+                    let Some(agent) = agents.iter_mut().find(|a| a.conn == Some(*conn)) else { continue };
+                    match command {
+                        GatewayCommand::Offer(a) => agent.offers.push((a.job_id.clone(), a.fencing_token)),
+                        GatewayCommand::Cancel { job_id, fencing_token } => {
+                            if agent.held.get(job_id).is_some_and(|(t, _)| t <= fencing_token) {
+                                agent.held.remove(job_id);
+                            }
+                            agent.offers.retain(|(j, t)| !(j == job_id && t <= fencing_token));
+                        }
+                        GatewayCommand::Ack { job_id, fencing_token } => {
+                            if agent.held.get(job_id).is_some_and(|(t, s)| t == fencing_token && s.is_terminal()) {
+                                agent.held.remove(job_id);
+                            }
+                        }
+                        GatewayCommand::Welcome { bound, .. } => {
+                            let keep: BTreeSet<(String, u64)> = bound.iter().map(|a| (a.job_id.clone(), a.fencing_token)).collect();
+                            agent.held.retain(|j, (t, s)| s.is_terminal() || keep.contains(&(j.clone(), *t)));
+                            agent.offers.clear();
+                        }
+                        GatewayCommand::Lease { .. } => {}
+                    }
+                }
+                for conn in &fx.close {
+                    for agent in agents.iter_mut().filter(|a| a.conn == Some(*conn)) {
+                        agent.conn = None;
+                    }
+                }
+                for (_, reply) in &fx.replies {
+                    if let Ok(Reply::Submitted { job, created: true }) = reply {
+                        prop_assert!(persisted_job(&fx, &job.id).is_some(), "a 201 for a record not persisted in its step");
+                        submitted.push(job.id.clone());
+                    }
+                }
+                // Tokens never go back.
+                for record in &fx.persist {
+                    if let Record::Job(job) = record {
+                        let seen = tokens.entry(job.id.clone()).or_insert(0);
+                        prop_assert!(job.fencing_token >= *seen, "token went back for {}", job.id);
+                        *seen = job.fencing_token;
+                    }
+                }
+                // No job is held running under its current token by two members.
+                for id in &submitted {
+                    let Some(job) = h.core.job(id) else { continue };
+                    let current = agents
+                        .iter()
+                        .filter(|a| a.held.get(id).is_some_and(|(t, s)| *t == job.fencing_token && *s == JobState::Running))
+                        .count();
+                    prop_assert!(current <= 1, "job {id} runs on {current} members under token {}", job.fencing_token);
+                    if job.state.is_terminal() && job.state != JobState::Cancelled {
+                        prop_assert!(current == 0, "job {id} finished at the gateway but still runs");
+                    }
+                }
+            }
+        }
+    }
+}

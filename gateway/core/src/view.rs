@@ -1,0 +1,271 @@
+//! What readers see: an immutable snapshot published after each commit, so `GET`s never wait on
+//! writes and never see a change that is not durable yet.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use meridian_placement::{Decision, Verdict};
+use meridian_proto::inventory::{BackendKind, Tier};
+use meridian_proto::job::JobState;
+use meridian_proto::selector::Selector;
+use serde::Serialize;
+
+use crate::jobs::holds_gpus;
+use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
+use crate::{Core, Decided};
+
+/// Filters of a job list.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Only this tenant's jobs.
+    pub tenant: Option<String>,
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs whose labels match.
+    pub selector: Option<Selector>,
+}
+
+impl JobFilter {
+    /// Whether `job` passes.
+    pub fn matches(&self, job: &JobRecord) -> bool {
+        self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
+            && self.state.is_none_or(|s| s == job.state)
+            && self.selector.as_ref().is_none_or(|s| s.matches(&job.spec.labels))
+    }
+}
+
+/// One page of a job list.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// Jobs, oldest first.
+    pub jobs: Vec<Arc<JobRecord>>,
+    /// Where the next page starts (the last id of this page), or None on the last page.
+    pub next: Option<String>,
+}
+
+/// Why a job is where it is.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    /// The job.
+    pub job_id: String,
+    /// Its state now.
+    pub state: JobState,
+    /// Its cluster, if any.
+    pub cluster: Option<String>,
+    /// When the decision shown was made (Unix ms), if one was made.
+    pub decided_at_ms: Option<i64>,
+    /// One sentence with numbers.
+    pub summary: String,
+    /// Every cluster considered, with its verdict.
+    pub candidates: Vec<CandidateView>,
+}
+
+/// A member cluster for `GET /v1/clusters` and `meridian clusters`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSummary {
+    /// Cluster name.
+    pub name: String,
+    /// Region.
+    pub region: String,
+    /// `owned` or `cloud`.
+    pub tier: Tier,
+    /// Local scheduler kind.
+    pub backend: BackendKind,
+    /// Whether its agent is connected.
+    pub connected: bool,
+    /// When the agent last reported (Unix ms).
+    #[serde(skip)]
+    pub last_seen_ms: i64,
+    /// Seconds since the agent last reported, as of the read.
+    pub last_seen_secs_ago: Option<f64>,
+    /// GPUs in the cluster.
+    pub gpus_total: u32,
+    /// GPUs free now (summed over nodes).
+    pub gpus_free: u32,
+    /// GPU types present.
+    pub gpu_types: Vec<String>,
+    /// Jobs waiting in the cluster's local queues.
+    pub pending_jobs: u32,
+    /// GPUs those jobs want.
+    pub pending_gpus: u32,
+    /// The agent's estimate of a new job's wait.
+    pub estimated_wait_secs: u64,
+    /// Federation jobs offered to, bound to or running on the cluster.
+    pub federated_jobs: u32,
+    /// US$ per GPU-hour by type.
+    pub prices: BTreeMap<String, f64>,
+}
+
+/// The snapshot readers use.
+#[derive(Clone)]
+pub struct ReadView {
+    jobs: imbl::OrdMap<String, Arc<JobRecord>>,
+    decisions: imbl::HashMap<String, Arc<Decided>>,
+    clusters: Arc<Vec<ClusterSummary>>,
+    failure: Option<String>,
+}
+
+impl ReadView {
+    pub(crate) fn new(
+        jobs: imbl::OrdMap<String, Arc<JobRecord>>,
+        decisions: imbl::HashMap<String, Arc<Decided>>,
+        clusters: Arc<Vec<ClusterSummary>>,
+        failure: Option<String>,
+    ) -> Self {
+        Self { jobs, decisions, clusters, failure }
+    }
+
+    /// An empty view (before the core has published one).
+    pub fn empty() -> Self {
+        Self::new(imbl::OrdMap::new(), imbl::HashMap::new(), Arc::new(Vec::new()), None)
+    }
+
+    /// Why the gateway refuses changes, if it does.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Number of jobs remembered.
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// One job.
+    pub fn job(&self, id: &str) -> Option<Arc<JobRecord>> {
+        self.jobs.get(id).cloned()
+    }
+
+    /// Up to `limit` jobs matching `filter`, oldest first, starting after the id `after`.
+    pub fn list(&self, filter: &JobFilter, limit: usize, after: Option<&str>) -> Page {
+        let start = match after {
+            Some(id) => Bound::Excluded(id.to_string()),
+            None => Bound::Unbounded,
+        };
+        let mut jobs = Vec::with_capacity(limit.min(1024));
+        let mut next = None;
+        for (id, job) in self.jobs.range((start, Bound::Unbounded)) {
+            if !filter.matches(job) {
+                continue;
+            }
+            if jobs.len() == limit {
+                next = jobs.last().map(|j: &Arc<JobRecord>| j.id.clone());
+                let _ = id;
+                break;
+            }
+            jobs.push(Arc::clone(job));
+        }
+        Page { jobs, next }
+    }
+
+    /// Why a job is where it is, or None for an unknown job.
+    pub fn explain(&self, id: &str) -> Option<Explanation> {
+        let job = self.jobs.get(id)?;
+        let decided = self.decisions.get(id);
+        let (decided_at_ms, decision_summary, candidates) = match decided.map(Arc::as_ref) {
+            Some(Decided::Live { at_ms, decision }) => {
+                (Some(*at_ms), Some(decision.summary.clone()), candidate_views(decision))
+            }
+            Some(Decided::Stored(stored)) => {
+                (Some(stored.at_ms), Some(stored.summary.clone()), stored.candidates.clone())
+            }
+            None => (None, None, Vec::new()),
+        };
+        let summary = match (job.state, decision_summary, &job.placement) {
+            (JobState::Queued, Some(summary), _) => summary,
+            (JobState::Queued, None, _) => job.message.clone(),
+            (_, _, Some(placement)) => placement.clone(),
+            (_, _, None) => job.message.clone(),
+        };
+        Some(Explanation {
+            job_id: job.id.clone(),
+            state: job.state,
+            cluster: job.cluster.clone(),
+            decided_at_ms,
+            summary,
+            candidates,
+        })
+    }
+
+    /// Member clusters as of `now_ms`.
+    pub fn clusters(&self, now_ms: i64) -> Vec<ClusterSummary> {
+        self.clusters
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                c.last_seen_secs_ago = Some((now_ms.saturating_sub(c.last_seen_ms)).max(0) as f64 / 1000.0);
+                c
+            })
+            .collect()
+    }
+}
+
+/// Every cluster's verdict of a decision, for explanations and the store.
+pub(crate) fn candidate_views(decision: &Decision) -> Vec<CandidateView> {
+    let chosen = decision.chosen.as_ref().map(|c| c.cluster.as_str());
+    decision
+        .candidates
+        .iter()
+        .map(|c| match &c.verdict {
+            Verdict::Rejected { reasons } => CandidateView {
+                cluster: c.cluster.to_string(),
+                region: c.region.to_string(),
+                tier: c.tier,
+                verdict: VerdictKind::Rejected,
+                reasons: reasons.iter().map(ToString::to_string).collect(),
+                score: None,
+            },
+            Verdict::Scored(score) => CandidateView {
+                cluster: c.cluster.to_string(),
+                region: c.region.to_string(),
+                tier: c.tier,
+                verdict: if chosen == Some(c.cluster.as_str()) { VerdictKind::Chosen } else { VerdictKind::Feasible },
+                reasons: Vec::new(),
+                score: Some(score.clone()),
+            },
+        })
+        .collect()
+}
+
+/// A decision in its stored form.
+pub(crate) fn stored_decision(at_ms: i64, decision: &Decision) -> StoredDecision {
+    StoredDecision { at_ms, summary: decision.summary.clone(), candidates: candidate_views(decision) }
+}
+
+impl Core {
+    pub(crate) fn cluster_summaries(&self) -> Vec<ClusterSummary> {
+        let mut federated: BTreeMap<&str, u32> = BTreeMap::new();
+        for job in self.active.iter().filter_map(|id| self.jobs.get(id)) {
+            if let (Some(cluster), true) = (&job.cluster, holds_gpus(job.state)) {
+                *federated.entry(cluster.as_str()).or_default() += 1;
+            }
+        }
+        self.registry
+            .iter()
+            .map(|c| {
+                let mut gpu_types: Vec<String> = c.inventory.shapes.iter().map(|s| s.gpu_type.clone()).collect();
+                gpu_types.sort();
+                gpu_types.dedup();
+                ClusterSummary {
+                    name: c.info.name.clone(),
+                    region: c.info.region.clone(),
+                    tier: c.info.tier,
+                    backend: c.info.backend,
+                    connected: c.link.is_some(),
+                    last_seen_ms: c.last_seen_ms,
+                    last_seen_secs_ago: None,
+                    gpus_total: c.inventory.gpus_total(),
+                    gpus_free: c.inventory.gpus_free(),
+                    gpu_types,
+                    pending_jobs: c.pressure.pending_jobs(),
+                    pending_gpus: c.pressure.pending_gpus(),
+                    estimated_wait_secs: c.pressure.estimated_wait_secs,
+                    federated_jobs: federated.get(c.info.name.as_str()).copied().unwrap_or(0),
+                    prices: c.info.prices.clone(),
+                }
+            })
+            .collect()
+    }
+}

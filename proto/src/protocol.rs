@@ -1,0 +1,391 @@
+//! The agent ↔ gateway protocol as domain types.
+//!
+//! The gateway's core and the agent speak these; the gRPC edge on each side converts them to and
+//! from `pb::AgentMessage` / `pb::GatewayMessage` once (conversions at the bottom of this file).
+//!
+//! The life of a result: the agent reports a job's terminal state in a [`JobReport`] (at once, and
+//! in every [`AgentEvent::Heartbeat`] after that) until the gateway answers
+//! [`GatewayCommand::Ack`], which it sends only once the result is durable. A result therefore
+//! survives a dropped stream, a full channel and a gateway restart.
+
+use std::time::Duration;
+
+use crate::convert::{self, ConvertError, Result};
+use crate::inventory::{ClusterInfo, Inventory, QueuePressure};
+use crate::job::JobState;
+use crate::pb;
+use crate::spec::JobSpec;
+
+/// What an agent says about one job it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobReport {
+    /// The job.
+    pub job_id: String,
+    /// The binding the agent holds it under.
+    pub fencing_token: u64,
+    /// Its state on the member (`Bound` while queued locally, `Running`, or terminal).
+    pub state: JobState,
+    /// Why it waits or failed, or a short note.
+    pub message: String,
+    /// Node of each replica, once running.
+    pub nodes: Vec<String>,
+    /// For a terminal state: stopped through no fault of the job (lease expired, preempted);
+    /// the gateway places it again instead of failing it.
+    pub requeue: bool,
+}
+
+/// The first message on an agent stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentHello {
+    /// Identity, tier and prices of the cluster.
+    pub info: ClusterInfo,
+    /// Random per agent process; tells a second agent for the same cluster from a reconnect.
+    pub instance_id: String,
+    /// The agent's version, for logs.
+    pub agent_version: String,
+}
+
+/// Everything an agent sends after its hello.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEvent {
+    /// Node shapes and what is free.
+    Inventory(Inventory),
+    /// Local queue load and expected releases.
+    Pressure(QueuePressure),
+    /// The answer to an offer.
+    OfferReply {
+        /// The job offered.
+        job_id: String,
+        /// The offer's token.
+        fencing_token: u64,
+        /// Whether the member took the job (started or queued locally).
+        accepted: bool,
+        /// Why not, or where it waits.
+        reason: String,
+    },
+    /// One job changed state.
+    Status(JobReport),
+    /// Every job the agent holds, with a sequence number the gateway's lease echoes.
+    Heartbeat {
+        /// Grows by one per heartbeat of this agent process.
+        seq: u64,
+        /// Every job held: running, queued locally, or finished and not yet acknowledged.
+        jobs: Vec<JobReport>,
+    },
+}
+
+/// A job handed to a member under a binding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// The job.
+    pub job_id: String,
+    /// The binding's token; reports must carry it.
+    pub fencing_token: u64,
+    /// The spec, with the GPU type pinned to the one placement costed.
+    pub spec: JobSpec,
+}
+
+/// Everything the gateway sends to an agent.
+// An offer carries a whole spec; commands are built once and moved, so boxing it buys nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum GatewayCommand {
+    /// The first message: the jobs the gateway believes the cluster holds, and the lease.
+    Welcome {
+        /// Keep exactly these (matching tokens); stop the rest.
+        bound: Vec<Assignment>,
+        /// How long the agent may run the gateway's jobs without a renewal (None: no lease).
+        lease: Option<Duration>,
+    },
+    /// Start this job now, or say why not.
+    Offer(Assignment),
+    /// Stop this binding of the job.
+    Cancel {
+        /// The job.
+        job_id: String,
+        /// The binding to stop; an agent holding a newer one ignores it.
+        fencing_token: u64,
+    },
+    /// The terminal result of this binding is durable at the gateway: forget it.
+    Ack {
+        /// The job.
+        job_id: String,
+        /// The binding whose result was recorded.
+        fencing_token: u64,
+    },
+    /// Renews the lease; answers heartbeat `heartbeat_seq`.
+    Lease {
+        /// The heartbeat answered.
+        heartbeat_seq: u64,
+        /// The lease, counted from when that heartbeat was sent.
+        lease: Duration,
+    },
+}
+
+// ---------------------------------------------------------------- conversions
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl From<&JobReport> for pb::JobStatus {
+    fn from(report: &JobReport) -> Self {
+        pb::JobStatus {
+            job_id: report.job_id.clone(),
+            fencing_token: report.fencing_token,
+            state: pb::JobState::from(report.state).into(),
+            message: report.message.clone(),
+            nodes: report.nodes.clone(),
+            requeue: report.requeue,
+        }
+    }
+}
+
+fn report_from_wire(status: pb::JobStatus, path: &str) -> Result<JobReport> {
+    if status.job_id.trim().is_empty() {
+        return Err(ConvertError::MissingField(format!("{path}.job_id")));
+    }
+    Ok(JobReport {
+        state: convert::job_state_from_wire(&format!("{path}.state"), status.state)?,
+        job_id: status.job_id,
+        fencing_token: status.fencing_token,
+        message: status.message,
+        nodes: status.nodes,
+        requeue: status.requeue,
+    })
+}
+
+impl TryFrom<pb::JobStatus> for JobReport {
+    type Error = ConvertError;
+    fn try_from(status: pb::JobStatus) -> Result<Self> {
+        report_from_wire(status, "status")
+    }
+}
+
+impl From<&AgentHello> for pb::Hello {
+    fn from(hello: &AgentHello) -> Self {
+        pb::Hello {
+            instance_id: hello.instance_id.clone(),
+            agent_version: hello.agent_version.clone(),
+            ..pb::Hello::from(&hello.info)
+        }
+    }
+}
+
+impl TryFrom<pb::Hello> for AgentHello {
+    type Error = ConvertError;
+    fn try_from(hello: pb::Hello) -> Result<Self> {
+        let instance_id = hello.instance_id.clone();
+        let agent_version = hello.agent_version.clone();
+        if instance_id.trim().is_empty() {
+            return Err(ConvertError::MissingField("hello.instance_id".into()));
+        }
+        Ok(AgentHello { info: ClusterInfo::try_from(hello)?, instance_id, agent_version })
+    }
+}
+
+impl From<&AgentEvent> for pb::AgentMessage {
+    fn from(event: &AgentEvent) -> Self {
+        use pb::agent_message::Body;
+        let body = match event {
+            AgentEvent::Inventory(inventory) => Body::Inventory(pb::Inventory::from(inventory)),
+            AgentEvent::Pressure(pressure) => Body::Pressure(pb::QueuePressure::from(pressure)),
+            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => Body::OfferReply(pb::OfferReply {
+                job_id: job_id.clone(),
+                fencing_token: *fencing_token,
+                accepted: *accepted,
+                reason: reason.clone(),
+            }),
+            AgentEvent::Status(report) => Body::Status(pb::JobStatus::from(report)),
+            AgentEvent::Heartbeat { seq, jobs } => {
+                Body::Heartbeat(pb::Heartbeat { seq: *seq, jobs: jobs.iter().map(pb::JobStatus::from).collect() })
+            }
+        };
+        pb::AgentMessage { body: Some(body) }
+    }
+}
+
+/// What an agent message after the hello converts to: an event, or a repeated hello (which
+/// carries nothing new and is ignored).
+impl TryFrom<pb::AgentMessage> for Option<AgentEvent> {
+    type Error = ConvertError;
+    fn try_from(message: pb::AgentMessage) -> Result<Self> {
+        use pb::agent_message::Body;
+        let Some(body) = message.body else { return Err(ConvertError::MissingField("body".into())) };
+        Ok(Some(match body {
+            Body::Hello(_) => return Ok(None),
+            Body::Inventory(inventory) => AgentEvent::Inventory(Inventory::try_from(inventory)?),
+            Body::Pressure(pressure) => AgentEvent::Pressure(QueuePressure::try_from(pressure)?),
+            Body::OfferReply(reply) => {
+                if reply.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("offer_reply.job_id".into()));
+                }
+                AgentEvent::OfferReply {
+                    job_id: reply.job_id,
+                    fencing_token: reply.fencing_token,
+                    accepted: reply.accepted,
+                    reason: reply.reason,
+                }
+            }
+            Body::Status(status) => AgentEvent::Status(report_from_wire(status, "status")?),
+            Body::Heartbeat(heartbeat) => AgentEvent::Heartbeat {
+                seq: heartbeat.seq,
+                jobs: heartbeat
+                    .jobs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, status)| report_from_wire(status, &format!("heartbeat.jobs[{i}]")))
+                    .collect::<Result<_>>()?,
+            },
+        }))
+    }
+}
+
+impl From<&Assignment> for pb::Offer {
+    fn from(assignment: &Assignment) -> Self {
+        pb::Offer {
+            job_id: assignment.job_id.clone(),
+            fencing_token: assignment.fencing_token,
+            spec: Some(pb::JobSpec::from(&assignment.spec)),
+        }
+    }
+}
+
+fn assignment_from_wire(offer: pb::Offer, path: &str) -> Result<Assignment> {
+    if offer.job_id.trim().is_empty() {
+        return Err(ConvertError::MissingField(format!("{path}.job_id")));
+    }
+    let spec = offer.spec.ok_or_else(|| ConvertError::MissingField(format!("{path}.spec")))?;
+    Ok(Assignment { job_id: offer.job_id, fencing_token: offer.fencing_token, spec: JobSpec::try_from(spec)? })
+}
+
+impl TryFrom<pb::Offer> for Assignment {
+    type Error = ConvertError;
+    fn try_from(offer: pb::Offer) -> Result<Self> {
+        assignment_from_wire(offer, "offer")
+    }
+}
+
+impl From<&GatewayCommand> for pb::GatewayMessage {
+    fn from(command: &GatewayCommand) -> Self {
+        use pb::gateway_message::Body;
+        let body = match command {
+            GatewayCommand::Welcome { bound, lease } => Body::Welcome(pb::Welcome {
+                gateway_version: env!("CARGO_PKG_VERSION").to_string(),
+                bound_jobs: bound.iter().map(pb::Offer::from).collect(),
+                lease_ms: lease.map_or(0, duration_ms),
+            }),
+            GatewayCommand::Offer(assignment) => Body::Offer(pb::Offer::from(assignment)),
+            GatewayCommand::Cancel { job_id, fencing_token } => {
+                Body::Cancel(pb::Cancel { job_id: job_id.clone(), fencing_token: *fencing_token })
+            }
+            GatewayCommand::Ack { job_id, fencing_token } => {
+                Body::Ack(pb::Ack { job_id: job_id.clone(), fencing_token: *fencing_token })
+            }
+            GatewayCommand::Lease { heartbeat_seq, lease } => {
+                Body::Lease(pb::Lease { heartbeat_seq: *heartbeat_seq, lease_ms: duration_ms(*lease) })
+            }
+        };
+        pb::GatewayMessage { body: Some(body) }
+    }
+}
+
+impl TryFrom<pb::GatewayMessage> for GatewayCommand {
+    type Error = ConvertError;
+    fn try_from(message: pb::GatewayMessage) -> Result<Self> {
+        use pb::gateway_message::Body;
+        let Some(body) = message.body else { return Err(ConvertError::MissingField("body".into())) };
+        Ok(match body {
+            Body::Welcome(welcome) => GatewayCommand::Welcome {
+                bound: welcome
+                    .bound_jobs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, offer)| assignment_from_wire(offer, &format!("welcome.bound_jobs[{i}]")))
+                    .collect::<Result<_>>()?,
+                lease: (welcome.lease_ms > 0).then(|| Duration::from_millis(welcome.lease_ms)),
+            },
+            Body::Offer(offer) => GatewayCommand::Offer(assignment_from_wire(offer, "offer")?),
+            Body::Cancel(cancel) => {
+                GatewayCommand::Cancel { job_id: cancel.job_id, fencing_token: cancel.fencing_token }
+            }
+            Body::Ack(ack) => GatewayCommand::Ack { job_id: ack.job_id, fencing_token: ack.fencing_token },
+            Body::Lease(lease) => GatewayCommand::Lease {
+                heartbeat_seq: lease.heartbeat_seq,
+                lease: Duration::from_millis(lease.lease_ms),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::inventory::{BackendKind, Tier};
+
+    fn report(state: JobState) -> JobReport {
+        JobReport {
+            job_id: "j-1".into(),
+            fencing_token: 3,
+            state,
+            message: "done".into(),
+            nodes: vec!["n-0".into()],
+            requeue: false,
+        }
+    }
+
+    #[test]
+    fn every_agent_event_survives_the_wire() {
+        let events = [
+            AgentEvent::Status(report(JobState::Succeeded)),
+            AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] },
+            AgentEvent::OfferReply { job_id: "j-2".into(), fencing_token: 1, accepted: false, reason: "full".into() },
+        ];
+        for event in events {
+            let back = Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap();
+            assert_eq!(back, Some(event));
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_with_a_bad_state_names_the_job_entry() {
+        let mut wire = pb::Heartbeat { seq: 1, jobs: vec![pb::JobStatus::from(&report(JobState::Running))] };
+        wire.jobs[0].state = 99;
+        let message = pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(wire)) };
+        let err = Option::<AgentEvent>::try_from(message).unwrap_err();
+        assert!(err.to_string().contains("heartbeat.jobs[0].state"), "{err}");
+    }
+
+    #[test]
+    fn a_hello_without_an_instance_id_is_refused() {
+        let info = ClusterInfo {
+            name: "east".into(),
+            region: "us-east".into(),
+            tier: Tier::Owned,
+            backend: BackendKind::Builtin,
+            prices: BTreeMap::new(),
+            supports_containers: true,
+            supports_bare_commands: true,
+        };
+        let hello = AgentHello { info, instance_id: "abc".into(), agent_version: "0.1.0".into() };
+        assert_eq!(AgentHello::try_from(pb::Hello::from(&hello)).unwrap(), hello);
+        let mut wire = pb::Hello::from(&hello);
+        wire.instance_id.clear();
+        assert!(AgentHello::try_from(wire).unwrap_err().to_string().contains("hello.instance_id"));
+    }
+
+    #[test]
+    fn gateway_commands_survive_the_wire() {
+        let commands = [
+            GatewayCommand::Ack { job_id: "j".into(), fencing_token: 2 },
+            GatewayCommand::Lease { heartbeat_seq: 4, lease: Duration::from_secs(90) },
+            GatewayCommand::Cancel { job_id: "j".into(), fencing_token: 2 },
+            GatewayCommand::Welcome { bound: Vec::new(), lease: Some(Duration::from_secs(540)) },
+        ];
+        for command in commands {
+            assert_eq!(GatewayCommand::try_from(pb::GatewayMessage::from(&command)).unwrap(), command);
+        }
+    }
+}

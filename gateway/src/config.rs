@@ -25,7 +25,7 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// gRPC address: the user `Jobs` service and the agents' `Federation` stream.
     pub grpc_listen: SocketAddr,
-    /// Where the embedded store keeps its log.
+    /// Where the embedded store keeps its database (`meridian.redb`, locked while the gateway runs).
     pub data_dir: PathBuf,
     /// Fair-share weight per tenant; tenants not listed get `default_tenant_weight`.
     pub tenants: BTreeMap<String, TenantConfig>,
@@ -43,9 +43,15 @@ pub struct GatewayConfig {
     pub cluster_timeout: HumanDuration,
     /// How often the queue is placed again even when nothing changed.
     pub placement_interval: HumanDuration,
-    /// A job `Unknown` this long (its cluster unreachable) is placed again elsewhere; if the lost
-    /// cluster returns, its stale copy is stopped by fencing.
+    /// A job `Unknown` this long (counted from when its cluster was last heard) is placed again
+    /// elsewhere; if the lost cluster returns, its stale copy is stopped by fencing.
     pub lost_job_timeout: HumanDuration,
+    /// Agents get a lease of `lostJobTimeout - leaseMargin`: an agent that has not heard from
+    /// the gateway for that long stops the gateway's jobs, so no job runs twice across a
+    /// partition. Equal to `lostJobTimeout` or more: no lease (agents never stop jobs on their own).
+    pub lease_margin: HumanDuration,
+    /// Finished jobs and their decisions are forgotten this long after they finished.
+    pub retention: HumanDuration,
 }
 
 /// Per-tenant settings.
@@ -82,6 +88,8 @@ impl Default for GatewayConfig {
             cluster_timeout: HumanDuration::from_secs(15),
             placement_interval: HumanDuration::from_secs(2),
             lost_job_timeout: HumanDuration::from_secs(600),
+            lease_margin: HumanDuration::from_secs(60),
+            retention: HumanDuration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -125,6 +133,7 @@ impl GatewayConfig {
             ("clusterTimeout", self.cluster_timeout),
             ("placementInterval", self.placement_interval),
             ("lostJobTimeout", self.lost_job_timeout),
+            ("retention", self.retention),
         ] {
             if value.0.is_zero() {
                 problems.push(format!("{field}: must be longer than 0s"));
@@ -152,6 +161,26 @@ impl GatewayConfig {
     /// Fair-share weight of `tenant`.
     pub fn tenant_weight(&self, tenant: &str) -> f64 {
         self.tenants.get(tenant).map_or(self.default_tenant_weight, |t| t.weight)
+    }
+
+    /// The policy the core runs with.
+    pub fn core_config(&self) -> meridian_core::CoreConfig {
+        meridian_core::CoreConfig {
+            placement: self.placement.clone(),
+            network: self.network_table(),
+            tenant_weights: self.tenants.iter().map(|(name, t)| (name.clone(), t.weight)).collect(),
+            default_tenant_weight: self.default_tenant_weight,
+            offer_timeout: self.offer_timeout.0,
+            cluster_timeout: self.cluster_timeout.0,
+            lost_job_timeout: self.lost_job_timeout.0,
+            lease_margin: self.lease_margin.0,
+            retention: self.retention.0,
+        }
+    }
+
+    /// How the runtime drives the core.
+    pub fn runtime_config(&self) -> crate::runtime::RuntimeConfig {
+        crate::runtime::RuntimeConfig { placement_interval: self.placement_interval.0, ..Default::default() }
     }
 }
 

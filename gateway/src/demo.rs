@@ -17,9 +17,16 @@ use meridian_proto::inventory::Tier;
 use meridian_proto::job::JobState;
 use tokio::sync::{oneshot, watch};
 
+use meridian_core::{ClusterSummary, Explanation, JobFilter, JobRecord};
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::validate::parse_job_spec;
+
+use crate::api::ApiError;
 use crate::config::GatewayConfig;
-use crate::server::{self, Gateway, JobFilter};
-use crate::store::{JobRecord, MemoryStore};
+use crate::placement::NetworkTable;
+use crate::runtime::{Handle, now_ms};
+use crate::server;
+use crate::store::MemoryStore;
 
 const GATEWAY_CONFIG: &str = include_str!("../../deploy/examples/local/gateway.yaml");
 const AGENT_CONFIGS: [(&str, &str); 3] = [
@@ -128,14 +135,21 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     config.listen = "127.0.0.1:0".parse()?;
     config.grpc_listen = "127.0.0.1:0".parse()?;
     config.placement_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(200));
-    let gateway = Gateway::new(config, Arc::new(MemoryStore::default()))?;
+    let catalog = config.gpu_catalog();
+    let network = config.network_table();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (bound_tx, bound_rx) = oneshot::channel();
-    let server_task = tokio::spawn(server::serve(gateway.clone(), wait_stop(stop_rx.clone()), move |addrs| {
-        let _ = bound_tx.send(addrs);
-    }));
-    let addrs = bound_rx.await.context("gateway did not start")?;
+    let server_task = tokio::spawn(server::serve(
+        config,
+        Arc::new(MemoryStore::new()),
+        wait_stop(stop_rx.clone()),
+        move |addrs, handle| {
+            let _ = bound_tx.send((addrs, handle));
+        },
+    ));
+    let (addrs, handle) = bound_rx.await.context("gateway did not start")?;
+    let gateway = InProcess { handle, catalog, network };
 
     let mut agents = Vec::new();
     let mut cluster_configs = BTreeMap::new();
@@ -158,12 +172,43 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     result
 }
 
+/// The demo talks to its gateway in-process, through the same handle the APIs use.
+struct InProcess {
+    handle: Handle,
+    catalog: GpuCatalog,
+    network: NetworkTable,
+}
+
+impl InProcess {
+    fn clusters(&self) -> Vec<ClusterSummary> {
+        self.handle.view().clusters(now_ms())
+    }
+
+    async fn submit(&self, text: &str) -> Result<(Arc<JobRecord>, bool), ApiError> {
+        let spec = parse_job_spec(text, &self.catalog)?;
+        Ok(self.handle.submit(spec).await?)
+    }
+
+    fn list(&self) -> Vec<JobRecord> {
+        let page = self.handle.view().list(&JobFilter::default(), usize::MAX, None);
+        page.jobs.iter().map(|j| JobRecord::clone(j)).collect()
+    }
+
+    fn explain(&self, id: &str) -> anyhow::Result<Explanation> {
+        self.handle.view().explain(id).with_context(|| format!("job {id} vanished"))
+    }
+
+    fn network(&self) -> &NetworkTable {
+        &self.network
+    }
+}
+
 async fn wait_stop(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
 async fn drive(
-    gateway: &Gateway,
+    gateway: &InProcess,
     clusters: &BTreeMap<String, AgentConfig>,
     time_scale: f64,
     deadline_secs: u64,
@@ -173,13 +218,13 @@ async fn drive(
     let deadline = start + Duration::from_secs(deadline_secs);
     writeln!(out, "Meridian demo: one gateway, three member clusters, {} jobs.", workload().len())?;
     writeln!(out, "(job time runs {:.0}x faster than real time; all times below are job time)\n", 1.0 / time_scale)?;
-    while gateway.clusters()?.iter().filter(|c| c.connected && c.gpus_total > 0).count() < clusters.len() {
+    while gateway.clusters().iter().filter(|c| c.connected && c.gpus_total > 0).count() < clusters.len() {
         if tokio::time::Instant::now() > deadline {
             bail!("member clusters did not connect in time");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for c in gateway.clusters()? {
+    for c in gateway.clusters() {
         let prices: Vec<String> = c.prices.iter().map(|(g, p)| format!("{g} ${p:.2}/GPU-h")).collect();
         writeln!(
             out,
@@ -195,19 +240,20 @@ async fn drive(
 
     let mut stories = BTreeMap::new();
     for job in workload() {
-        let (record, _) = gateway.submit(&job.spec).with_context(|| format!("demo job refused:\n{}", job.spec))?;
+        let (record, _) =
+            gateway.submit(&job.spec).await.with_context(|| format!("demo job refused:\n{}", job.spec))?;
         stories.insert(record.id.clone(), job.story);
     }
     // A job no cluster could ever run is refused at submit, with the reason per cluster.
     let giant = include_str!("../../deploy/examples/local/jobs/too-big.yaml");
-    match gateway.submit(giant) {
+    match gateway.submit(giant).await {
         Err(e) => writeln!(out, "refused at submit: giant-sweep (8x8 A100): {e}\n")?,
         Ok(_) => bail!("the never-fitting job was accepted"),
     }
 
     let mut last_state: BTreeMap<String, JobState> = BTreeMap::new();
     loop {
-        let jobs = gateway.list(&JobFilter::default())?;
+        let jobs = gateway.list();
         let hours = start.elapsed().as_secs_f64() / 3600.0 / time_scale;
         for job in &jobs {
             if last_state.get(&job.id) != Some(&job.state) {
@@ -225,7 +271,7 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let jobs = gateway.list(&JobFilter::default())?;
+    let jobs = gateway.list();
     writeln!(out, "\nWhere each job went and why:")?;
     for job in &jobs {
         let explanation = gateway.explain(&job.id)?;

@@ -1,20 +1,25 @@
 //! Meridian's federation control plane: the gateway library behind the `meridian` command.
 //!
-//! Modules by concern: [`api`] (REST and gRPC adapters), [`queue`] (federation queue order and
-//! tenant fair share), [`placement`] (pure filter/score/explain), [`dispatch`] (offers, fencing),
-//! [`registry`] (member clusters), [`store`] (durable job records), [`client`] and [`cli`] (the
-//! user command line), [`demo`] (the self-contained demonstration).
+//! The gateway's shape (see `docs/architecture.md`):
+//! - [`meridian_core`]: one sans-IO state machine for jobs, clusters, offers, fencing, timers;
+//! - [`runtime`]: the task that owns the core, group-commits to the store and publishes reads;
+//! - [`api`]: REST and gRPC adapters over the runtime's handle (wire ↔ domain, error mapping);
+//! - [`server`]: wires store, runtime and APIs together;
+//! - [`meridian_store`]: the durable store seam (embedded redb by default);
+//! - [`placement`] and [`queue`]: pure placement and the federation queue (crate `meridian-placement`);
+//! - [`client`] and [`cli`]: the user command line; [`demo`] and [`sim`]: the demonstration and
+//!   the placement lab.
 
 pub mod api;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;
-pub mod dispatch;
-pub mod registry;
+pub mod runtime;
 pub mod server;
 pub mod sim;
-pub mod store;
 
+pub use meridian_core as core;
 pub use meridian_placement as placement;
 pub use meridian_placement::queue;
+pub use meridian_store as store;

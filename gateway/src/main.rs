@@ -8,8 +8,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use meridian_gateway::cli::{ClientArgs, UserCommand};
 use meridian_gateway::config::GatewayConfig;
-use meridian_gateway::server::{self, Gateway};
-use meridian_gateway::store::FileStore;
+use meridian_gateway::server;
+use meridian_gateway::store::RedbStore;
 
 /// Meridian: submit GPU jobs once, run them on the best cluster of the federation.
 #[derive(Parser)]
@@ -117,22 +117,15 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(64);
     }
-    let store = match FileStore::open(&config.data_dir) {
+    let store = match RedbStore::open(&config.data_dir) {
         Ok(store) => Arc::new(store),
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let gateway = match Gateway::new(config, store) {
-        Ok(gateway) => gateway,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let ready_file = args.ready_file;
-    let result = server::serve(gateway, meridian_agent::shutdown_signal(), move |addrs| {
+    let result = server::serve(config, store, meridian_agent::shutdown_signal(), move |addrs, _| {
         println!("meridian gateway listening: rest={} grpc={}", addrs.rest, addrs.grpc);
         if let Some(path) = &ready_file {
             let text = format!("{{\"rest\":\"{}\",\"grpc\":\"{}\"}}\n", addrs.rest, addrs.grpc);

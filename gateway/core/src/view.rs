@@ -123,6 +123,12 @@ impl ReadView {
         Self::new(imbl::OrdMap::new(), imbl::HashMap::new(), Arc::new(Vec::new()), None)
     }
 
+    /// The same view, marked failed: what readers keep seeing once a commit failed (the core's
+    /// memory may then hold changes that never became durable, so it is not published again).
+    pub fn with_failure(&self, reason: impl Into<String>) -> Self {
+        Self { failure: Some(reason.into()), ..self.clone() }
+    }
+
     /// Why the gateway refuses changes, if it does.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()

@@ -1,0 +1,181 @@
+//! The gRPC services: the users' `Jobs` API and the agents' `Federation` stream. Wire messages
+//! are converted to domain types here, once.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use meridian_core::JobRecord;
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::job::JobState;
+use meridian_proto::pb;
+use meridian_proto::protocol::{AgentEvent, AgentHello};
+use meridian_proto::validate::parse_job_spec;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Status, Streaming};
+
+use super::error::{self, ApiError};
+use super::rest::parse_list_query;
+use crate::runtime::{Handle, now_ms};
+
+/// How long a new agent stream may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The agents' stream endpoint.
+pub struct FederationApi {
+    /// The runtime.
+    pub handle: Handle,
+    /// Flips to true at shutdown; ends every stream's reader.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+type GatewayStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::federation_server::Federation for FederationApi {
+    type AttachStream = GatewayStream;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<tonic::Response<Self::AttachStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within 10s"))??;
+        let hello = match first.and_then(|m| m.body) {
+            Some(pb::agent_message::Body::Hello(hello)) => hello,
+            _ => return Err(Status::invalid_argument("the first message on the stream must be `hello`")),
+        };
+        let hello = AgentHello::try_from(hello).map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
+        let cluster = hello.info.name.clone();
+        let conn = self.handle.next_conn();
+        let outbox = self.handle.attach(conn, hello).await.map_err(|e| error::grpc(&ApiError::from(e)))?;
+        let handle = self.handle.clone();
+        let mut shutdown = self.shutdown.clone();
+        // The reader lives exactly as long as the agent's stream (or until shutdown).
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(message)) => match Option::<AgentEvent>::try_from(message) {
+                            Ok(Some(event)) => {
+                                if handle.agent_event(conn, event).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(e) => tracing::warn!(cluster = %cluster, error = %e, "ignoring an invalid agent message"),
+                        },
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::info!(cluster = %cluster, error = %status, "agent stream error");
+                            break;
+                        }
+                    },
+                    // The guard `wait_for` returns is dropped inside, so the task stays `Send`.
+                    () = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+                }
+            }
+            handle.agent_gone(conn).await;
+        });
+        let outgoing = ReceiverStream::new(outbox).map(|command| Ok(pb::GatewayMessage::from(&command)));
+        Ok(tonic::Response::new(Box::pin(outgoing)))
+    }
+}
+
+/// The users' gRPC API.
+pub struct JobsApi {
+    /// The runtime.
+    pub handle: Handle,
+    /// GPU types specs may name.
+    pub catalog: GpuCatalog,
+}
+
+fn job_to_wire(job: &JobRecord) -> pb::Job {
+    pb::Job {
+        id: job.id.clone(),
+        spec: Some(pb::JobSpec::from(&job.spec)),
+        state: pb::JobState::from(job.state) as i32,
+        cluster: job.cluster.clone().unwrap_or_default(),
+        fencing_token: job.fencing_token,
+        message: job.message.clone(),
+        submitted_at_ms: job.submitted_at_ms,
+        started_at_ms: job.started_at_ms.unwrap_or(0),
+        finished_at_ms: job.finished_at_ms.unwrap_or(0),
+    }
+}
+
+fn grpc<T>(result: Result<T, ApiError>) -> Result<T, Status> {
+    result.map_err(|e| error::grpc(&e))
+}
+
+#[tonic::async_trait]
+impl pb::jobs_server::Jobs for JobsApi {
+    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<tonic::Response<pb::Job>, Status> {
+        let spec = grpc(parse_job_spec(&request.into_inner().spec_text, &self.catalog).map_err(ApiError::from))?;
+        let (job, _) = grpc(self.handle.submit(spec).await.map_err(ApiError::from))?;
+        Ok(tonic::Response::new(job_to_wire(&job)))
+    }
+
+    async fn get(&self, request: Request<pb::GetJobRequest>) -> Result<tonic::Response<pb::Job>, Status> {
+        let id = request.into_inner().id;
+        let job = grpc(self.handle.view().job(&id).ok_or(ApiError::NotFound(id)))?;
+        Ok(tonic::Response::new(job_to_wire(&job)))
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<tonic::Response<pb::ListJobsResponse>, Status> {
+        let request = request.into_inner();
+        let mut params = HashMap::new();
+        params.insert("tenant".to_string(), request.tenant);
+        params.insert("selector".to_string(), request.selector);
+        params.insert("continue".to_string(), request.continue_token);
+        if request.limit != 0 {
+            params.insert("limit".to_string(), request.limit.to_string());
+        }
+        if request.state != 0 {
+            let state = pb::JobState::try_from(request.state)
+                .ok()
+                .and_then(|s| JobState::try_from(s).ok())
+                .ok_or_else(|| Status::invalid_argument(format!("state: {} is not a job state", request.state)))?;
+            params.insert("state".to_string(), state.as_str().to_string());
+        }
+        let query = grpc(parse_list_query(&params))?;
+        let page = self.handle.view().list(&query.filter, query.limit, query.after.as_deref());
+        Ok(tonic::Response::new(pb::ListJobsResponse {
+            jobs: page.jobs.iter().map(|j| job_to_wire(j)).collect(),
+            continue_token: page.next.unwrap_or_default(),
+        }))
+    }
+
+    async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<tonic::Response<pb::Job>, Status> {
+        let job = grpc(self.handle.cancel(&request.into_inner().id).await.map_err(ApiError::from))?;
+        Ok(tonic::Response::new(job_to_wire(&job)))
+    }
+
+    async fn explain(
+        &self,
+        request: Request<pb::ExplainRequest>,
+    ) -> Result<tonic::Response<pb::ExplainResponse>, Status> {
+        let id = request.into_inner().id;
+        let explanation = grpc(self.handle.view().explain(&id).ok_or(ApiError::NotFound(id)))?;
+        let explanation_json = serde_json::to_string(&explanation).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(pb::ExplainResponse { explanation_json }))
+    }
+
+    async fn list_clusters(
+        &self,
+        _request: Request<pb::ListClustersRequest>,
+    ) -> Result<tonic::Response<pb::ListClustersResponse>, Status> {
+        let clusters = self.handle.view().clusters(now_ms());
+        let clusters_json =
+            serde_json::to_string(&json!({ "clusters": clusters })).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(pb::ListClustersResponse { clusters_json }))
+    }
+}

@@ -1,0 +1,149 @@
+//! The REST/JSON API (axum): thin handlers over the runtime's [`Handle`].
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use meridian_core::JobFilter;
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::job::JobState;
+use meridian_proto::validate::{MAX_SPEC_BYTES, SpecError, parse_job_spec};
+use serde_json::json;
+
+use super::error::{ApiError, Result};
+use crate::runtime::{Handle, now_ms};
+
+/// Jobs per page of `GET /v1/jobs` when `limit` is not given.
+pub const DEFAULT_PAGE: usize = 500;
+/// The largest `limit` accepted.
+pub const MAX_PAGE: usize = 5000;
+
+/// What the REST handlers share.
+#[derive(Clone)]
+pub struct RestState {
+    /// The runtime.
+    pub handle: Handle,
+    /// GPU types specs may name.
+    pub catalog: GpuCatalog,
+}
+
+/// The REST router.
+pub fn router(state: RestState) -> Router {
+    Router::new()
+        .route("/v1/jobs", get(list_jobs).post(submit_job))
+        .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
+        .route("/v1/jobs/{id}/explain", get(explain_job))
+        .route("/v1/clusters", get(list_clusters))
+        .route("/healthz", get(health))
+        .fallback(|| async {
+            let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});
+            (StatusCode::NOT_FOUND, axum::Json(body))
+        })
+        // Bodies a little over the spec limit still reach the handler, which answers with the
+        // JSON error; far larger ones are cut off by axum.
+        .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
+        .with_state(state)
+}
+
+async fn health(State(state): State<RestState>) -> Response {
+    match state.handle.view().failure() {
+        None => "ok".into_response(),
+        Some(reason) => ApiError::Unavailable(reason.to_string()).into_response(),
+    }
+}
+
+async fn submit_job(State(state): State<RestState>, body: Bytes) -> Result<Response> {
+    if body.len() > MAX_SPEC_BYTES {
+        return Err(ApiError::InvalidSpec(SpecError::TooLarge { size: body.len(), limit: MAX_SPEC_BYTES }));
+    }
+    let text = std::str::from_utf8(&body).map_err(|e| {
+        ApiError::InvalidSpec(SpecError::Syntax { format: "YAML", message: format!("body is not UTF-8: {e}") })
+    })?;
+    // Parsed here, on the caller's task, so the core's loop only sees valid specs.
+    let spec = parse_job_spec(text, &state.catalog)?;
+    let (job, created) = state.handle.submit(spec).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, axum::Json(job)).into_response())
+}
+
+/// A job list request: filters and a page.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Which jobs.
+    pub filter: JobFilter,
+    /// Jobs per page.
+    pub limit: usize,
+    /// The previous page's continue token.
+    pub after: Option<String>,
+}
+
+/// Parses list parameters, naming any unknown or invalid one.
+pub fn parse_list_query(params: &HashMap<String, String>) -> Result<ListQuery> {
+    let mut query = ListQuery { limit: DEFAULT_PAGE, ..Default::default() };
+    let bad = |field: &str, reason: String| ApiError::BadRequest { field: field.into(), reason };
+    for (key, value) in params {
+        match key.as_str() {
+            "tenant" if !value.is_empty() => query.filter.tenant = Some(value.clone()),
+            "state" if !value.is_empty() => {
+                query.filter.state = Some(value.parse::<JobState>().map_err(|e| bad("state", e.to_string()))?);
+            }
+            "selector" if !value.is_empty() => {
+                query.filter.selector = Some(
+                    value
+                        .parse()
+                        .map_err(|e: meridian_proto::selector::SelectorError| bad("selector", e.to_string()))?,
+                );
+            }
+            "limit" if !value.is_empty() => {
+                query.limit =
+                    value.parse::<usize>().ok().filter(|n| (1..=MAX_PAGE).contains(n)).ok_or_else(|| {
+                        bad("limit", format!("`{value}` must be a whole number from 1 to {MAX_PAGE}"))
+                    })?;
+            }
+            "continue" if !value.is_empty() => query.after = Some(value.clone()),
+            "tenant" | "state" | "selector" | "limit" | "continue" => {}
+            other => {
+                return Err(bad(
+                    other,
+                    "unknown query parameter; use tenant, state, selector, limit or continue".into(),
+                ));
+            }
+        }
+    }
+    Ok(query)
+}
+
+async fn list_jobs(
+    State(state): State<RestState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<axum::Json<serde_json::Value>> {
+    let query = parse_list_query(&params)?;
+    let page = state.handle.view().list(&query.filter, query.limit, query.after.as_deref());
+    let mut body = json!({ "jobs": page.jobs });
+    if let Some(next) = page.next {
+        body["continue"] = json!(next);
+    }
+    Ok(axum::Json(body))
+}
+
+async fn get_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
+    let job = state.handle.view().job(&id).ok_or(ApiError::NotFound(id))?;
+    Ok(axum::Json(job).into_response())
+}
+
+async fn cancel_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
+    Ok(axum::Json(state.handle.cancel(&id).await?).into_response())
+}
+
+async fn explain_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
+    let explanation = state.handle.view().explain(&id).ok_or(ApiError::NotFound(id))?;
+    Ok(axum::Json(explanation).into_response())
+}
+
+async fn list_clusters(State(state): State<RestState>) -> axum::Json<serde_json::Value> {
+    axum::Json(json!({ "clusters": state.handle.view().clusters(now_ms()) }))
+}

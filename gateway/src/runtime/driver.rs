@@ -1,0 +1,236 @@
+//! The driver loop: batch, step, group-commit, publish, deliver.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use meridian_core::{ConnId, Core, Effects, Error, Input, ReadView, Reply, ReplyTo};
+use meridian_proto::protocol::GatewayCommand;
+use meridian_store::{Store, Write};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::{Command, MAX_BATCH, Request, RuntimeConfig};
+
+/// Current Unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The core's clock: wall time at start plus tokio's monotonic time since, so it never goes
+/// back and tests can drive it with a paused tokio clock.
+struct Clock {
+    wall_at_start: i64,
+    start: Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self { wall_at_start: now_ms(), start: Instant::now() }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.wall_at_start.saturating_add(i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+pub(super) struct Driver {
+    core: Core,
+    store: Arc<dyn Store>,
+    rx: mpsc::Receiver<Command>,
+    view: Arc<RwLock<Arc<ReadView>>>,
+    config: RuntimeConfig,
+    clock: Clock,
+    streams: HashMap<ConnId, mpsc::Sender<GatewayCommand>>,
+    waiting: HashMap<ReplyTo, oneshot::Sender<Result<Reply, Error>>>,
+    next_reply: ReplyTo,
+    /// Inputs the driver gives itself (streams it found dead) for the next batch.
+    follow_ups: VecDeque<Input>,
+}
+
+enum Wake {
+    Command(Command),
+    Tick,
+    Round,
+    Stop,
+}
+
+impl Driver {
+    pub(super) fn new(
+        core: Core,
+        store: Arc<dyn Store>,
+        rx: mpsc::Receiver<Command>,
+        view: Arc<RwLock<Arc<ReadView>>>,
+        config: RuntimeConfig,
+    ) -> Self {
+        Self {
+            core,
+            store,
+            rx,
+            view,
+            config,
+            clock: Clock::new(),
+            streams: HashMap::new(),
+            waiting: HashMap::new(),
+            next_reply: 1,
+            follow_ups: VecDeque::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.publish();
+        let mut tick = tokio::time::interval(self.config.tick_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_round = Instant::now();
+        loop {
+            let round_due = if self.core.wants_round() {
+                last_round + self.config.round_coalesce
+            } else {
+                last_round + self.config.placement_interval
+            };
+            let wake = if self.follow_ups.is_empty() {
+                tokio::select! {
+                    command = self.rx.recv() => command.map_or(Wake::Stop, Wake::Command),
+                    _ = tick.tick() => Wake::Tick,
+                    _ = tokio::time::sleep_until(round_due) => Wake::Round,
+                    _ = shutdown.wait_for(|stop| *stop) => Wake::Stop,
+                }
+            } else {
+                Wake::Tick
+            };
+            let mut effects = Effects::default();
+            let now = self.clock.now_ms();
+            while let Some(input) = self.follow_ups.pop_front() {
+                self.core.step(input, now, &mut effects);
+            }
+            match wake {
+                Wake::Stop => break,
+                Wake::Command(command) => {
+                    self.apply(command, now, &mut effects);
+                    let mut taken = 1;
+                    while taken < MAX_BATCH {
+                        let Ok(command) = self.rx.try_recv() else { break };
+                        self.apply(command, now, &mut effects);
+                        taken += 1;
+                    }
+                }
+                Wake::Tick => self.core.step(Input::Tick, now, &mut effects),
+                Wake::Round => {}
+            }
+            // Rounds run when something changed (at most every `round_coalesce`, so a storm of
+            // submits and reports shares rounds) and every `placement_interval` regardless.
+            let wait =
+                if self.core.wants_round() { self.config.round_coalesce } else { self.config.placement_interval };
+            if Instant::now() >= last_round + wait {
+                self.core.step(Input::Round, now, &mut effects);
+                last_round = Instant::now();
+            }
+            self.finish(effects).await;
+        }
+        // Callers still waiting learn that the gateway stopped (their oneshot is dropped).
+        self.waiting.clear();
+        self.streams.clear();
+    }
+
+    fn apply(&mut self, command: Command, now: i64, effects: &mut Effects) {
+        let reply = self.next_reply;
+        self.next_reply += 1;
+        if let Some(sender) = command.reply {
+            self.waiting.insert(reply, sender);
+        }
+        let input = match command.request {
+            Request::Submit(spec) => Input::Submit { spec: *spec, reply },
+            Request::Cancel(job_id) => Input::Cancel { job_id, reply },
+            Request::Attach { conn, hello, outbox } => {
+                // Registered first so the welcome can be delivered; removed again if refused.
+                self.streams.insert(conn, outbox);
+                Input::AgentHello { conn, hello, reply }
+            }
+            Request::Agent { conn, event } => Input::Agent { conn, event },
+            Request::Gone { conn } => {
+                self.streams.remove(&conn);
+                Input::AgentGone { conn }
+            }
+        };
+        let attaching = match &input {
+            Input::AgentHello { conn, .. } => Some(*conn),
+            _ => None,
+        };
+        let replies_before = effects.replies.len();
+        self.core.step(input, now, effects);
+        if let Some(conn) = attaching
+            && effects.replies[replies_before..].iter().any(|(r, answer)| *r == reply && answer.is_err())
+        {
+            self.streams.remove(&conn);
+        }
+    }
+
+    /// Commits the batch's records, publishes the view, then delivers sends and replies.
+    async fn finish(&mut self, mut effects: Effects) {
+        if !effects.persist.is_empty()
+            && let Err(reason) = self.commit(&effects).await
+        {
+            tracing::error!(error = %reason, "commit failed; the gateway refuses changes until it is restarted");
+            let public = "the gateway could not save a change and refuses changes until it is restarted".to_string();
+            self.core.fail(public.clone());
+            effects.fail_all(&Error::Unavailable(public.clone()));
+            // Readers keep the last durable view, marked failed; the core's memory is now ahead
+            // of the disk and is never published again.
+            let frozen = self.current_view().with_failure(public);
+            self.set_view(Arc::new(frozen));
+        }
+        if self.core.failure().is_none() {
+            self.publish();
+        }
+        for (conn, command) in effects.sends {
+            let Some(stream) = self.streams.get(&conn) else { continue };
+            if stream.try_send(command).is_err() {
+                // The agent is not reading (or gone): drop its stream; it reconnects and reconciles.
+                tracing::warn!(conn, "agent stream full or closed; dropping it");
+                self.streams.remove(&conn);
+                self.follow_ups.push_back(Input::AgentGone { conn });
+            }
+        }
+        for conn in effects.close {
+            self.streams.remove(&conn);
+        }
+        for (reply, answer) in effects.replies {
+            if let Some(waiting) = self.waiting.remove(&reply) {
+                let _ = waiting.send(answer);
+            }
+        }
+    }
+
+    /// One group commit: the last write of each key, in one durable transaction.
+    async fn commit(&self, effects: &Effects) -> Result<(), String> {
+        let mut writes: BTreeMap<String, Write> = BTreeMap::new();
+        for record in &effects.persist {
+            let encoded = record.encode().map_err(|e| format!("encoding {}: {e}", record.key()))?;
+            let write = match encoded.value {
+                Some(value) => Write::Put { key: encoded.key.clone(), value },
+                None => Write::Delete { key: encoded.key.clone() },
+            };
+            writes.insert(encoded.key, write);
+        }
+        self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string())
+    }
+
+    fn publish(&mut self) {
+        let view = Arc::new(self.core.view());
+        self.set_view(view);
+    }
+
+    fn set_view(&self, view: Arc<ReadView>) {
+        match self.view.write() {
+            Ok(mut slot) => *slot = view,
+            Err(poisoned) => *poisoned.into_inner() = view,
+        }
+    }
+
+    fn current_view(&self) -> Arc<ReadView> {
+        match self.view.read() {
+            Ok(view) => Arc::clone(&view),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+}

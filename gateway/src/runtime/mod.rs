@@ -1,0 +1,185 @@
+//! The runtime: one task owns the [`Core`], fed through a bounded channel; it commits what each
+//! batch of inputs asks to persist as one group commit, publishes a read view, and only then
+//! delivers the batch's sends and replies.
+//!
+//! Callers hold a [`Handle`]: writes go through the channel (and wait for their durable answer),
+//! reads use the latest published [`ReadView`] without waiting on anything.
+
+mod driver;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use meridian_core::{ConnId, Core, JobRecord, ReadView, Reply};
+use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
+use meridian_proto::spec::JobSpec;
+use meridian_store::Store;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use driver::now_ms;
+
+/// How many commands one batch takes at most (one group commit).
+pub const MAX_BATCH: usize = 4096;
+
+/// Tuning of the driver loop. `Default` reads as the defaults.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Commands waiting for the core at most; senders wait beyond it (back-pressure).
+    pub channel_capacity: usize,
+    /// How often timers (offer and cluster timeouts, retention) are checked.
+    pub tick_interval: Duration,
+    /// A requested placement round waits at most this long for more changes to coalesce.
+    pub round_coalesce: Duration,
+    /// The queue is placed again at least this often (waits grow, burst gates open).
+    pub placement_interval: Duration,
+    /// Messages waiting for one agent stream at most; a stream that falls this far behind is
+    /// dropped (the agent reconnects and reconciles).
+    pub agent_buffer: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            channel_capacity: 8192,
+            tick_interval: Duration::from_millis(500),
+            round_coalesce: Duration::from_millis(20),
+            placement_interval: Duration::from_secs(2),
+            agent_buffer: 1024,
+        }
+    }
+}
+
+/// Why a call through the runtime failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The core refused it.
+    #[error(transparent)]
+    Core(#[from] meridian_core::Error),
+    /// The runtime has stopped (shutting down).
+    #[error("the gateway is shutting down")]
+    Stopped,
+}
+
+/// A request to the core, with where to send its answer.
+pub(crate) enum Request {
+    // Boxed: the channel holds thousands of requests and most are small.
+    Submit(Box<JobSpec>),
+    Cancel(String),
+    Attach { conn: ConnId, hello: AgentHello, outbox: mpsc::Sender<GatewayCommand> },
+    Agent { conn: ConnId, event: AgentEvent },
+    Gone { conn: ConnId },
+}
+
+pub(crate) struct Command {
+    request: Request,
+    reply: Option<oneshot::Sender<Result<Reply, meridian_core::Error>>>,
+}
+
+/// Shared by every API adapter and agent stream; cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    view: Arc<RwLock<Arc<ReadView>>>,
+    next_conn: Arc<AtomicU64>,
+    agent_buffer: usize,
+}
+
+/// The running driver: await [`Runtime::join`] after shutdown.
+pub struct Runtime {
+    task: JoinHandle<()>,
+}
+
+impl Runtime {
+    /// Starts the driver task over `core` and `store`; it runs until `shutdown` flips to true
+    /// (or every handle is dropped).
+    pub fn start(
+        core: Core,
+        store: Arc<dyn Store>,
+        config: RuntimeConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> (Runtime, Handle) {
+        let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
+        let view = Arc::new(RwLock::new(Arc::new(ReadView::empty())));
+        let handle = Handle {
+            tx,
+            view: Arc::clone(&view),
+            next_conn: Arc::new(AtomicU64::new(1)),
+            agent_buffer: config.agent_buffer,
+        };
+        let driver = driver::Driver::new(core, store, rx, view, config);
+        let task = tokio::spawn(driver.run(shutdown));
+        (Runtime { task }, handle)
+    }
+
+    /// Waits for the driver to finish.
+    pub async fn join(self) {
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the runtime task ended abnormally");
+        }
+    }
+}
+
+impl Handle {
+    async fn call(&self, request: Request) -> Result<Reply, CallError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Command { request, reply: Some(reply) }).await.map_err(|_| CallError::Stopped)?;
+        Ok(answer.await.map_err(|_| CallError::Stopped)??)
+    }
+
+    /// Stores a validated job; returns it and whether it was created (false: an earlier job with
+    /// the same tenant and idempotency key). Answers only once the job is durable.
+    pub async fn submit(&self, spec: JobSpec) -> Result<(Arc<JobRecord>, bool), CallError> {
+        match self.call(Request::Submit(Box::new(spec))).await? {
+            Reply::Submitted { job, created } => Ok((job, created)),
+            _ => Err(CallError::Stopped),
+        }
+    }
+
+    /// Cancels a job; answers once the cancellation is durable (the member is told after).
+    pub async fn cancel(&self, id: &str) -> Result<Arc<JobRecord>, CallError> {
+        match self.call(Request::Cancel(id.to_string())).await? {
+            Reply::Cancelled(job) => Ok(job),
+            _ => Err(CallError::Stopped),
+        }
+    }
+
+    /// The latest published view (never waits on writes).
+    pub fn view(&self) -> Arc<ReadView> {
+        match self.view.read() {
+            Ok(view) => Arc::clone(&view),
+            // Only a panic while swapping the pointer poisons it; the pointer itself is intact.
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// A fresh id for an agent stream.
+    pub fn next_conn(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Offers a new agent stream to the core. On success the returned receiver yields what the
+    /// gateway sends to the agent (the welcome first); it ends when the core drops the stream.
+    pub async fn attach(&self, conn: ConnId, hello: AgentHello) -> Result<mpsc::Receiver<GatewayCommand>, CallError> {
+        let (outbox, receiver) = mpsc::channel(self.agent_buffer.max(1));
+        self.call(Request::Attach { conn, hello, outbox }).await?;
+        Ok(receiver)
+    }
+
+    /// Passes on what an agent said; waits while the core's channel is full (back-pressure on
+    /// the agent's stream, never on other callers).
+    pub async fn agent_event(&self, conn: ConnId, event: AgentEvent) -> Result<(), CallError> {
+        self.tx
+            .send(Command { request: Request::Agent { conn, event }, reply: None })
+            .await
+            .map_err(|_| CallError::Stopped)
+    }
+
+    /// Says an agent stream ended.
+    pub async fn agent_gone(&self, conn: ConnId) {
+        let _ = self.tx.send(Command { request: Request::Gone { conn }, reply: None }).await;
+    }
+}

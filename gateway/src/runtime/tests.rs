@@ -1,0 +1,222 @@
+//! The runtime's promises, through its handle: durable before answered or sent, one commit for
+//! what arrives together, reads that never wait on writes, and a failed store that never acks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use meridian_core::{Core, CoreConfig, Loaded};
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
+use meridian_proto::validate::parse_job_spec;
+use meridian_store::{BoxFuture, MemoryStore, Store, Write};
+use tokio::sync::watch;
+
+use super::*;
+
+const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+
+/// A memory store that counts commits and can hold them until the test lets them through.
+struct GatedStore {
+    inner: MemoryStore,
+    commits: AtomicUsize,
+    open: watch::Sender<bool>,
+}
+
+impl GatedStore {
+    fn open() -> Arc<Self> {
+        Arc::new(Self { inner: MemoryStore::new(), commits: AtomicUsize::new(0), open: watch::Sender::new(true) })
+    }
+
+    /// Holds every commit from now on until `open_gate`.
+    async fn close_gate(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn open_gate(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Store for GatedStore {
+    fn commit(&self, batch: Vec<Write>) -> BoxFuture<'_, meridian_store::Result<()>> {
+        Box::pin(async move {
+            let mut open = self.open.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+            self.commits.fetch_add(1, Ordering::SeqCst);
+            self.inner.commit(batch).await
+        })
+    }
+
+    fn scan(&self, prefix: &str) -> BoxFuture<'_, meridian_store::Result<Vec<(String, Vec<u8>)>>> {
+        self.inner.scan(prefix)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
+    fn describe(&self) -> String {
+        "gated memory".into()
+    }
+}
+
+fn spec(name: &str) -> meridian_proto::spec::JobSpec {
+    parse_job_spec(&JOB.replace("name: j", &format!("name: {name}")), &GpuCatalog::default()).unwrap()
+}
+
+fn start(store: Arc<dyn Store>) -> (Runtime, Handle, watch::Sender<bool>) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let core = Core::new(CoreConfig::default(), Loaded::default(), now_ms(), 1);
+    let (runtime, handle) = Runtime::start(core, store, RuntimeConfig::default(), stop_rx);
+    (runtime, handle, stop_tx)
+}
+
+fn hello() -> AgentHello {
+    AgentHello {
+        info: ClusterInfo {
+            name: "east".into(),
+            region: "us-east".into(),
+            tier: Tier::Owned,
+            backend: BackendKind::Builtin,
+            prices: BTreeMap::new(),
+            supports_containers: true,
+            supports_bare_commands: true,
+        },
+        instance_id: "a1".into(),
+        agent_version: "test".into(),
+    }
+}
+
+fn inventory() -> AgentEvent {
+    AgentEvent::Inventory(Inventory {
+        shapes: vec![NodeShape {
+            name: "dgx".into(),
+            gpu_type: "h100".into(),
+            gpu_memory_gib: 80,
+            gpus_per_node: 8,
+            cpu_per_node: 96,
+            memory_gib_per_node: 1024,
+            free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
+        }],
+    })
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), future).await.unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+#[tokio::test]
+async fn submits_that_arrive_together_share_one_commit() {
+    let store = GatedStore::open();
+    let (runtime, handle, stop) = start(store.clone());
+    store.close_gate().await;
+    // The first submits' commit waits at the gate; the rest queue up behind it.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut calls = Vec::new();
+    for i in 0..64 {
+        let (handle, sent) = (handle.clone(), Arc::clone(&sent));
+        calls.push(tokio::spawn(async move {
+            // The channel has room, so the request is queued within this same poll.
+            sent.fetch_add(1, Ordering::SeqCst);
+            handle.submit(spec(&format!("j{i}"))).await
+        }));
+    }
+    while sent.load(Ordering::SeqCst) < 64 {
+        tokio::task::yield_now().await;
+    }
+    tokio::task::yield_now().await;
+    store.open_gate();
+    for call in calls {
+        let (job, created) = within("submit", call).await.unwrap().unwrap();
+        assert!(created);
+        assert!(handle.view().job(&job.id).is_some(), "answered jobs are visible to readers");
+    }
+    let commits = store.commits.load(Ordering::SeqCst);
+    assert!(commits <= 3, "64 submits took {commits} commits");
+    assert_eq!(store.scan("jobs/").await.unwrap().len(), 64, "every acknowledged job is stored");
+    let _ = stop.send(true);
+    runtime.join().await;
+}
+
+#[tokio::test]
+async fn reads_do_not_wait_on_a_slow_commit() {
+    let store = GatedStore::open();
+    let (runtime, handle, stop) = start(store.clone());
+    let (first, _) = within("submit", handle.submit(spec("a"))).await.unwrap();
+    store.close_gate().await;
+    let pending = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.submit(spec("b")).await })
+    };
+    // The write is stuck at the disk; readers still answer, and see only what is durable.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    let view = handle.view();
+    assert!(view.job(&first.id).is_some());
+    assert_eq!(view.job_count(), 1, "a job not yet durable is not shown");
+    assert!(!pending.is_finished(), "no answer before the commit");
+    store.open_gate();
+    within("second submit", pending).await.unwrap().unwrap();
+    assert_eq!(handle.view().job_count(), 2);
+    let _ = stop.send(true);
+    runtime.join().await;
+}
+
+#[tokio::test]
+async fn an_offer_reaches_the_agent_only_after_its_record_is_durable() {
+    let store = GatedStore::open();
+    let (runtime, handle, stop) = start(store.clone());
+    let conn = handle.next_conn();
+    let mut outbox = within("attach", handle.attach(conn, hello())).await.unwrap();
+    assert!(matches!(within("welcome", outbox.recv()).await, Some(GatewayCommand::Welcome { .. })));
+    handle.agent_event(conn, inventory()).await.unwrap();
+    store.close_gate().await;
+    let submit = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.submit(spec("a")).await })
+    };
+    // Submit and the round that offers the job are in the gated commit: nothing may reach the agent.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(outbox.try_recv().is_err(), "an offer was sent before its record was durable");
+    store.open_gate();
+    let (job, _) = within("submit", submit).await.unwrap().unwrap();
+    let offer = loop {
+        match within("offer", outbox.recv()).await {
+            Some(GatewayCommand::Offer(offer)) => break offer,
+            Some(_) => continue,
+            None => panic!("stream closed"),
+        }
+    };
+    assert_eq!(offer.job_id, job.id);
+    let stored = store.scan(&format!("jobs/{}", job.id)).await.unwrap();
+    let record: meridian_core::JobRecord = meridian_core::record::decode(&stored[0].0, &stored[0].1).unwrap();
+    assert_eq!((record.state, record.fencing_token), (JobState::Offered, offer.fencing_token));
+    let _ = stop.send(true);
+    runtime.join().await;
+}
+
+#[tokio::test]
+async fn a_failed_commit_is_never_acknowledged_and_later_writes_are_refused() {
+    let store = Arc::new(MemoryStore::new());
+    let (runtime, handle, stop) = start(store.clone());
+    let (kept, _) = within("submit", handle.submit(spec("kept"))).await.unwrap();
+    store.fail_next_commit("injected: fsync failed");
+    let lost = within("submit", handle.submit(spec("lost"))).await;
+    assert!(matches!(lost, Err(CallError::Core(meridian_core::Error::Unavailable(_)))), "{lost:?}");
+    let later = within("submit", handle.submit(spec("later"))).await;
+    assert!(matches!(later, Err(CallError::Core(meridian_core::Error::Unavailable(_)))), "{later:?}");
+    let view = handle.view();
+    let failure = view.failure().expect("the view reports the failure");
+    assert!(!failure.contains('/'), "the public message names no paths: {failure}");
+    assert_eq!(view.job_count(), 1, "readers never see the change that failed");
+    assert!(view.job(&kept.id).is_some());
+    let _ = stop.send(true);
+    runtime.join().await;
+}

@@ -24,6 +24,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The port assumed when an address like `localhost` names no port (the gateway's default).
 pub const DEFAULT_PORT: u16 = 7070;
 
+/// Jobs asked for per page when following a list to its end.
+const LIST_PAGE: usize = 1000;
+
 /// Answers larger than this are refused rather than buffered.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -158,14 +161,45 @@ impl Client {
     }
 
     /// Lists jobs, optionally only those of one tenant, in one state, or matching a label
-    /// selector such as `project=llm`. Returns the API's `{"jobs": [...]}` object.
+    /// selector such as `project=llm`. Follows the pages to the end and returns
+    /// `{"jobs": [...]}` with every job.
     pub async fn list(&self, tenant: Option<&str>, state: Option<&str>, selector: Option<&str>) -> Result<Value> {
-        let query: Vec<String> = [("tenant", tenant), ("state", state), ("selector", selector)]
-            .into_iter()
-            .filter_map(|(key, value)| value.map(|value| format!("{key}={}", percent_encode(value))))
-            .collect();
-        let path = if query.is_empty() { "/v1/jobs".to_owned() } else { format!("/v1/jobs?{}", query.join("&")) };
-        self.get_json(&path).await
+        let mut jobs = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut page = self.list_page(tenant, state, selector, LIST_PAGE, after.as_deref()).await?;
+            if let Some(Value::Array(items)) = page.get_mut("jobs").map(Value::take) {
+                jobs.extend(items);
+            }
+            match page.get("continue").and_then(Value::as_str) {
+                Some(next) if !next.is_empty() => after = Some(next.to_owned()),
+                _ => break,
+            }
+        }
+        Ok(serde_json::json!({ "jobs": jobs }))
+    }
+
+    /// One page of jobs (`limit` at most), after the `continue` token of the previous page.
+    pub async fn list_page(
+        &self,
+        tenant: Option<&str>,
+        state: Option<&str>,
+        selector: Option<&str>,
+        limit: usize,
+        after: Option<&str>,
+    ) -> Result<Value> {
+        let limit = limit.to_string();
+        let query: Vec<String> = [
+            ("tenant", tenant),
+            ("state", state),
+            ("selector", selector),
+            ("limit", Some(&limit)),
+            ("continue", after),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|value| format!("{key}={}", percent_encode(value))))
+        .collect();
+        self.get_json(&format!("/v1/jobs?{}", query.join("&"))).await
     }
 
     /// Fetches one job.

@@ -601,7 +601,10 @@ mod tests {
         assert_eq!(error.code(), Some("not_found"));
         assert_eq!(error.to_string(), "no such job");
         let request = server.await.unwrap();
-        assert!(request.starts_with("GET /v1/jobs?tenant=ml%20team&selector=project%3Dllm HTTP/1.1"), "{request}");
+        assert!(
+            request.starts_with("GET /v1/jobs?tenant=ml%20team&selector=project%3Dllm&limit=1000 HTTP/1.1"),
+            "{request}"
+        );
     }
 
     #[tokio::test]

@@ -57,11 +57,11 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Gateway(args) => {
-            meridian_agent::init_logging("info");
+            meridian_process::init_logging("info");
             run_gateway(args).await
         }
         Command::Demo(args) => {
-            meridian_agent::init_logging("error");
+            meridian_process::init_logging("error");
             match meridian_gateway::demo::run(args, &mut std::io::stdout()).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -125,7 +125,7 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
         }
     };
     let ready_file = args.ready_file;
-    let result = server::serve(config, store, meridian_agent::shutdown_signal(), move |addrs, _| {
+    let result = server::serve(config, store, meridian_process::shutdown_signal(), move |addrs, _| {
         println!("meridian gateway listening: rest={} grpc={}", addrs.rest, addrs.grpc);
         if let Some(path) = &ready_file {
             let text = format!("{{\"rest\":\"{}\",\"grpc\":\"{}\"}}\n", addrs.rest, addrs.grpc);

@@ -1,10 +1,22 @@
 //! Meridian's member agent: one per member cluster. It connects out to the gateway, reports the
-//! cluster's inventory and queue pressure, and runs the jobs it accepts on a [`backend::LocalBackend`].
+//! cluster's inventory and queue pressure, and runs the jobs it accepts on a
+//! [`backend::LocalBackend`].
+//!
+//! - [`agent`]: the event loop, the gateway stream, the outbox and the lease.
+//! - [`backend`]: the seam to the member's scheduler ([`backend::LocalBackend`],
+//!   [`backend::InventorySource`]) and the builtin implementation.
+//! - [`config`]: the agent's YAML configuration.
+//! - [`builtin`]: the builtin gang + fair-share scheduler itself (the `meridian-scheduler` crate).
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
 
 pub mod agent;
 pub mod backend;
-pub mod builtin;
 pub mod config;
+
+pub use meridian_scheduler as builtin;
 
 /// Why an agent could not be built from its configuration.
 #[derive(Debug, thiserror::Error)]
@@ -12,54 +24,32 @@ pub enum BuildError {
     /// The builtin scheduler refused the declared nodes or queues.
     #[error("builtin scheduler: {0}")]
     Scheduler(#[from] builtin::Error),
+    /// The backend could not start.
+    #[error("backend: {0}")]
+    Backend(#[from] backend::BackendError),
 }
 
 /// Builds an agent (with its builtin backend) from a checked configuration.
+///
+/// Must be called inside a Tokio runtime: the builtin backend starts its driver task here.
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
     let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
-    let backend = backend::BuiltinBackend::new(scheduler, config.time_scale);
-    Ok(agent::Agent::new(config.cluster_info(), config.gateway.clone(), config.report_interval.0, Box::new(backend)))
+    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let backend = Arc::new(backend::BuiltinBackend::new(scheduler, config.time_scale, events_tx)?);
+    let settings = agent::Settings {
+        info: config.cluster_info(),
+        gateway: config.gateway.clone(),
+        report_interval: config.report_interval.0,
+    };
+    Ok(agent::Agent::new(settings, backend.clone(), backend, events_rx))
 }
 
-/// Starts `tracing` output on stderr; `MERIDIAN_LOG` (or `RUST_LOG`) sets the filter.
-pub fn init_logging(default_filter: &str) {
-    let filter = std::env::var("MERIDIAN_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| default_filter.to_string());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
-}
+pub use meridian_process::{init_logging, shutdown_signal};
 
-/// Resolves on the first SIGINT or SIGTERM; a second signal exits the process at once.
-pub async fn shutdown_signal() {
-    wait_for_signal().await;
-    tracing::info!("shutting down (signal again to force)");
-    tokio::spawn(async {
-        wait_for_signal().await;
-        std::process::exit(130);
-    });
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+/// Sleeps until `deadline`, or forever when there is none (a `select!` arm that never fires).
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }

@@ -99,6 +99,12 @@ pub struct Gateway {
 impl Gateway {
     /// Starts a gateway with `config` (YAML) in `dir`, on free ports, and waits until it listens.
     pub async fn start(dir: &Path, config: &str) -> Result<Self> {
+        Self::start_on(dir, config, "127.0.0.1:0", "127.0.0.1:0").await
+    }
+
+    /// Starts a gateway on the given REST and gRPC addresses (fixed ports survive a restart, so
+    /// agents find the gateway again).
+    pub async fn start_on(dir: &Path, config: &str, rest: &str, grpc: &str) -> Result<Self> {
         let config_path = dir.join("gateway.yaml");
         std::fs::write(&config_path, config)?;
         let ready = dir.join("gateway.ready");
@@ -106,9 +112,9 @@ impl Gateway {
         let mut command = Command::new(&binaries().meridian);
         command.current_dir(dir).args(["gateway", "--config"]).arg(&config_path).args([
             "--listen",
-            "127.0.0.1:0",
+            rest,
             "--grpc-listen",
-            "127.0.0.1:0",
+            grpc,
             "--data-dir",
         ]);
         command.arg(dir.join("data")).arg("--ready-file").arg(&ready);
@@ -179,12 +185,22 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent with `config` (YAML, its `gateway` replaced by `gateway`'s address).
     pub fn start(dir: &Path, name: &str, config: &str, gateway: &Gateway) -> Result<Self> {
+        Self::start_via(dir, name, config, gateway.grpc)
+    }
+
+    /// Starts an agent that dials `grpc` (a proxy in front of the gateway, say).
+    pub fn start_via(dir: &Path, name: &str, config: &str, grpc: SocketAddr) -> Result<Self> {
         let path = dir.join(format!("{name}.yaml"));
         std::fs::write(&path, config)?;
         let mut command = Command::new(&binaries().agent);
-        command.arg("--config").arg(&path).arg("--gateway").arg(format!("http://{}", gateway.grpc));
+        command.arg("--config").arg(&path).arg("--gateway").arg(format!("http://{grpc}"));
         Ok(Self { proc: Proc::spawn(command, dir.join(format!("{name}.log")))? })
     }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Polls `check` every 50 ms until it yields a value or `timeout` passes. Tests wait for a
@@ -234,3 +250,116 @@ pub fn agent_config(cluster: &str, region: &str, tier: &str, prices: &str, nodes
 
 /// A gateway config with quick placement rounds.
 pub const GATEWAY_CONFIG: &str = "placementInterval: 200ms\nofferTimeout: 10s\nclusterTimeout: 10s\n";
+
+/// What a [`TcpProxy`] does with the traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forwards bytes both ways.
+    Pass,
+    /// Keeps connections open but forwards nothing (a partition that sends no RST: both ends
+    /// see only silence). Held bytes flow again on `Pass`.
+    Blackhole,
+    /// Closes every connection and closes new ones at once (a link that is down).
+    Down,
+}
+
+/// A TCP proxy on `127.0.0.1:0` in front of `upstream` that a test can cut or blackhole.
+pub struct TcpProxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    mode: tokio::sync::watch::Sender<ProxyMode>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (mode, _) = tokio::sync::watch::channel(ProxyMode::Pass);
+        let modes = mode.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                if *modes.borrow() == ProxyMode::Down {
+                    drop(client);
+                    continue;
+                }
+                let modes = modes.subscribe();
+                connections.spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::select! {
+                        () = pump(client_read, server_write, modes.clone()) => {}
+                        () = pump(server_read, client_write, modes.clone()) => {}
+                        () = wait_down(modes) => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, mode, task })
+    }
+
+    /// Changes what the proxy does from now on.
+    pub fn set(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn wait_down(mut modes: tokio::sync::watch::Receiver<ProxyMode>) {
+    let _ = modes.wait_for(|m| *m == ProxyMode::Down).await;
+}
+
+/// Copies bytes one way, holding them while blackholed.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut modes: tokio::sync::watch::Receiver<ProxyMode>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let Ok(read) = from.read(&mut buffer).await else { return };
+        if read == 0 {
+            return;
+        }
+        if modes.wait_for(|m| *m != ProxyMode::Blackhole).await.map(|m| *m).unwrap_or(ProxyMode::Down)
+            == ProxyMode::Down
+        {
+            return;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The UTC timestamp that starts each line of a process log (tracing's default format), for
+/// the first line that contains every one of `needles`.
+pub fn log_time(log: &str, needles: &[&str]) -> Option<String> {
+    log.lines()
+        .find(|line| needles.iter().all(|n| line.contains(n)))
+        .and_then(|line| line.split_whitespace().next())
+        .map(str::to_string)
+}
+
+/// Seconds between two RFC 3339 UTC timestamps of the same day as tracing prints them
+/// (`2026-12-03T07:05:01.123456Z`); `later - earlier`.
+pub fn seconds_between(earlier: &str, later: &str) -> Option<f64> {
+    fn seconds_of_day(stamp: &str) -> Option<f64> {
+        let time = stamp.split('T').nth(1)?.trim_end_matches('Z');
+        let mut parts = time.split(':');
+        let hours: f64 = parts.next()?.parse().ok()?;
+        let minutes: f64 = parts.next()?.parse().ok()?;
+        let seconds: f64 = parts.next()?.parse().ok()?;
+        Some(hours * 3600.0 + minutes * 60.0 + seconds)
+    }
+    Some(seconds_of_day(later)? - seconds_of_day(earlier)?)
+}

@@ -1,7 +1,7 @@
 //! The driver loop: batch, step, group-commit, publish, deliver.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use meridian_core::{ConnId, Core, Effects, Error, Input, ReadView, Reply, ReplyTo};
@@ -10,6 +10,7 @@ use meridian_store::{Store, Write};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::stats::Stats;
 use super::{Command, MAX_BATCH, Request, RuntimeConfig};
 
 /// Current Unix time in milliseconds.
@@ -39,6 +40,7 @@ pub(super) struct Driver {
     store: Arc<dyn Store>,
     rx: mpsc::Receiver<Command>,
     view: Arc<RwLock<Arc<ReadView>>>,
+    stats: Arc<Mutex<Stats>>,
     config: RuntimeConfig,
     clock: Clock,
     streams: HashMap<ConnId, mpsc::Sender<GatewayCommand>>,
@@ -61,6 +63,7 @@ impl Driver {
         store: Arc<dyn Store>,
         rx: mpsc::Receiver<Command>,
         view: Arc<RwLock<Arc<ReadView>>>,
+        stats: Arc<Mutex<Stats>>,
         config: RuntimeConfig,
     ) -> Self {
         Self {
@@ -68,6 +71,7 @@ impl Driver {
             store,
             rx,
             view,
+            stats,
             config,
             clock: Clock::new(),
             streams: HashMap::new(),
@@ -113,6 +117,7 @@ impl Driver {
                         self.apply(command, now, &mut effects);
                         taken += 1;
                     }
+                    self.stats_mut(|stats| stats.batch_commands.record(taken as f64));
                 }
                 Wake::Tick => self.core.step(Input::Tick, now, &mut effects),
                 Wake::Round => {}
@@ -122,7 +127,9 @@ impl Driver {
             let wait =
                 if self.core.wants_round() { self.config.round_coalesce } else { self.config.placement_interval };
             if Instant::now() >= last_round + wait {
+                let started = std::time::Instant::now();
                 self.core.step(Input::Round, now, &mut effects);
+                self.stats_mut(|stats| stats.round(started.elapsed()));
                 last_round = Instant::now();
             }
             self.finish(effects).await;
@@ -212,7 +219,21 @@ impl Driver {
             };
             writes.insert(encoded.key, write);
         }
-        self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string())
+        let records = writes.len();
+        let started = std::time::Instant::now();
+        let result = self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string());
+        self.stats_mut(|stats| {
+            stats.commit_secs.record(started.elapsed().as_secs_f64());
+            stats.commit_records.record(records as f64);
+        });
+        result
+    }
+
+    fn stats_mut(&self, update: impl FnOnce(&mut Stats)) {
+        match self.stats.lock() {
+            Ok(mut stats) => update(&mut stats),
+            Err(poisoned) => update(&mut poisoned.into_inner()),
+        }
     }
 
     fn publish(&mut self) {

@@ -6,11 +6,12 @@
 //! reads use the latest published [`ReadView`] without waiting on anything.
 
 mod driver;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use meridian_core::{ConnId, Core, JobRecord, ReadView, Reply};
@@ -84,6 +85,7 @@ pub(crate) struct Command {
 pub struct Handle {
     tx: mpsc::Sender<Command>,
     view: Arc<RwLock<Arc<ReadView>>>,
+    stats: Arc<Mutex<stats::Stats>>,
     next_conn: Arc<AtomicU64>,
     agent_buffer: usize,
 }
@@ -104,13 +106,15 @@ impl Runtime {
     ) -> (Runtime, Handle) {
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let view = Arc::new(RwLock::new(Arc::new(ReadView::empty())));
+        let stats = Arc::new(Mutex::new(stats::Stats::default()));
         let handle = Handle {
             tx,
             view: Arc::clone(&view),
+            stats: Arc::clone(&stats),
             next_conn: Arc::new(AtomicU64::new(1)),
             agent_buffer: config.agent_buffer,
         };
-        let driver = driver::Driver::new(core, store, rx, view, config);
+        let driver = driver::Driver::new(core, store, rx, view, stats, config);
         let task = tokio::spawn(driver.run(shutdown));
         (Runtime { task }, handle)
     }
@@ -153,6 +157,14 @@ impl Handle {
             Ok(view) => Arc::clone(&view),
             // Only a panic while swapping the pointer poisons it; the pointer itself is intact.
             Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// A copy of the driver's measurements (round and commit durations, batch sizes).
+    pub fn stats(&self) -> stats::Stats {
+        match self.stats.lock() {
+            Ok(stats) => stats.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 

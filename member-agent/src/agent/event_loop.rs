@@ -1,0 +1,512 @@
+//! The agent's one event loop. It owns all state (ledger, lease, link, tasks) and reacts to five
+//! sources: the gateway link, finished backend tasks, backend job events, the heartbeat timer and
+//! the lease deadline. Timers and backend events run whether or not a stream is up, and no
+//! backend call is awaited here: each runs as a task and its answer comes back as a message.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::lease::{Lease, Renewal};
+use super::ledger::{CancelPlan, Doom, EventOutcome, Ledger, OfferPlan};
+use super::link::{BACKOFF_MAX, BACKOFF_MIN, Dial, Inbound, Link, LinkError, LinkEvent, jittered};
+use super::tasks::{self, Report, TaskLabel, TaskOutput};
+use crate::backend::{Admission, BackendError, InventorySource, JobEvent, JobEventReceiver, LocalBackend};
+
+/// The reason given for offers refused while the lease is expired.
+const LEASE_EXPIRED: &str = "this agent's lease expired; it takes no jobs until the gateway welcomes it again";
+
+/// Everything the loop owns.
+pub(super) struct EventLoop {
+    pub(super) cluster: String,
+    pub(super) hello: AgentHello,
+    pub(super) report_interval: Duration,
+    pub(super) dialer: Box<dyn Dial>,
+    pub(super) backend: Arc<dyn LocalBackend>,
+    pub(super) inventory: Arc<dyn InventorySource>,
+    pub(super) events: JobEventReceiver,
+    pub(super) events_open: bool,
+    pub(super) link: Link,
+    /// The next reconnect delay (before jitter).
+    pub(super) backoff: Duration,
+    /// Streams opened so far; numbers the next one.
+    pub(super) sessions: u64,
+    pub(super) ledger: Ledger,
+    pub(super) lease: Lease,
+    /// The last heartbeat's sequence number.
+    pub(super) heartbeat_seq: u64,
+    pub(super) tasks: JoinSet<TaskOutput>,
+    pub(super) labels: HashMap<tokio::task::Id, TaskLabel>,
+    /// An inventory/pressure report task is running.
+    pub(super) report_in_flight: bool,
+    /// Something changed (or the heartbeat came): report inventory and pressure when possible.
+    pub(super) report_wanted: bool,
+}
+
+impl EventLoop {
+    /// Runs until `shutdown` resolves; then stops every task it owns.
+    pub(super) async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        // Adopt what the member still holds before talking to the gateway, so the welcome's
+        // reconcile sees every job.
+        self.spawn(TaskLabel::Adopt, tasks::adopt(Arc::clone(&self.backend)));
+        let mut heartbeat = tokio::time::interval(self.report_interval);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let lease_deadline = self.lease.deadline();
+            tokio::select! {
+                () = &mut shutdown => break,
+                event = self.link.next() => self.on_link(event),
+                Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => self.on_task(done),
+                event = self.events.recv(), if self.events_open => match event {
+                    Some(event) => self.on_job_event(event),
+                    None => {
+                        self.events_open = false;
+                        tracing::error!(cluster = %self.cluster, "the backend stopped reporting job events; job results will not be seen");
+                    }
+                },
+                _ = heartbeat.tick() => self.on_heartbeat_tick(),
+                () = crate::sleep_until_opt(lease_deadline) => self.on_lease_expired(),
+            }
+            self.maybe_report();
+        }
+        self.tasks.shutdown().await;
+        tracing::info!(cluster = %self.cluster, "agent stopped");
+    }
+
+    // ------------------------------------------------------------ the link
+
+    fn on_link(&mut self, event: LinkEvent) {
+        match event {
+            LinkEvent::Retry => self.dial(),
+            LinkEvent::Dialed(Ok(connection)) => {
+                let hello_sent = match &self.link {
+                    Link::Dialing { hello_sent, .. } => *hello_sent,
+                    _ => Instant::now(),
+                };
+                self.sessions += 1;
+                self.link = Link::Up { connection, session: self.sessions, hello_sent, welcomed: false };
+                tracing::debug!(cluster = %self.cluster, session = self.sessions, "stream open; waiting for the welcome");
+            }
+            LinkEvent::Dialed(Err(error)) | LinkEvent::Received(Err(error)) => self.link_lost(error),
+            LinkEvent::Received(Ok(inbound)) => self.on_inbound(inbound),
+        }
+    }
+
+    fn dial(&mut self) {
+        let hello_sent = Instant::now();
+        let attempt = self.dialer.dial(self.hello.clone());
+        self.link = Link::Dialing { attempt, hello_sent };
+    }
+
+    fn link_lost(&mut self, error: LinkError) {
+        let retry_in = jittered(self.backoff);
+        match &error {
+            LinkError::Refused(message) => tracing::error!(
+                cluster = %self.cluster,
+                gateway_said = %message,
+                retry_in = ?retry_in,
+                "the gateway refused this agent: another live agent holds cluster `{}` (perhaps an old process still shutting down); retrying",
+                self.cluster
+            ),
+            _ => tracing::warn!(cluster = %self.cluster, error = %error, retry_in = ?retry_in, "no gateway stream"),
+        }
+        self.link = Link::BackingOff { retry_at: Instant::now() + retry_in };
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    fn on_inbound(&mut self, inbound: Inbound) {
+        let command = match inbound {
+            Inbound::Command(command) => *command,
+            Inbound::InvalidOffer { job_id, fencing_token, reason } => {
+                tracing::warn!(cluster = %self.cluster, job = %job_id, %reason, "invalid offer refused");
+                self.reply(&job_id, fencing_token, false, format!("invalid offer: {reason}"));
+                return;
+            }
+            Inbound::Invalid(reason) => {
+                tracing::warn!(cluster = %self.cluster, %reason, "invalid gateway message ignored");
+                return;
+            }
+        };
+        match command {
+            GatewayCommand::Welcome { bound, lease } => self.on_welcome(&bound, lease),
+            _ if self.link.welcomed_session().is_none() => {
+                tracing::warn!(cluster = %self.cluster, "gateway command before the welcome ignored");
+            }
+            GatewayCommand::Offer(assignment) => self.on_offer(assignment),
+            GatewayCommand::Cancel { job_id, fencing_token } => self.on_cancel(&job_id, fencing_token),
+            GatewayCommand::Ack { job_id, fencing_token } => {
+                if self.ledger.ack(&job_id, fencing_token) {
+                    tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "result acknowledged");
+                }
+            }
+            GatewayCommand::Lease { heartbeat_seq, lease } => match self.lease.renew(heartbeat_seq, lease) {
+                Renewal::Applied(_) => {}
+                other => tracing::debug!(cluster = %self.cluster, heartbeat_seq, ?other, "lease renewal not applied"),
+            },
+        }
+    }
+
+    /// Keeps exactly the bindings the gateway lists, reports the rest, and starts heartbeating.
+    fn on_welcome(&mut self, bound: &[Assignment], lease: Option<Duration>) {
+        let Link::Up { session, hello_sent, welcomed, .. } = &mut self.link else { return };
+        *welcomed = true;
+        let (session, hello_sent) = (*session, *hello_sent);
+        self.backoff = BACKOFF_MIN;
+        self.lease.welcome(lease, hello_sent);
+        let done = self.ledger.reconcile(bound, session, &self.cluster);
+        for (job_id, fencing_token) in done.stop.iter().cloned() {
+            tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, "the gateway no longer expects this binding here; stopping it");
+            self.stop(job_id, fencing_token);
+        }
+        for lost in &done.lost {
+            tracing::warn!(cluster = %self.cluster, job = %lost.job_id, fencing_token = lost.fencing_token, "the gateway expects a job this member does not hold; reporting it lost");
+        }
+        let results = self.ledger.results();
+        tracing::info!(
+            cluster = %self.cluster,
+            kept = done.kept,
+            stopped = done.stop.len(),
+            results = results.len(),
+            stale_results_dropped = done.dropped_results,
+            lease = %lease.map_or_else(|| "none".to_string(), |l| HumanDuration(l).to_string()),
+            "welcomed by the gateway"
+        );
+        for result in results {
+            self.send(AgentEvent::Status(result));
+        }
+        self.send_heartbeat();
+        self.report_wanted = true;
+    }
+
+    fn on_offer(&mut self, assignment: Assignment) {
+        let Some(session) = self.link.welcomed_session() else { return };
+        let (job_id, token) = (assignment.job_id.clone(), assignment.fencing_token);
+        if self.lease.is_expired() {
+            return self.reply(&job_id, token, false, LEASE_EXPIRED.into());
+        }
+        match self.ledger.plan_offer(&assignment) {
+            OfferPlan::AcceptAgain(held) => self.reply(&job_id, token, true, held.message),
+            OfferPlan::RefuseNewerHeld(newer) => self.reply(
+                &job_id,
+                token,
+                false,
+                format!("binding {newer} of this job, newer than this offer, runs here"),
+            ),
+            OfferPlan::AlreadySubmitting { same_binding: true } => {}
+            OfferPlan::AlreadySubmitting { same_binding: false } => self.reply(
+                &job_id,
+                token,
+                false,
+                "another binding of this job is still being submitted here; offer it again later".into(),
+            ),
+            OfferPlan::AlreadyFinished(result) => {
+                self.reply(&job_id, token, false, format!("this binding already ended here ({})", result.state));
+                self.send(AgentEvent::Status(result));
+            }
+            OfferPlan::Submit { replace } => {
+                self.ledger.start_submit(&assignment, session);
+                let label = TaskLabel::Submit { job_id, fencing_token: token };
+                let task = tasks::submit(Arc::clone(&self.backend), Arc::clone(&self.inventory), assignment, replace);
+                self.spawn(label, task);
+            }
+        }
+    }
+
+    fn on_cancel(&mut self, job_id: &str, fencing_token: u64) {
+        match self.ledger.cancel(job_id, fencing_token) {
+            CancelPlan::Ignore => {
+                tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "stale cancel ignored");
+            }
+            CancelPlan::Stop { fencing_token, report } => {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, "job cancelled by the gateway");
+                self.stop(job_id.to_string(), fencing_token);
+                self.send(AgentEvent::Status(report));
+            }
+            CancelPlan::Report(report) => self.send(AgentEvent::Status(report)),
+        }
+    }
+
+    // ------------------------------------------------------------ backend answers and events
+
+    fn on_task(&mut self, done: Result<(tokio::task::Id, TaskOutput), JoinError>) {
+        match done {
+            Ok((id, output)) => {
+                self.labels.remove(&id);
+                self.on_task_output(output);
+            }
+            Err(error) => {
+                let label = self.labels.remove(&error.id());
+                self.on_task_failed(label, &error);
+            }
+        }
+    }
+
+    fn on_task_output(&mut self, output: TaskOutput) {
+        match output {
+            TaskOutput::Adopted(result) => {
+                match result {
+                    Ok(jobs) => {
+                        if !jobs.is_empty() {
+                            tracing::info!(cluster = %self.cluster, jobs = jobs.len(), "adopted the jobs the member still holds");
+                        }
+                        self.ledger.adopt(jobs);
+                    }
+                    Err(error) => tracing::error!(
+                        cluster = %self.cluster,
+                        %error,
+                        "cannot list the jobs the member holds; starting without them (jobs it still runs are not reconciled)"
+                    ),
+                }
+                if matches!(self.link, Link::Waiting) {
+                    self.dial();
+                }
+            }
+            TaskOutput::Submitted { job_id, fencing_token, result, report } => {
+                self.on_submitted(job_id, fencing_token, result, report);
+            }
+            TaskOutput::Cancelled { job_id, fencing_token, result } => {
+                self.ledger.stopped(&job_id, fencing_token);
+                match result {
+                    Ok(()) => self.report_wanted = true,
+                    Err(error) => tracing::error!(
+                        cluster = %self.cluster,
+                        job = %job_id,
+                        fencing_token,
+                        %error,
+                        "could not stop a job in the backend; it may still run on this member"
+                    ),
+                }
+            }
+            TaskOutput::Reported(report) => {
+                self.report_in_flight = false;
+                self.send_report(report);
+            }
+        }
+    }
+
+    fn on_task_failed(&mut self, label: Option<TaskLabel>, error: &JoinError) {
+        tracing::error!(cluster = %self.cluster, task = ?label, %error, "backend task failed");
+        match label {
+            Some(TaskLabel::Adopt) => self.on_task_output(TaskOutput::Adopted(Err(BackendError::permanent(format!(
+                "the backend's list failed: {error}"
+            ))))),
+            Some(TaskLabel::Submit { job_id, fencing_token }) => self.on_submitted(
+                job_id,
+                fencing_token,
+                Err(BackendError::permanent(format!("the backend's submit failed: {error}"))),
+                None,
+            ),
+            Some(TaskLabel::Cancel { job_id, fencing_token }) => self.ledger.stopped(&job_id, fencing_token),
+            Some(TaskLabel::Report) => self.report_in_flight = false,
+            None => {}
+        }
+    }
+
+    fn on_submitted(
+        &mut self,
+        job_id: String,
+        fencing_token: u64,
+        result: Result<Admission, BackendError>,
+        report: Option<Report>,
+    ) {
+        let taken = matches!(result, Ok(Admission::Started { .. } | Admission::Queued { .. }));
+        let Some(submitting) = self.ledger.finish_submit(&job_id, fencing_token) else {
+            if taken {
+                self.stop(job_id, fencing_token);
+            }
+            return;
+        };
+        // Only the stream the offer came on may hear the answer; after a reconnect the welcome
+        // decides (a binding it lists had its session moved to the new stream).
+        let live = self.link.welcomed_session() == Some(submitting.session);
+        if let Some(doom) = submitting.doomed {
+            if taken {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, ?doom, "stopping a job whose offer was withdrawn while it was submitted");
+                self.stop(job_id.clone(), fencing_token);
+            }
+            if live && doom == Doom::LeaseExpired {
+                self.reply(&job_id, fencing_token, false, LEASE_EXPIRED.into());
+            }
+            return;
+        }
+        match result {
+            Ok(Admission::Started { nodes }) => {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, ?nodes, "gang started");
+                let running = JobReport {
+                    job_id: job_id.clone(),
+                    fencing_token,
+                    state: JobState::Running,
+                    message: String::new(),
+                    nodes,
+                    requeue: false,
+                };
+                // Held before the acceptance, so every heartbeat after it lists the job; inventory
+                // before the acceptance, so the gateway never places into these GPUs twice.
+                self.ledger.hold(running.clone());
+                if live {
+                    self.send_report_opt(report);
+                    self.reply(&job_id, fencing_token, true, String::new());
+                    self.send(AgentEvent::Status(running));
+                }
+            }
+            Ok(Admission::Queued { reason }) => {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, "job queued locally");
+                self.ledger.hold(JobReport {
+                    job_id: job_id.clone(),
+                    fencing_token,
+                    state: JobState::Bound,
+                    message: reason.clone(),
+                    nodes: Vec::new(),
+                    requeue: false,
+                });
+                if live {
+                    self.send_report_opt(report);
+                    self.reply(&job_id, fencing_token, true, reason);
+                }
+            }
+            Ok(Admission::Refused { reason, permanent }) => {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, permanent, "offer refused by the local scheduler");
+                if live {
+                    let reason = if permanent { format!("can never run on this member: {reason}") } else { reason };
+                    self.reply(&job_id, fencing_token, false, reason);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, %error, "submit failed");
+                if live {
+                    self.reply(&job_id, fencing_token, false, format!("the local scheduler failed: {error}"));
+                }
+            }
+        }
+        for phase in submitting.early_events {
+            self.on_job_event(JobEvent { job_id: job_id.clone(), fencing_token, phase });
+        }
+        self.report_wanted = true;
+    }
+
+    fn on_job_event(&mut self, event: JobEvent) {
+        match self.ledger.apply(event) {
+            EventOutcome::Changed(report) => {
+                tracing::info!(cluster = %self.cluster, job = %report.job_id, state = %report.state, message = %report.message, nodes = ?report.nodes, "job changed");
+                self.send(AgentEvent::Status(report));
+                self.report_wanted = true;
+            }
+            EventOutcome::Finished(result) => {
+                tracing::info!(cluster = %self.cluster, job = %result.job_id, state = %result.state, message = %result.message, "job finished");
+                self.send(AgentEvent::Status(result));
+                self.report_wanted = true;
+            }
+            EventOutcome::Deferred => {}
+            EventOutcome::Unknown => tracing::debug!(cluster = %self.cluster, "event for a binding not held ignored"),
+        }
+    }
+
+    // ------------------------------------------------------------ timers
+
+    fn on_heartbeat_tick(&mut self) {
+        if self.link.welcomed_session().is_some() {
+            self.send_heartbeat();
+            self.report_wanted = true;
+        }
+    }
+
+    fn send_heartbeat(&mut self) {
+        self.heartbeat_seq += 1;
+        let seq = self.heartbeat_seq;
+        // Recorded before the send: the real send is no earlier, so the lease errs short.
+        self.lease.heartbeat_sent(seq, Instant::now());
+        self.send(AgentEvent::Heartbeat { seq, jobs: self.ledger.heartbeat() });
+    }
+
+    /// The lease ran out: stop everything the gateway placed here and report it for requeue.
+    fn on_lease_expired(&mut self) {
+        let Some(length) = self.lease.expire() else { return };
+        let message = format!(
+            "stopped by {}: no lease renewal from the gateway for {}; the gateway places it again",
+            self.cluster,
+            HumanDuration(length)
+        );
+        let stop = self.ledger.expire(&message);
+        tracing::warn!(
+            cluster = %self.cluster,
+            jobs = stop.len(),
+            lease = %HumanDuration(length),
+            "lease expired without renewal from the gateway: stopping every job it placed here; offers are refused until the gateway welcomes this agent again"
+        );
+        for (job_id, fencing_token) in stop {
+            self.stop(job_id, fencing_token);
+        }
+        // A stream that carries no renewals is of no use; a new one brings a new welcome (the
+        // gateway lets the same instance replace its own stream). The results go out after it.
+        if self.link.welcomed_session().is_some() {
+            tracing::info!(cluster = %self.cluster, "reconnecting to the gateway for a new welcome");
+            self.link = Link::BackingOff { retry_at: Instant::now() };
+        }
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    fn spawn<F>(&mut self, label: TaskLabel, task: F)
+    where
+        F: Future<Output = TaskOutput> + Send + 'static,
+    {
+        let handle = self.tasks.spawn(task);
+        self.labels.insert(handle.id(), label);
+    }
+
+    /// Stops a binding in the backend (as a task).
+    fn stop(&mut self, job_id: String, fencing_token: u64) {
+        self.ledger.stopping(&job_id, fencing_token);
+        let label = TaskLabel::Cancel { job_id: job_id.clone(), fencing_token };
+        self.spawn(label, tasks::cancel(Arc::clone(&self.backend), job_id, fencing_token));
+    }
+
+    fn maybe_report(&mut self) {
+        if self.report_wanted && !self.report_in_flight && self.link.welcomed_session().is_some() {
+            self.report_wanted = false;
+            self.report_in_flight = true;
+            self.spawn(TaskLabel::Report, tasks::report(Arc::clone(&self.inventory)));
+        }
+    }
+
+    fn send_report_opt(&mut self, report: Option<Report>) {
+        if let Some(report) = report {
+            self.send_report(report);
+        }
+    }
+
+    fn send_report(&mut self, report: Report) {
+        match report.inventory {
+            Ok(inventory) => self.send(AgentEvent::Inventory(inventory)),
+            Err(error) => tracing::warn!(cluster = %self.cluster, %error, "inventory unavailable"),
+        }
+        match report.pressure {
+            Ok(pressure) => self.send(AgentEvent::Pressure(pressure)),
+            Err(error) => tracing::warn!(cluster = %self.cluster, %error, "queue pressure unavailable"),
+        }
+    }
+
+    fn reply(&mut self, job_id: &str, fencing_token: u64, accepted: bool, reason: String) {
+        self.send(AgentEvent::OfferReply { job_id: job_id.to_string(), fencing_token, accepted, reason });
+    }
+
+    /// Queues `event` on the welcomed stream; without one it is dropped (the outbox and the next
+    /// heartbeat carry everything that matters).
+    fn send(&mut self, event: AgentEvent) {
+        let Link::Up { connection, welcomed: true, .. } = &self.link else { return };
+        match connection.outbound.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.link_lost(LinkError::Stuck),
+            Err(TrySendError::Closed(_)) => self.link_lost(LinkError::Closed),
+        }
+    }
+}

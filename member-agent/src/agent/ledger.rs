@@ -1,0 +1,482 @@
+//! What the agent holds for the gateway: live bindings, offers being submitted, bindings being
+//! stopped, and the outbox of terminal results waiting for the gateway's acknowledgement.
+//!
+//! Pure bookkeeping, no I/O: each method says what changed and the event loop does the sending
+//! and the backend calls. A job is identified by (job id, fencing token) everywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{Assignment, JobReport};
+
+use crate::backend::{HeldJob, JobEvent, JobPhase};
+
+/// The agent's record of every binding.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    /// Bindings the member holds, by job id: `Bound` while queued locally (message: why), or
+    /// `Running` (with nodes).
+    held: BTreeMap<String, JobReport>,
+    /// Offers whose submit is under way, by job id.
+    submitting: BTreeMap<String, Submitting>,
+    /// Bindings whose cancel is under way in the backend, by job id.
+    stopping: BTreeMap<String, u64>,
+    /// Terminal results not yet acknowledged, by (job id, token).
+    outbox: BTreeMap<(String, u64), JobReport>,
+}
+
+/// An offer whose submit is under way.
+#[derive(Debug)]
+pub(crate) struct Submitting {
+    /// The offer's binding.
+    pub(crate) fencing_token: u64,
+    /// The gateway session the offer came on; the answer goes only to that session.
+    pub(crate) session: u64,
+    /// Set when the job must be stopped as soon as the submit returns.
+    pub(crate) doomed: Option<Doom>,
+    /// Backend events for this binding that arrived before the submit's answer.
+    pub(crate) early_events: Vec<JobPhase>,
+}
+
+/// Why an offer being submitted must be stopped once the submit returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Doom {
+    /// The gateway cancelled it.
+    Cancelled,
+    /// A welcome on a later session did not list it.
+    NotInWelcome,
+    /// The lease ran out.
+    LeaseExpired,
+}
+
+/// How to answer an offer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OfferPlan {
+    /// This binding is already held: accept again (with the held state).
+    AcceptAgain(JobReport),
+    /// A newer binding of the job is held here.
+    RefuseNewerHeld(u64),
+    /// A submit of this job is already under way (the same binding: its answer will come).
+    AlreadySubmitting {
+        /// Whether it is this very binding.
+        same_binding: bool,
+    },
+    /// This binding already finished here; its result waits for an acknowledgement.
+    AlreadyFinished(JobReport),
+    /// Submit it, first cancelling the older binding `replace` if set.
+    Submit {
+        /// An older binding of the job that the member still holds.
+        replace: Option<u64>,
+    },
+}
+
+/// What a cancel from the gateway does.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CancelPlan {
+    /// A newer binding is held (or being submitted): the cancel is stale.
+    Ignore,
+    /// Stop binding `fencing_token` in the backend and report `report`.
+    Stop {
+        /// The binding to stop.
+        fencing_token: u64,
+        /// The terminal result now in the outbox.
+        report: JobReport,
+    },
+    /// Nothing to stop now (not held, or stopped when its submit returns); report `report`.
+    Report(JobReport),
+}
+
+/// What a backend event did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum EventOutcome {
+    /// A held binding changed state (now queued with a new reason, or running).
+    Changed(JobReport),
+    /// A held binding ended; its result is in the outbox.
+    Finished(JobReport),
+    /// The binding's submit has not returned yet; the event is applied when it does.
+    Deferred,
+    /// Not a binding the agent holds (stopped meanwhile, or stale).
+    Unknown,
+}
+
+/// What a welcome's reconcile did.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Reconciled {
+    /// Held bindings the gateway does not expect here: stop them in the backend.
+    pub(crate) stop: Vec<(String, u64)>,
+    /// Bindings the gateway expects that the member does not hold: reported lost (in the outbox).
+    pub(crate) lost: Vec<JobReport>,
+    /// Results dropped because the gateway no longer expects their binding.
+    pub(crate) dropped_results: usize,
+    /// Held bindings kept.
+    pub(crate) kept: usize,
+}
+
+impl Ledger {
+    /// Every binding to list in a heartbeat: held ones, then unacknowledged results.
+    pub(crate) fn heartbeat(&self) -> Vec<JobReport> {
+        self.held.values().chain(self.outbox.values()).cloned().collect()
+    }
+
+    /// Unacknowledged results, to send after a welcome.
+    pub(crate) fn results(&self) -> Vec<JobReport> {
+        self.outbox.values().cloned().collect()
+    }
+
+    /// Adopts what a restarted agent's backend still holds: live bindings are held, finished
+    /// ones go to the outbox.
+    pub(crate) fn adopt(&mut self, jobs: Vec<HeldJob>) {
+        for job in jobs {
+            let report = report(&job.job_id, job.fencing_token, job.phase);
+            if report.state.is_terminal() {
+                self.outbox.insert((job.job_id, job.fencing_token), report);
+            } else {
+                self.held.insert(job.job_id, report);
+            }
+        }
+    }
+
+    /// How to answer an offer of `assignment`.
+    pub(crate) fn plan_offer(&self, assignment: &Assignment) -> OfferPlan {
+        let token = assignment.fencing_token;
+        if let Some(submitting) = self.submitting.get(&assignment.job_id) {
+            return OfferPlan::AlreadySubmitting { same_binding: submitting.fencing_token == token };
+        }
+        if let Some(result) = self.outbox.get(&(assignment.job_id.clone(), token)) {
+            return OfferPlan::AlreadyFinished(result.clone());
+        }
+        match self.held.get(&assignment.job_id) {
+            Some(held) if held.fencing_token == token => OfferPlan::AcceptAgain(held.clone()),
+            Some(held) if held.fencing_token > token => OfferPlan::RefuseNewerHeld(held.fencing_token),
+            Some(held) => OfferPlan::Submit { replace: Some(held.fencing_token) },
+            // A cancel still under way is harmless to repeat before the new submit.
+            None => OfferPlan::Submit { replace: self.stopping.get(&assignment.job_id).copied() },
+        }
+    }
+
+    /// Records that `assignment` is being submitted on `session` (after [`OfferPlan::Submit`]);
+    /// an older held binding it replaces stops being held.
+    pub(crate) fn start_submit(&mut self, assignment: &Assignment, session: u64) {
+        if self.held.get(&assignment.job_id).is_some_and(|h| h.fencing_token < assignment.fencing_token) {
+            self.held.remove(&assignment.job_id);
+        }
+        self.submitting.insert(
+            assignment.job_id.clone(),
+            Submitting { fencing_token: assignment.fencing_token, session, doomed: None, early_events: Vec::new() },
+        );
+    }
+
+    /// The submit of (`job_id`, `fencing_token`) returned; forgets it and says how it was.
+    pub(crate) fn finish_submit(&mut self, job_id: &str, fencing_token: u64) -> Option<Submitting> {
+        match self.submitting.get(job_id) {
+            Some(s) if s.fencing_token == fencing_token => self.submitting.remove(job_id),
+            _ => None,
+        }
+    }
+
+    /// Holds a binding whose submit was accepted (queued locally or running).
+    pub(crate) fn hold(&mut self, report: JobReport) {
+        self.held.insert(report.job_id.clone(), report);
+    }
+
+    /// A cancel of (`job_id`, `fencing_token`) from the gateway.
+    pub(crate) fn cancel(&mut self, job_id: &str, fencing_token: u64) -> CancelPlan {
+        const STOPPED: &str = "stopped by the gateway";
+        if let Some(held) = self.held.get(job_id) {
+            if held.fencing_token > fencing_token {
+                return CancelPlan::Ignore;
+            }
+            let token = held.fencing_token;
+            self.held.remove(job_id);
+            let report = self.finish(job_id, token, JobState::Cancelled, STOPPED.into(), false);
+            return CancelPlan::Stop { fencing_token: token, report };
+        }
+        if let Some(submitting) = self.submitting.get_mut(job_id) {
+            if submitting.fencing_token > fencing_token {
+                return CancelPlan::Ignore;
+            }
+            submitting.doomed = Some(Doom::Cancelled);
+            let token = submitting.fencing_token;
+            return CancelPlan::Report(self.finish(job_id, token, JobState::Cancelled, STOPPED.into(), false));
+        }
+        if let Some(result) = self.outbox.get(&(job_id.to_string(), fencing_token)) {
+            return CancelPlan::Report(result.clone());
+        }
+        // Nothing of it runs here; say so, so the gateway can close the binding.
+        CancelPlan::Report(self.finish(
+            job_id,
+            fencing_token,
+            JobState::Cancelled,
+            "not held here; nothing to stop".into(),
+            false,
+        ))
+    }
+
+    /// A backend event.
+    pub(crate) fn apply(&mut self, event: JobEvent) -> EventOutcome {
+        if let Some(submitting) = self.submitting.get_mut(&event.job_id)
+            && submitting.fencing_token == event.fencing_token
+        {
+            submitting.early_events.push(event.phase);
+            return EventOutcome::Deferred;
+        }
+        let Some(held) = self.held.get_mut(&event.job_id) else { return EventOutcome::Unknown };
+        if held.fencing_token != event.fencing_token {
+            return EventOutcome::Unknown;
+        }
+        let update = report(&event.job_id, event.fencing_token, event.phase);
+        if update.state.is_terminal() {
+            self.held.remove(&event.job_id);
+            self.outbox.insert((event.job_id, event.fencing_token), update.clone());
+            EventOutcome::Finished(update)
+        } else {
+            *held = update.clone();
+            EventOutcome::Changed(update)
+        }
+    }
+
+    /// Records a terminal result in the outbox (replacing any earlier one for the binding).
+    pub(crate) fn finish(
+        &mut self,
+        job_id: &str,
+        fencing_token: u64,
+        state: JobState,
+        message: String,
+        requeue: bool,
+    ) -> JobReport {
+        let report =
+            JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes: Vec::new(), requeue };
+        self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
+        report
+    }
+
+    /// The gateway recorded the result of (`job_id`, `fencing_token`): forget it. Returns
+    /// whether it was in the outbox.
+    pub(crate) fn ack(&mut self, job_id: &str, fencing_token: u64) -> bool {
+        self.outbox.remove(&(job_id.to_string(), fencing_token)).is_some()
+    }
+
+    /// A cancel of (`job_id`, `fencing_token`) is under way in the backend.
+    pub(crate) fn stopping(&mut self, job_id: &str, fencing_token: u64) {
+        self.stopping.insert(job_id.to_string(), fencing_token);
+    }
+
+    /// The cancel of (`job_id`, `fencing_token`) returned.
+    pub(crate) fn stopped(&mut self, job_id: &str, fencing_token: u64) {
+        if self.stopping.get(job_id) == Some(&fencing_token) {
+            self.stopping.remove(job_id);
+        }
+    }
+
+    /// A welcome listing `bound` on `session`: keep exactly those bindings.
+    pub(crate) fn reconcile(&mut self, bound: &[Assignment], session: u64, cluster: &str) -> Reconciled {
+        let expected: BTreeMap<&str, u64> = bound.iter().map(|a| (a.job_id.as_str(), a.fencing_token)).collect();
+        let mut done = Reconciled::default();
+        let held = std::mem::take(&mut self.held);
+        for (job_id, report) in held {
+            if expected.get(job_id.as_str()) == Some(&report.fencing_token) {
+                self.held.insert(job_id, report);
+                done.kept += 1;
+            } else {
+                done.stop.push((job_id, report.fencing_token));
+            }
+        }
+        for (job_id, submitting) in &mut self.submitting {
+            if expected.get(job_id.as_str()) == Some(&submitting.fencing_token) {
+                // The gateway knows this binding: the answer now belongs to this session.
+                submitting.session = session;
+            } else if submitting.session != session {
+                submitting.doomed.get_or_insert(Doom::NotInWelcome);
+            }
+        }
+        let before = self.outbox.len();
+        self.outbox.retain(|(job_id, token), _| expected.get(job_id.as_str()) == Some(token));
+        done.dropped_results = before - self.outbox.len();
+        let present: BTreeSet<(&str, u64)> = self
+            .held
+            .iter()
+            .map(|(id, r)| (id.as_str(), r.fencing_token))
+            .chain(self.submitting.iter().map(|(id, s)| (id.as_str(), s.fencing_token)))
+            .chain(self.outbox.keys().map(|(id, token)| (id.as_str(), *token)))
+            .collect();
+        let lost: Vec<(String, u64)> = expected
+            .iter()
+            .filter(|(id, token)| !present.contains(&(**id, **token)))
+            .map(|(id, token)| ((*id).to_string(), *token))
+            .collect();
+        for (job_id, token) in lost {
+            let message = format!(
+                "{cluster} does not hold this job (the agent restarted or its scheduler lost it); the gateway places it again"
+            );
+            done.lost.push(self.finish(&job_id, token, JobState::Failed, message, true));
+        }
+        done
+    }
+
+    /// The lease ran out: every held binding is stopped and reported `Failed` for requeue, and
+    /// every submit under way is stopped when it returns. Returns the bindings to stop.
+    pub(crate) fn expire(&mut self, message: &str) -> Vec<(String, u64)> {
+        let held = std::mem::take(&mut self.held);
+        let mut stop = Vec::new();
+        for (job_id, report) in held {
+            self.finish(&job_id, report.fencing_token, JobState::Failed, message.to_string(), true);
+            stop.push((job_id, report.fencing_token));
+        }
+        for submitting in self.submitting.values_mut() {
+            submitting.doomed.get_or_insert(Doom::LeaseExpired);
+        }
+        stop
+    }
+}
+
+/// A job report for a backend phase.
+pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobReport {
+    let (state, message, nodes) = match phase {
+        JobPhase::Pending { reason } => (JobState::Bound, reason, Vec::new()),
+        JobPhase::Running { nodes } => (JobState::Running, String::new(), nodes),
+        JobPhase::Succeeded { message } => (JobState::Succeeded, message, Vec::new()),
+        JobPhase::Failed { message } => (JobState::Failed, message, Vec::new()),
+    };
+    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use meridian_proto::duration::HumanDuration;
+    use meridian_proto::spec::{GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+
+    use super::*;
+
+    fn assignment(job_id: &str, token: u64) -> Assignment {
+        Assignment {
+            job_id: job_id.into(),
+            fencing_token: token,
+            spec: JobSpec {
+                name: job_id.into(),
+                tenant: "t".into(),
+                priority: 50,
+                labels: BTreeMap::new(),
+                idempotency_key: None,
+                gang: GangSpec {
+                    replicas: 1,
+                    resources: Resources { gpus: 1, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
+                },
+                runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None },
+                data: Vec::new(),
+                placement: PlacementRules::default(),
+                payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
+            },
+        }
+    }
+
+    fn running(job_id: &str, token: u64) -> JobReport {
+        report(job_id, token, JobPhase::Running { nodes: vec!["n-0".into()] })
+    }
+
+    fn event(job_id: &str, token: u64, phase: JobPhase) -> JobEvent {
+        JobEvent { job_id: job_id.into(), fencing_token: token, phase }
+    }
+
+    #[test]
+    fn an_offer_for_a_held_binding_is_accepted_again_and_an_older_one_is_replaced() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 3));
+        assert_eq!(ledger.plan_offer(&assignment("j", 3)), OfferPlan::AcceptAgain(running("j", 3)));
+        assert_eq!(ledger.plan_offer(&assignment("j", 2)), OfferPlan::RefuseNewerHeld(3));
+        assert_eq!(ledger.plan_offer(&assignment("j", 4)), OfferPlan::Submit { replace: Some(3) });
+        ledger.start_submit(&assignment("j", 4), 1);
+        assert!(ledger.heartbeat().is_empty(), "the replaced binding is no longer held");
+        assert_eq!(ledger.plan_offer(&assignment("j", 4)), OfferPlan::AlreadySubmitting { same_binding: true });
+    }
+
+    #[test]
+    fn a_finished_binding_stays_in_the_outbox_until_acked() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 1));
+        let outcome = ledger.apply(event("j", 1, JobPhase::Succeeded { message: "ok".into() }));
+        let EventOutcome::Finished(result) = outcome else { panic!("{outcome:?}") };
+        assert_eq!(result.state, JobState::Succeeded);
+        assert_eq!(ledger.heartbeat(), vec![result.clone()]);
+        assert!(!ledger.ack("j", 2), "an ack for another binding changes nothing");
+        assert_eq!(ledger.heartbeat(), vec![result]);
+        assert!(ledger.ack("j", 1));
+        assert!(ledger.heartbeat().is_empty());
+    }
+
+    #[test]
+    fn events_for_other_bindings_are_ignored_and_early_ones_wait_for_the_submit() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 2));
+        assert_eq!(ledger.apply(event("j", 1, JobPhase::Failed { message: "x".into() })), EventOutcome::Unknown);
+        assert_eq!(ledger.apply(event("other", 1, JobPhase::Failed { message: "x".into() })), EventOutcome::Unknown);
+        ledger.start_submit(&assignment("k", 1), 1);
+        assert_eq!(ledger.apply(event("k", 1, JobPhase::Running { nodes: vec![] })), EventOutcome::Deferred);
+        let submitting = ledger.finish_submit("k", 1).unwrap();
+        assert_eq!(submitting.early_events.len(), 1);
+    }
+
+    #[test]
+    fn a_cancel_for_an_older_binding_is_ignored() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 5));
+        assert_eq!(ledger.cancel("j", 4), CancelPlan::Ignore);
+        let CancelPlan::Stop { fencing_token, report } = ledger.cancel("j", 5) else { panic!() };
+        assert_eq!((fencing_token, report.state), (5, JobState::Cancelled));
+        assert_eq!(ledger.heartbeat(), vec![report]);
+    }
+
+    #[test]
+    fn a_cancel_during_a_submit_dooms_it_and_reports_cancelled() {
+        let mut ledger = Ledger::default();
+        ledger.start_submit(&assignment("j", 1), 1);
+        let CancelPlan::Report(report) = ledger.cancel("j", 1) else { panic!() };
+        assert_eq!(report.state, JobState::Cancelled);
+        assert_eq!(ledger.finish_submit("j", 1).unwrap().doomed, Some(Doom::Cancelled));
+    }
+
+    #[test]
+    fn reconcile_keeps_listed_bindings_stops_the_rest_and_reports_the_lost() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("keep", 1));
+        ledger.hold(running("other-token", 2));
+        ledger.hold(running("unlisted", 3));
+        ledger.finish("done", 4, JobState::Succeeded, "ok".into(), false);
+        ledger.finish("stale-result", 5, JobState::Succeeded, "ok".into(), false);
+        ledger.start_submit(&assignment("in-flight", 6), 1);
+        ledger.start_submit(&assignment("in-flight-listed", 7), 1);
+        let bound = [
+            assignment("keep", 1),
+            assignment("other-token", 9),
+            assignment("done", 4),
+            assignment("gone", 8),
+            assignment("in-flight-listed", 7),
+        ];
+        let done = ledger.reconcile(&bound, 2, "east");
+        assert_eq!(done.kept, 1);
+        assert_eq!(done.stop, vec![("other-token".to_string(), 2), ("unlisted".to_string(), 3)]);
+        assert_eq!(done.dropped_results, 1);
+        let lost: Vec<(&str, u64, bool)> =
+            done.lost.iter().map(|r| (r.job_id.as_str(), r.fencing_token, r.requeue)).collect();
+        assert_eq!(lost, [("gone", 8, true), ("other-token", 9, true)]);
+        assert_eq!(ledger.finish_submit("in-flight", 6).unwrap().doomed, Some(Doom::NotInWelcome));
+        let listed = ledger.finish_submit("in-flight-listed", 7).unwrap();
+        assert_eq!((listed.doomed, listed.session), (None, 2));
+        let heartbeat: Vec<(String, u64)> =
+            ledger.heartbeat().into_iter().map(|r| (r.job_id, r.fencing_token)).collect();
+        assert_eq!(heartbeat, [("keep".into(), 1), ("done".into(), 4), ("gone".into(), 8), ("other-token".into(), 9)]);
+    }
+
+    #[test]
+    fn an_expired_lease_turns_every_held_binding_into_a_requeued_failure() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("a", 1));
+        ledger.hold(report("b", 2, JobPhase::Pending { reason: "busy".into() }));
+        ledger.start_submit(&assignment("c", 3), 1);
+        let stop = ledger.expire("lease ran out");
+        assert_eq!(stop, vec![("a".to_string(), 1), ("b".to_string(), 2)]);
+        assert!(ledger.heartbeat().iter().all(|r| r.state == JobState::Failed && r.requeue));
+        assert_eq!(ledger.finish_submit("c", 3).unwrap().doomed, Some(Doom::LeaseExpired));
+    }
+}

@@ -1,0 +1,127 @@
+//! The member agent: it dials out to the gateway, says hello, reports inventory, queue pressure
+//! and job status, and runs the offers it accepts on its [`LocalBackend`].
+//!
+//! One event loop owns all state; the gateway stream is a state inside it (waiting, backing off,
+//! dialing, up), so the heartbeat and lease timers and the backend's job events run whether or not
+//! a stream is up. Backend calls run as tasks and answer the loop with messages, so a scheduler
+//! that hangs never stops the heartbeats.
+//!
+//! The rules that keep a job from being lost or doubled:
+//! - **Outbox.** Every terminal result (succeeded, failed, cancelled) is kept, keyed by
+//!   (job, fencing token), sent at once and in every heartbeat until the gateway acknowledges it,
+//!   across reconnects.
+//! - **Reconcile.** The gateway's welcome lists the bindings it expects here; the agent keeps
+//!   exactly those, stops every other, drops results of bindings no longer listed, and reports a
+//!   listed binding it does not hold as lost (failed, for requeue).
+//! - **Lease.** With a lease, the agent stops every job the gateway placed here when no renewal
+//!   came in time (counted from the send instant of the heartbeat a renewal answers), and reports
+//!   them failed for requeue, before the gateway may place them elsewhere.
+//!
+//! Files: `event_loop.rs` (the loop), `link.rs` (the stream and the wire edge), `ledger.rs`
+//! (bindings and outbox), `lease.rs` (the lease clock), `tasks.rs` (backend calls as tasks).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_proto::inventory::ClusterInfo;
+use meridian_proto::protocol::AgentHello;
+use tokio::task::JoinSet;
+
+use crate::backend::{InventorySource, JobEventReceiver, LocalBackend};
+
+mod event_loop;
+mod lease;
+mod ledger;
+mod link;
+mod tasks;
+#[cfg(test)]
+mod tests;
+
+pub use link::LinkError;
+
+/// The shortest heartbeat interval the agent accepts (a zero interval would spin).
+const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// What an agent needs to know besides its backend.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The cluster it speaks for, sent in the hello.
+    pub info: ClusterInfo,
+    /// The gateway's gRPC address, `http://host:port`.
+    pub gateway: String,
+    /// How often it sends a heartbeat (with inventory and pressure).
+    pub report_interval: Duration,
+}
+
+/// One member agent.
+pub struct Agent {
+    settings: Settings,
+    hello: AgentHello,
+    dialer: Box<dyn link::Dial>,
+    backend: Arc<dyn LocalBackend>,
+    inventory: Arc<dyn InventorySource>,
+    events: JobEventReceiver,
+}
+
+impl Agent {
+    /// An agent that dials `settings.gateway` over gRPC and runs jobs on `backend`; `events` is
+    /// the receiving end of the channel the backend reports job events on.
+    pub fn new(
+        settings: Settings,
+        backend: Arc<dyn LocalBackend>,
+        inventory: Arc<dyn InventorySource>,
+        events: JobEventReceiver,
+    ) -> Self {
+        let dialer = Box::new(link::GrpcDialer { gateway: settings.gateway.clone() });
+        Self::with_dialer(settings, dialer, backend, inventory, events)
+    }
+
+    fn with_dialer(
+        settings: Settings,
+        dialer: Box<dyn link::Dial>,
+        backend: Arc<dyn LocalBackend>,
+        inventory: Arc<dyn InventorySource>,
+        events: JobEventReceiver,
+    ) -> Self {
+        let hello = AgentHello {
+            info: settings.info.clone(),
+            instance_id: link::new_instance_id(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        Self { settings, hello, dialer, backend, inventory, events }
+    }
+
+    /// This process's random instance id, sent in every hello.
+    pub fn instance_id(&self) -> &str {
+        &self.hello.instance_id
+    }
+
+    /// Runs the agent until `shutdown` resolves: adopts the jobs the backend still holds, then
+    /// connects, serves and reconnects with backoff. Stops every task it started before
+    /// returning.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let event_loop = event_loop::EventLoop {
+            cluster: self.settings.info.name.clone(),
+            hello: self.hello,
+            report_interval: self.settings.report_interval.max(MIN_REPORT_INTERVAL),
+            dialer: self.dialer,
+            backend: self.backend,
+            inventory: self.inventory,
+            events: self.events,
+            events_open: true,
+            link: link::Link::Waiting,
+            backoff: link::BACKOFF_MIN,
+            sessions: 0,
+            ledger: ledger::Ledger::default(),
+            lease: lease::Lease::new(),
+            heartbeat_seq: 0,
+            tasks: JoinSet::new(),
+            labels: HashMap::new(),
+            report_in_flight: false,
+            report_wanted: false,
+        };
+        event_loop.run(shutdown).await;
+    }
+}

@@ -1,0 +1,152 @@
+//! The backend calls the event loop runs as tasks, and what they send back to it.
+//!
+//! Each call is a `'static` future over `Arc`s, spawned into the loop's `JoinSet`; its result
+//! comes back as a [`TaskOutput`]. Transient backend errors are retried inside the task with
+//! backoff (a cancel must eventually happen), so the loop only ever sees final answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_proto::inventory::{Inventory, QueuePressure};
+use meridian_proto::protocol::Assignment;
+
+use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend};
+
+/// First and longest wait between retries of a transient backend error.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long one startup `list` may take before it counts as a transient failure: the agent does
+/// not dial the gateway before it knows what the member holds, so a hung call must not wait
+/// forever unnoticed.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a task hands back to the loop.
+#[derive(Debug)]
+pub(crate) enum TaskOutput {
+    /// The startup `list`.
+    Adopted(Result<Vec<HeldJob>, BackendError>),
+    /// A `submit` (after cancelling the older binding it replaces, if any).
+    Submitted {
+        /// The job.
+        job_id: String,
+        /// The offer's binding.
+        fencing_token: u64,
+        /// The backend's answer.
+        result: Result<Admission, BackendError>,
+        /// Inventory and pressure right after a submit that took the job, to send before the
+        /// acceptance.
+        report: Option<Report>,
+    },
+    /// A `cancel`.
+    Cancelled {
+        /// The job.
+        job_id: String,
+        /// The binding stopped.
+        fencing_token: u64,
+        /// Whether it worked.
+        result: Result<(), BackendError>,
+    },
+    /// Inventory and pressure for the gateway.
+    Reported(Report),
+}
+
+/// What a task was for, so a task that panicked can still be accounted for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TaskLabel {
+    /// The startup `list`.
+    Adopt,
+    /// A `submit` of this binding.
+    Submit {
+        /// The job.
+        job_id: String,
+        /// The binding.
+        fencing_token: u64,
+    },
+    /// A `cancel` of this binding.
+    Cancel {
+        /// The job.
+        job_id: String,
+        /// The binding.
+        fencing_token: u64,
+    },
+    /// An inventory and pressure report.
+    Report,
+}
+
+/// Inventory and pressure as the source gave them.
+#[derive(Debug)]
+pub(crate) struct Report {
+    /// Node shapes and free resources.
+    pub(crate) inventory: Result<Inventory, BackendError>,
+    /// Queue pressure.
+    pub(crate) pressure: Result<QueuePressure, BackendError>,
+}
+
+/// Lists what the member holds, retrying transient errors.
+pub(crate) async fn adopt(backend: Arc<dyn LocalBackend>) -> TaskOutput {
+    let list = || -> BackendFuture<'_, Vec<HeldJob>> {
+        Box::pin(async {
+            match tokio::time::timeout(LIST_TIMEOUT, backend.list()).await {
+                Ok(result) => result,
+                Err(_) => Err(BackendError::transient(format!("no answer within {LIST_TIMEOUT:?}"))),
+            }
+        })
+    };
+    TaskOutput::Adopted(retrying("list the jobs the member holds", list).await)
+}
+
+/// Submits `assignment`, first cancelling the older binding `replace` of the same job.
+pub(crate) async fn submit(
+    backend: Arc<dyn LocalBackend>,
+    inventory: Arc<dyn InventorySource>,
+    assignment: Assignment,
+    replace: Option<u64>,
+) -> TaskOutput {
+    let (job_id, fencing_token) = (assignment.job_id.clone(), assignment.fencing_token);
+    if let Some(old) = replace
+        && let Err(e) = retrying("cancel the older binding", || backend.cancel(&job_id, old)).await
+    {
+        return TaskOutput::Submitted { job_id, fencing_token, result: Err(e), report: None };
+    }
+    let result = backend.submit(&assignment).await;
+    let report = match &result {
+        Ok(Admission::Started { .. } | Admission::Queued { .. }) => Some(fetch_report(inventory.as_ref()).await),
+        _ => None,
+    };
+    TaskOutput::Submitted { job_id, fencing_token, result, report }
+}
+
+/// Cancels one binding, retrying transient errors.
+pub(crate) async fn cancel(backend: Arc<dyn LocalBackend>, job_id: String, fencing_token: u64) -> TaskOutput {
+    let result = retrying("cancel a job", || backend.cancel(&job_id, fencing_token)).await;
+    TaskOutput::Cancelled { job_id, fencing_token, result }
+}
+
+/// Fetches inventory and pressure.
+pub(crate) async fn report(inventory: Arc<dyn InventorySource>) -> TaskOutput {
+    TaskOutput::Reported(fetch_report(inventory.as_ref()).await)
+}
+
+async fn fetch_report(source: &dyn InventorySource) -> Report {
+    Report { inventory: source.inventory().await, pressure: source.pressure().await }
+}
+
+/// Calls `call` until it succeeds or fails permanently, waiting longer after each transient
+/// failure.
+async fn retrying<'a, T, F>(what: &str, mut call: F) -> Result<T, BackendError>
+where
+    F: FnMut() -> BackendFuture<'a, T>,
+{
+    let mut wait = RETRY_MIN;
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, retry_in = ?wait, "backend could not {what}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The seam between the agent and a member cluster's local scheduler.
+//!
+//! Two traits, because the two jobs differ and real clusters split them:
+//!
+//! - [`LocalBackend`] runs jobs: [`submit`](LocalBackend::submit) answers with an [`Admission`]
+//!   (started, queued locally with a reason, or refused), [`cancel`](LocalBackend::cancel) stops
+//!   one binding, [`list`](LocalBackend::list) tells a restarted agent which jobs the member still
+//!   holds (with their fencing tokens: Slurm keeps the token in the job comment, Kubernetes in an
+//!   annotation), and everything that happens afterwards (a queued job starts, a job finishes)
+//!   arrives as a [`JobEvent`] on the channel the backend was given when it was built.
+//! - [`InventorySource`] says what the cluster looks like: node shapes with what is free, and
+//!   queue pressure (NVML, Kubernetes nodes, Slurm nodes, or the builtin scheduler's own view).
+//!
+//! Both are async and object safe (methods return a boxed future), so the agent holds them as
+//! `Arc<dyn …>` and runs every call as a task of its own: a scheduler that hangs never stops the
+//! agent's heartbeats.
+//!
+//! [`BuiltinBackend`] implements both over the builtin gang + fair-share scheduler.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
+use meridian_proto::protocol::Assignment;
+
+mod builtin;
+#[cfg(test)]
+pub(crate) mod conformance;
+
+pub use builtin::BuiltinBackend;
+
+/// What a backend call returns: a boxed, sendable future, so the traits stay object safe without
+/// extra crates.
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send + 'a>>;
+
+/// The sending half of a backend's job events. Unbounded because a backend must never block on
+/// the agent (it may hold scheduler locks while it reports), and each job produces only a
+/// handful of events in its life.
+pub type JobEventSender = tokio::sync::mpsc::UnboundedSender<JobEvent>;
+
+/// The receiving half of a backend's job events; the agent owns it.
+pub type JobEventReceiver = tokio::sync::mpsc::UnboundedReceiver<JobEvent>;
+
+/// Module result type.
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// A member cluster's local scheduler as the agent drives it.
+///
+/// # Contract
+///
+/// - A job is identified by its id *and* fencing token: the same job may come back under a newer
+///   token after the gateway re-placed it.
+/// - [`submit`](Self::submit) is idempotent per (job, token): submitting a binding the backend
+///   already holds answers with its current admission and starts nothing twice. While another
+///   binding of the same job is held, the new one is [`Admission::Refused`] (not permanent); the
+///   agent cancels the old binding first.
+/// - [`cancel`](Self::cancel) stops exactly the named binding and is idempotent: cancelling a
+///   binding that is not held (never was, already finished, another token) succeeds. A cancel
+///   produces no [`JobEvent`]; the agent records the result itself.
+/// - Events report what the return values of `submit` did not: a queued job's new reason or its
+///   start (with nodes), and every job's end. They carry the binding's token.
+pub trait LocalBackend: Send + Sync {
+    /// Which scheduler this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Hands `job` to the local scheduler. It starts now, waits in a local queue, or is refused.
+    fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission>;
+
+    /// Stops the copy of `job_id` held under `fencing_token`, running or queued.
+    fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()>;
+
+    /// Every binding the member holds (queued or running), and jobs that finished and whose
+    /// result the member still keeps, so a restarted agent adopts them.
+    fn list(&self) -> BackendFuture<'_, Vec<HeldJob>>;
+}
+
+/// Where a cluster's node shapes, free resources and queue load come from.
+///
+/// After a [`LocalBackend::submit`] or [`LocalBackend::cancel`] has returned, the next answer
+/// must already reflect it: the agent reports inventory before it accepts an offer, so the
+/// gateway never places into GPUs that are already taken.
+pub trait InventorySource: Send + Sync {
+    /// Node shapes and what is free on each node.
+    fn inventory(&self) -> BackendFuture<'_, Inventory>;
+
+    /// Local queue load and expected GPU releases, in job time.
+    fn pressure(&self) -> BackendFuture<'_, QueuePressure>;
+}
+
+/// The local scheduler's answer to [`LocalBackend::submit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The whole gang runs now.
+    Started {
+        /// Node of each replica.
+        nodes: Vec<String>,
+    },
+    /// The job waits in a local queue; a [`JobPhase::Running`] event follows when it starts.
+    Queued {
+        /// Why it waits, for people (`waiting in local queue `team` …`).
+        reason: String,
+    },
+    /// The scheduler will not take the job.
+    Refused {
+        /// Why, for people.
+        reason: String,
+        /// The job can never run here (it does not fit the nodes even when all are free, or it
+        /// is invalid for this scheduler); offering it again is pointless.
+        permanent: bool,
+    },
+}
+
+/// A binding the member holds, as [`LocalBackend::list`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldJob {
+    /// The job.
+    pub job_id: String,
+    /// The binding it runs under.
+    pub fencing_token: u64,
+    /// Where it is.
+    pub phase: JobPhase,
+}
+
+/// Something that happened to a binding after `submit` returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEvent {
+    /// The job.
+    pub job_id: String,
+    /// The binding it happened to.
+    pub fencing_token: u64,
+    /// What it is now.
+    pub phase: JobPhase,
+}
+
+/// Where a job is on the member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobPhase {
+    /// Waiting in a local queue.
+    Pending {
+        /// Why it waits.
+        reason: String,
+    },
+    /// The whole gang runs.
+    Running {
+        /// Node of each replica.
+        nodes: Vec<String>,
+    },
+    /// Finished well.
+    Succeeded {
+        /// A short note (`completed after 12.0s`).
+        message: String,
+    },
+    /// Finished badly, by the job's own doing (exit code, runtime limit).
+    Failed {
+        /// Why.
+        message: String,
+    },
+}
+
+impl JobPhase {
+    /// Succeeded or failed: nothing more will happen to the binding.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, JobPhase::Succeeded { .. } | JobPhase::Failed { .. })
+    }
+}
+
+/// Why a backend call failed (as opposed to the scheduler saying no, which is an [`Admission`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Worth retrying: the scheduler was unreachable, busy or timed out.
+    #[error("{message} (transient; will retry)")]
+    Transient {
+        /// What failed, for people.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// Retrying will not help: bad credentials, a misconfigured scheduler, a bug.
+    #[error("{message}")]
+    Permanent {
+        /// What failed and what to do about it, for people.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl BackendError {
+    /// A transient failure described by `message`.
+    pub fn transient(message: impl Into<String>) -> Self {
+        BackendError::Transient { message: message.into(), source: None }
+    }
+
+    /// A permanent failure described by `message`.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        BackendError::Permanent { message: message.into(), source: None }
+    }
+
+    /// Whether the same call may succeed later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BackendError::Transient { .. })
+    }
+}

@@ -1,0 +1,120 @@
+//! The link between an agent and the gateway fails; no job is lost, misreported or run twice.
+//!
+//! Agent `east` reaches the gateway through a TCP proxy the test controls; `west` dials it
+//! directly. Time stamps come from the processes' own logs (one machine, one clock).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use meridian_e2e::{Agent, Gateway, ProxyMode, TcpProxy, agent_config, log_time, seconds_between};
+use serde_json::Value;
+
+const NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+const WAIT: Duration = Duration::from_secs(40);
+
+fn job(name: &str, estimate: &str) -> String {
+    format!(
+        "name: {name}\ntenant: team-a\ngang: {{replicas: 1, resources: {{gpus: 8}}}}\n\
+         runtime: {{estimate: {estimate}}}\npayload: {{command: [train]}}\n"
+    )
+}
+
+async fn submit(gateway: &Gateway, spec: &str) -> String {
+    let (job, created) = gateway.client().submit(spec).await.unwrap();
+    assert!(created);
+    job["id"].as_str().unwrap().to_string()
+}
+
+async fn wait_running_on(gateway: &Gateway, id: &str, cluster: &str) -> Value {
+    let client = gateway.client();
+    meridian_e2e::poll(WAIT, || async {
+        let job = client.get(id).await.ok()?;
+        (job["state"] == "Running" && job["cluster"] == cluster).then_some(job)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{id} never ran on {cluster}: {e}\n{}", gateway.proc.log()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_cluster_stops_its_copy_before_the_gateway_starts_another() {
+    let dir = tempfile::tempdir().unwrap();
+    // Lease 3 s (6 s - 3 s margin); the gateway re-places 6 s after it last heard the agent.
+    let config = "placementInterval: 200ms\nclusterTimeout: 2s\nlostJobTimeout: 6s\nleaseMargin: 3s\n";
+    let gateway = Gateway::start(dir.path(), config).await.unwrap();
+    let proxy = TcpProxy::start(gateway.grpc).await.unwrap();
+    let east = Agent::start_via(
+        dir.path(),
+        "east",
+        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
+        proxy.addr,
+    )
+    .unwrap();
+    gateway.wait_for_clusters(1).await.unwrap();
+    let id = submit(&gateway, &job("long", "10h")).await;
+    wait_running_on(&gateway, &id, "east").await;
+    let west = Agent::start(
+        dir.path(),
+        "west",
+        &agent_config("west", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
+        &gateway,
+    )
+    .unwrap();
+    gateway.wait_for_clusters(2).await.unwrap();
+
+    proxy.set(ProxyMode::Blackhole);
+    let moved = wait_running_on(&gateway, &id, "west").await;
+    assert_eq!(moved["fencingToken"], 2, "the new copy runs under a new token");
+
+    let east_log = east.proc.log();
+    let west_log = west.proc.log();
+    let stopped =
+        log_time(&east_log, &["lease expired"]).unwrap_or_else(|| panic!("east never stopped its copy:\n{east_log}"));
+    let started = log_time(&west_log, &["gang started", &id])
+        .unwrap_or_else(|| panic!("west never started the job:\n{west_log}"));
+    let gap = seconds_between(&stopped, &started).unwrap();
+    eprintln!("east stopped its copy at {stopped}; west started the new one at {started}, {gap:.3} s later");
+    assert!(gap >= 1.0, "east stopped its copy at {stopped}, west started one at {started}: {gap:.3}s apart");
+
+    // The link heals: east learns the job is no longer its own; the job stays with west.
+    proxy.set(ProxyMode::Pass);
+    let client = gateway.client();
+    meridian_e2e::poll(WAIT, || async {
+        let clusters = client.clusters().await.ok()?;
+        let east = clusters["clusters"].as_array()?.iter().find(|c| c["name"] == "east")?.clone();
+        (east["connected"] == true).then_some(())
+    })
+    .await
+    .unwrap();
+    let job = client.get(&id).await.unwrap();
+    assert_eq!((job["state"].as_str(), job["cluster"].as_str()), (Some("Running"), Some("west")), "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_finishes_while_the_link_is_down_ends_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(dir.path(), "placementInterval: 200ms\n").await.unwrap();
+    let proxy = TcpProxy::start(gateway.grpc).await.unwrap();
+    // One hour of job time lasts 3.6 s.
+    let east = Agent::start_via(
+        dir.path(),
+        "east",
+        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 0.001),
+        proxy.addr,
+    )
+    .unwrap();
+    gateway.wait_for_clusters(1).await.unwrap();
+    let id = submit(&gateway, &job("short", "1h")).await;
+    wait_running_on(&gateway, &id, "east").await;
+
+    proxy.set(ProxyMode::Down);
+    gateway.wait_for_state(&id, "Unknown", WAIT).await.unwrap();
+    meridian_e2e::poll(WAIT, || async { log_time(&east.proc.log(), &["job finished", &id]) })
+        .await
+        .unwrap_or_else(|_| panic!("the job never finished on east:\n{}", east.proc.log()));
+    assert_eq!(gateway.client().get(&id).await.unwrap()["state"], "Unknown", "nothing reached the gateway yet");
+
+    proxy.set(ProxyMode::Pass);
+    let job = gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    assert_eq!(job["cluster"], "east");
+}

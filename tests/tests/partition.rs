@@ -118,3 +118,43 @@ async fn a_job_that_finishes_while_the_link_is_down_ends_succeeded() {
     let job = gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
     assert_eq!(job["cluster"], "east");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_claiming_a_connected_cluster_is_refused_and_the_first_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(dir.path(), "placementInterval: 200ms\n").await.unwrap();
+    let _east = Agent::start(
+        dir.path(),
+        "east",
+        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
+        &gateway,
+    )
+    .unwrap();
+    gateway.wait_for_clusters(1).await.unwrap();
+    let id = submit(&gateway, &job("long", "10h")).await;
+    wait_running_on(&gateway, &id, "east").await;
+
+    // Another process says it is `east`, with one small node: it must not take over.
+    let tiny = "  - {shape: l4-node, count: 1, gpuType: l4, gpus: 1, cpu: 8, memoryGiB: 64}\n";
+    let rogue =
+        Agent::start(dir.path(), "rogue", &agent_config("east", "us-east", "owned", "{l4: 0.4}", tiny, 1.0), &gateway)
+            .unwrap();
+    meridian_e2e::poll(WAIT, || async { log_time(&rogue.proc.log(), &["the gateway refused this agent"]) })
+        .await
+        .unwrap_or_else(|_| panic!("the second agent was not refused:\n{}", rogue.proc.log()));
+    // Two more heartbeats of the real agent pass (300 ms each): nothing changed.
+    let client = gateway.client();
+    let before = log_time(&rogue.proc.log(), &["the gateway refused this agent"]).unwrap();
+    meridian_e2e::poll(WAIT, || async {
+        let again = rogue.proc.log().lines().filter(|l| l.contains("the gateway refused this agent")).count();
+        (again >= 2).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the second agent stopped retrying after {before}:\n{}", rogue.proc.log()));
+    let job = client.get(&id).await.unwrap();
+    assert_eq!((job["state"].as_str(), job["cluster"].as_str()), (Some("Running"), Some("east")), "{job}");
+    let clusters = client.clusters().await.unwrap();
+    let east = &clusters["clusters"][0];
+    assert_eq!((east["gpusTotal"].as_u64(), east["connected"].as_bool()), (Some(8), Some(true)), "{clusters}");
+    assert!(gateway.proc.log().contains("refused a second agent"), "the gateway logs the refusal");
+}

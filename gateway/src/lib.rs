@@ -7,18 +7,18 @@
 //! - [`server`]: wires store, runtime and APIs together;
 //! - [`meridian_store`]: the durable store seam (embedded redb by default);
 //! - [`placement`] and [`queue`]: pure placement and the federation queue (crate `meridian-placement`);
-//! - [`client`] and [`cli`]: the user command line; [`demo`] and [`sim`]: the demonstration and
-//!   the placement lab.
+//! - [`cli`] (crate `meridian-cli`, with its REST [`client`]): the user command line, which speaks
+//!   only the public API; [`demo`] and [`sim`]: the demonstration and the placement lab.
 
 pub mod api;
-pub mod cli;
-pub mod client;
 pub mod config;
 pub mod demo;
 pub mod runtime;
 pub mod server;
 pub mod sim;
 
+pub use meridian_cli as cli;
+pub use meridian_cli::client;
 pub use meridian_core as core;
 pub use meridian_placement as placement;
 pub use meridian_placement::queue;

@@ -4,6 +4,7 @@
 //! The binary parses [`UserCommand`] and [`ClientArgs`] with clap and calls [`run`]; everything
 //! printed goes to the writer it passes, so the commands can be tested without a terminal.
 
+pub mod client;
 pub mod format;
 pub mod render;
 pub mod table;

@@ -52,7 +52,7 @@ pub fn router(state: RestState) -> Router {
 async fn health(State(state): State<RestState>) -> Response {
     match state.handle.view().failure() {
         None => "ok".into_response(),
-        Some(reason) => ApiError::Unavailable(reason.to_string()).into_response(),
+        Some(reason) => ApiError::Core(meridian_core::Error::Unavailable(reason.to_string())).into_response(),
     }
 }
 

@@ -72,13 +72,8 @@ impl Core {
         self.clusters_version += 1;
         self.round_wanted = true;
         let bound: Vec<Assignment> = self
-            .active
-            .iter()
-            .filter_map(|id| self.jobs.get(id))
-            .filter(|j| {
-                j.cluster.as_deref() == Some(name.as_str())
-                    && matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown)
-            })
+            .jobs_on(&name)
+            .filter(|j| matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown))
             .map(|j| assignment(j))
             .collect();
         effects.sends.push((conn, GatewayCommand::Welcome { bound, lease: self.config.agent_lease() }));
@@ -281,14 +276,9 @@ impl Core {
     /// or the member lost them). Nothing runs them, so they are placed again.
     fn missing_from_heartbeat(&mut self, cluster: &str, held: &HashSet<String>, effects: &mut Effects) {
         let missing: Vec<String> = self
-            .active
-            .iter()
-            .filter(|id| !held.contains(*id))
-            .filter_map(|id| self.jobs.get(id))
-            .filter(|j| {
-                j.cluster.as_deref() == Some(cluster)
-                    && matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown)
-            })
+            .jobs_on(cluster)
+            .filter(|j| !held.contains(&j.id))
+            .filter(|j| matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown))
             .map(|j| j.id.clone())
             .collect();
         for id in missing {
@@ -319,13 +309,8 @@ impl Core {
     /// `Unknown`, counted from when the cluster was last heard (the agent's lease runs from then
     /// too, so the agent stops its copies before the gateway places them again).
     pub(crate) fn cluster_lost(&mut self, cluster: &str, last_seen_ms: i64, effects: &mut Effects) {
-        let ids: Vec<String> = self
-            .active
-            .iter()
-            .filter_map(|id| self.jobs.get(id))
-            .filter(|j| j.cluster.as_deref() == Some(cluster) && crate::jobs::holds_gpus(j.state))
-            .map(|j| j.id.clone())
-            .collect();
+        let ids: Vec<String> =
+            self.jobs_on(cluster).filter(|j| crate::jobs::holds_gpus(j.state)).map(|j| j.id.clone()).collect();
         for id in ids {
             let Some(mut job) = self.job_mut(&id) else { continue };
             match job.state {

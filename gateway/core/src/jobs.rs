@@ -17,14 +17,47 @@ pub(crate) fn holds_gpus(state: JobState) -> bool {
 }
 
 impl Core {
-    /// Adds `job` to the indexes that depend on its state.
-    pub(crate) fn index(&mut self, job: &JobRecord) {
+    /// Moves `job` in the indexes that depend on its state and cluster (`previous`: its record
+    /// before this change, if any).
+    pub(crate) fn index(&mut self, previous: Option<&JobRecord>, job: &JobRecord) {
+        if let Some(cluster) = previous.and_then(|p| p.cluster.as_ref())
+            && let Some(ids) = self.by_cluster.get_mut(cluster)
+        {
+            ids.remove(&job.id);
+            if ids.is_empty() {
+                self.by_cluster.remove(cluster);
+            }
+        }
         if job.state.is_terminal() {
             self.active.remove(&job.id);
             self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
         } else {
             self.active.insert(job.id.clone());
+            if let Some(cluster) = &job.cluster {
+                self.by_cluster.entry(cluster.clone()).or_default().insert(job.id.clone());
+            }
         }
+    }
+
+    /// Panics if an index disagrees with a full scan of the jobs (tests).
+    #[cfg(test)]
+    pub(crate) fn check_indexes(&self) {
+        use std::collections::{BTreeSet, HashMap};
+        let active: BTreeSet<String> =
+            self.jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id.clone()).collect();
+        assert_eq!(active, self.active, "active index");
+        let mut by_cluster: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for job in self.jobs.values().filter(|j| !j.state.is_terminal()) {
+            if let Some(cluster) = &job.cluster {
+                by_cluster.entry(cluster.clone()).or_default().insert(job.id.clone());
+            }
+        }
+        assert_eq!(by_cluster, self.by_cluster, "by-cluster index");
+    }
+
+    /// Active jobs offered to, bound to or running on `cluster`.
+    pub(crate) fn jobs_on<'a>(&'a self, cluster: &str) -> impl Iterator<Item = &'a Arc<JobRecord>> + 'a {
+        self.by_cluster.get(cluster).into_iter().flatten().filter_map(|id| self.jobs.get(id))
     }
 
     /// Replaces a job's record, keeps the indexes and timers right, and persists it.
@@ -39,12 +72,12 @@ impl Core {
             // Capacity or the queue changed.
             self.round_wanted = true;
         }
-        if self.jobs.get(&job.id).is_none_or(|previous| previous.cluster != job.cluster || previous.state != job.state)
-        {
+        let previous = self.jobs.get(&job.id).cloned();
+        if previous.as_ref().is_none_or(|p| p.cluster != job.cluster || p.state != job.state) {
             // Per-cluster job counts in the summaries may have changed.
             self.clusters_version += 1;
         }
-        self.index(&job);
+        self.index(previous.as_deref(), &job);
         effects.persist.push(Record::Job(job.clone()));
         self.jobs.insert(job.id.clone(), Arc::new(job));
     }

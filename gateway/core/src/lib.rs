@@ -60,6 +60,9 @@ pub struct Core {
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
     /// Ids of jobs not in a terminal state: what rounds, timers and cluster losses look at.
     active: BTreeSet<String>,
+    /// Active jobs by the cluster they are offered to, bound to or ran on: what heartbeats,
+    /// welcomes and lost clusters look at, without scanning every active job.
+    by_cluster: HashMap<String, BTreeSet<String>>,
     /// Finished jobs by finish time, for retention.
     finished: BTreeSet<(i64, String)>,
     /// (tenant, idempotency key) → job id.
@@ -92,6 +95,7 @@ impl Core {
             config,
             jobs: imbl::OrdMap::new(),
             active: BTreeSet::new(),
+            by_cluster: HashMap::new(),
             finished: BTreeSet::new(),
             idempotency: HashMap::new(),
             decisions: imbl::HashMap::new(),
@@ -128,7 +132,7 @@ impl Core {
             if let Some(key) = &job.spec.idempotency_key {
                 core.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
             }
-            core.index(&job);
+            core.index(None, &job);
             core.jobs.insert(job.id.clone(), Arc::new(job));
         }
         core

@@ -705,6 +705,7 @@ mod properties {
                         submitted.push(job.id.clone());
                     }
                 }
+                h.core.check_indexes();
                 // Tokens never go back.
                 for record in &fx.persist {
                     if let Record::Job(job) = record {

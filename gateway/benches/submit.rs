@@ -98,7 +98,7 @@ async fn run() -> Result<()> {
         let (status, body) = client.send(Method::GET, "/v1/jobs?limit=100", None).await?;
         latencies.push(at.elapsed());
         if status != StatusCode::OK || body.len() < 100 {
-            return Err(format!("list answered {status}").into());
+            return Err(format!("list answered {status}: {}", String::from_utf8_lossy(&body)).into());
         }
     }
     let _ = stop_tx.send(true);

@@ -82,7 +82,6 @@ impl Driver {
     }
 
     pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
-        self.publish();
         let mut tick = tokio::time::interval(self.config.tick_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_round = Instant::now();

@@ -99,13 +99,15 @@ impl Runtime {
     /// Starts the driver task over `core` and `store`; it runs until `shutdown` flips to true
     /// (or every handle is dropped).
     pub fn start(
-        core: Core,
+        mut core: Core,
         store: Arc<dyn Store>,
         config: RuntimeConfig,
         shutdown: watch::Receiver<bool>,
     ) -> (Runtime, Handle) {
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
-        let view = Arc::new(RwLock::new(Arc::new(ReadView::empty())));
+        // Published before any reader can get a handle: a reader never sees an empty gateway
+        // that has jobs.
+        let view = Arc::new(RwLock::new(Arc::new(core.view())));
         let stats = Arc::new(Mutex::new(stats::Stats::default()));
         let handle = Handle {
             tx,

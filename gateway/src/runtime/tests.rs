@@ -294,3 +294,21 @@ async fn under_disk_faults_every_acknowledged_job_survives_a_power_loss() {
     }
     assert_eq!(cases, 18);
 }
+
+#[tokio::test]
+async fn the_first_read_after_a_start_already_sees_the_stored_jobs() {
+    let store = Arc::new(MemoryStore::new());
+    let (runtime, handle, stop) = start(store.clone());
+    within("submit", handle.submit(spec("kept"))).await.unwrap();
+    let _ = stop.send(true);
+    runtime.join().await;
+    drop(handle);
+
+    let core = crate::server::load(&crate::config::GatewayConfig::default(), store.as_ref()).await.unwrap();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (runtime, handle) = Runtime::start(core, store, RuntimeConfig::default(), stop_rx);
+    // No yield between the start and the read: the driver task has not run yet.
+    assert_eq!(handle.view().job_count(), 1);
+    let _ = stop_tx.send(true);
+    runtime.join().await;
+}

@@ -70,8 +70,10 @@ const REPORT_EVERY: Duration = Duration::from_secs(2);
 const JOB_RUNS: Duration = Duration::from_secs(8);
 /// Small-job submits per second during the window.
 const SUBMIT_RATE: u32 = 20;
-/// REST clients preloading the queue.
-const PRELOAD_CLIENTS: usize = 32;
+/// REST clients preloading the queue. Many: each placement round re-places the whole queue, so
+/// with few clients (one batch of at most that many submits per round) the preload is quadratic;
+/// 32 clients did not finish 10,000 submits in 8 minutes.
+const PRELOAD_CLIENTS: usize = 1000;
 /// GPUs per node, and how many of node 0's the member's own work holds.
 const NODE_GPUS: u32 = 8;
 const LOCAL_GPUS: u32 = 4;
@@ -146,9 +148,11 @@ async fn run(scale: &Scale, gateway_runtime: tokio::runtime::Handle) -> Result<M
     let dir = tempfile::tempdir_in(&base)?;
     println!("store: {}", dir.path().display());
 
-    let mut config = GatewayConfig::default();
-    config.listen = "127.0.0.1:0".parse()?;
-    config.grpc_listen = "127.0.0.1:0".parse()?;
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".parse()?,
+        grpc_listen: "127.0.0.1:0".parse()?,
+        ..GatewayConfig::default()
+    };
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path())?);
     let (stop_gateway, stop_rx) = watch::channel(false);
     let (bound_tx, bound_rx) = oneshot::channel();

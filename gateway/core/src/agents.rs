@@ -31,6 +31,18 @@ fn is_current(job: &JobRecord, cluster: &str, token: u64) -> bool {
     job.cluster.as_deref() == Some(cluster) && job.fencing_token == token
 }
 
+/// Whether any node of `new` has more of something free than the same node of `old` (same
+/// shapes assumed).
+fn capacity_grew(old: &Inventory, new: &Inventory) -> bool {
+    old.shapes.iter().zip(&new.shapes).any(|(before, after)| {
+        before
+            .free
+            .iter()
+            .zip(&after.free)
+            .any(|(b, a)| a.gpus > b.gpus || a.cpu > b.cpu || a.memory_gib > b.memory_gib)
+    })
+}
+
 /// Whether two inventories have the same node shapes (ignoring what is free).
 fn same_shapes(a: &Inventory, b: &Inventory) -> bool {
     a.shapes.len() == b.shapes.len()
@@ -65,6 +77,7 @@ impl Core {
             return Err(Error::DuplicateAgent { cluster: name, instance: link.instance.clone() });
         }
         let link = Link { conn, instance: hello.instance_id.clone() };
+        self.never_fits_snapshot = None;
         if let Some(old) = self.registry.connect(hello.info, link, now_ms) {
             // The same agent process reconnected before its old stream was noticed dead.
             effects.close.push(old);
@@ -90,19 +103,30 @@ impl Core {
         let cluster = entry.info.name.clone();
         match event {
             AgentEvent::Inventory(inventory) => {
+                if entry.inventory == inventory {
+                    // Agents repeat their report every heartbeat; an unchanged one changes nothing.
+                    return;
+                }
                 let shapes_changed = !same_shapes(&entry.inventory, &inventory);
+                // Only more free capacity can let a queued job start now; less is seen by the next
+                // round that runs for another reason (or the periodic one).
+                let grew = shapes_changed || capacity_grew(&entry.inventory, &inventory);
                 entry.inventory = inventory;
                 if shapes_changed {
                     let known = KnownCluster { info: entry.info.clone(), inventory: entry.inventory.clone() };
                     effects.persist.push(Record::Cluster(known));
+                    self.never_fits_snapshot = None;
                 }
                 self.clusters_version += 1;
-                self.round_wanted = true;
+                self.round_wanted |= grew;
             }
             AgentEvent::Pressure(pressure) => {
-                entry.pressure = pressure;
-                self.clusters_version += 1;
-                self.round_wanted = true;
+                // Pressure moves expected waits, never what can start now: the periodic round
+                // refreshes decisions with it.
+                if entry.pressure != pressure {
+                    entry.pressure = pressure;
+                    self.clusters_version += 1;
+                }
             }
             AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => {
                 self.offer_reply(conn, &cluster, &job_id, fencing_token, accepted, &reason, effects);

@@ -108,7 +108,16 @@ impl Core {
             }
             return Ok(Reply::Submitted { job: Arc::clone(job), created: false });
         }
-        let snapshot = self.registry.snapshot(&self.config.network);
+        // Whether a job could ever run depends only on the clusters' shapes: the snapshot is
+        // built once and kept until a cluster joins or changes shape.
+        let snapshot = match &self.never_fits_snapshot {
+            Some(snapshot) => Arc::clone(snapshot),
+            None => {
+                let snapshot = Arc::new(self.registry.snapshot(&self.config.network));
+                self.never_fits_snapshot = Some(Arc::clone(&snapshot));
+                snapshot
+            }
+        };
         if let Some(reasons) = meridian_placement::never_fits(&spec, &snapshot) {
             return Err(Error::NeverFits {
                 reasons: reasons.into_iter().map(|(cluster, why)| (cluster, why.to_string())).collect(),

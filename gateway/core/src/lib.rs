@@ -26,7 +26,7 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use meridian_placement::Decision;
@@ -63,12 +63,19 @@ pub struct Core {
     /// Active jobs by the cluster they are offered to, bound to or ran on: what heartbeats,
     /// welcomes and lost clusters look at, without scanning every active job.
     by_cluster: HashMap<String, BTreeSet<String>>,
+    /// Active jobs with their current records, by id: what a round reads, without looking up
+    /// every active job in `jobs`. Kept from the job records each step persists (see
+    /// `follow_job_records`).
+    round_jobs: BTreeMap<String, Arc<JobRecord>>,
     /// Finished jobs by finish time, for retention.
     finished: BTreeSet<(i64, String)>,
     /// (tenant, idempotency key) → job id.
     idempotency: HashMap<(String, String), String>,
     decisions: imbl::HashMap<String, Arc<Decided>>,
     registry: Registry,
+    /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
+    /// only when a cluster joins or changes shape.
+    never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
     /// Offers in flight: since when (Unix ms).
     offered_at: HashMap<String, i64>,
     /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
@@ -96,10 +103,12 @@ impl Core {
             jobs: imbl::OrdMap::new(),
             active: BTreeSet::new(),
             by_cluster: HashMap::new(),
+            round_jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
             idempotency: HashMap::new(),
             decisions: imbl::HashMap::new(),
             registry: Registry::from_known(loaded.clusters, now_ms),
+            never_fits_snapshot: None,
             offered_at: HashMap::new(),
             unknown_since: HashMap::new(),
             id_salt,
@@ -135,6 +144,8 @@ impl Core {
             core.index(None, &job);
             core.jobs.insert(job.id.clone(), Arc::new(job));
         }
+        core.round_jobs =
+            core.active.iter().filter_map(|id| Some((id.clone(), Arc::clone(core.jobs.get(id)?)))).collect();
         core
     }
 
@@ -158,6 +169,7 @@ impl Core {
             }
             return;
         }
+        let persisted = effects.persist.len();
         match input {
             Input::Submit { spec, reply } => {
                 let answer = self.submit(spec, now_ms, effects);
@@ -176,6 +188,7 @@ impl Core {
             Input::Tick => self.tick(now_ms, effects),
             Input::Round => self.round(now_ms, effects),
         }
+        self.follow_job_records(effects.persist.get(persisted..).unwrap_or_default());
     }
 
     /// Whether a placement round would see something new (a submit, a report, a freed GPU).

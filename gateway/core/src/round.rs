@@ -17,10 +17,12 @@ use crate::{Core, Decided};
 impl Core {
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
+        #[cfg(test)]
+        self.check_round_jobs();
         let mut snapshot = self.registry.snapshot(&self.config.network);
         let mut usage: BTreeMap<String, u32> = BTreeMap::new();
         let mut queued = Vec::new();
-        for job in self.active.iter().filter_map(|id| self.jobs.get(id)) {
+        for job in self.round_jobs.values() {
             if job.state == JobState::Offered {
                 // The member's inventory does not show an offer until the agent accepts it.
                 if let Some(cluster) =
@@ -30,7 +32,12 @@ impl Core {
                 }
             }
             if holds_gpus(job.state) {
-                *usage.entry(job.spec.tenant.clone()).or_default() += job.spec.total_gpus();
+                match usage.get_mut(job.spec.tenant.as_str()) {
+                    Some(gpus) => *gpus += job.spec.total_gpus(),
+                    None => {
+                        usage.insert(job.spec.tenant.clone(), job.spec.total_gpus());
+                    }
+                }
             }
             if job.state == JobState::Queued {
                 queued.push(QueuedJob {
@@ -94,6 +101,36 @@ impl Core {
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.round_wanted = false;
     }
+
+    /// Keeps `round_jobs` in step with the job table from the records a step asked to persist:
+    /// every change to a job is persisted in the step that made it (the rule the runtime's
+    /// commits rely on), so these records name every job that changed.
+    pub(crate) fn follow_job_records(&mut self, records: &[Record]) {
+        for record in records {
+            let id = match record {
+                Record::Job(job) => &job.id,
+                Record::DeleteJob(id) => id,
+                Record::Cluster(_) | Record::Decision(..) | Record::DeleteDecision(_) => continue,
+            };
+            match self.jobs.get(id).filter(|job| !job.state.is_terminal()) {
+                Some(job) => {
+                    self.round_jobs.insert(id.clone(), Arc::clone(job));
+                }
+                None => {
+                    self.round_jobs.remove(id);
+                }
+            }
+        }
+    }
+
+    /// Panics unless `round_jobs` holds exactly the active jobs with their current records (tests).
+    #[cfg(test)]
+    fn check_round_jobs(&self) {
+        assert!(self.round_jobs.keys().eq(self.active.iter()), "round_jobs holds other ids than active");
+        for (id, job) in &self.round_jobs {
+            assert!(self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, job)), "round_jobs has a stale {id}");
+        }
+    }
 }
 
-use crate::record::JobRecord;
+use crate::record::{JobRecord, Record};

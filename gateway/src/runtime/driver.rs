@@ -85,12 +85,9 @@ impl Driver {
         let mut tick = tokio::time::interval(self.config.tick_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_round = Instant::now();
+        let mut last_round_took = std::time::Duration::ZERO;
         loop {
-            let round_due = if self.core.wants_round() {
-                last_round + self.config.round_coalesce
-            } else {
-                last_round + self.config.placement_interval
-            };
+            let round_due = last_round + self.round_gap(last_round_took);
             let wake = if self.follow_ups.is_empty() {
                 tokio::select! {
                     command = self.rx.recv() => command.map_or(Wake::Stop, Wake::Command),
@@ -121,14 +118,11 @@ impl Driver {
                 Wake::Tick => self.core.step(Input::Tick, now, &mut effects),
                 Wake::Round => {}
             }
-            // Rounds run when something changed (at most every `round_coalesce`, so a storm of
-            // submits and reports shares rounds) and every `placement_interval` regardless.
-            let wait =
-                if self.core.wants_round() { self.config.round_coalesce } else { self.config.placement_interval };
-            if Instant::now() >= last_round + wait {
+            if Instant::now() >= last_round + self.round_gap(last_round_took) {
                 let started = std::time::Instant::now();
                 self.core.step(Input::Round, now, &mut effects);
-                self.stats_mut(|stats| stats.round(started.elapsed()));
+                last_round_took = started.elapsed();
+                self.stats_mut(|stats| stats.round(last_round_took));
                 last_round = Instant::now();
             }
             self.finish(effects).await;
@@ -136,6 +130,16 @@ impl Driver {
         // Callers still waiting learn that the gateway stopped (their oneshot is dropped).
         self.waiting.clear();
         self.streams.clear();
+    }
+
+    /// How long after the end of the last round the next may start. Rounds run when something
+    /// changed (at most every `round_coalesce`, so a storm of submits and reports shares rounds)
+    /// and every `placement_interval` regardless. A slow round must not starve what it competes
+    /// with (heartbeats and their lease renewals, submits): the gap is at least four times the
+    /// last round, so rounds take at most about a fifth of the loop.
+    fn round_gap(&self, last_round_took: std::time::Duration) -> std::time::Duration {
+        let base = if self.core.wants_round() { self.config.round_coalesce } else { self.config.placement_interval };
+        base.max(last_round_took * 4)
     }
 
     fn apply(&mut self, command: Command, now: i64, effects: &mut Effects) {

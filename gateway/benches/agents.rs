@@ -33,10 +33,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::runtime::Handle;
 use meridian_gateway::server;
@@ -54,6 +51,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+
+mod common;
+use common::{Conn, ms, percentile};
 
 /// A gang that fits every cluster's node shapes but no cluster's free nodes (see the module doc).
 const GANG_SPEC: &str = "name: wide\ntenant: batch\ngang: {replicas: 2, resources: {gpus: 8, gpuTypes: [h100]}}\n\
@@ -331,37 +331,6 @@ async fn submit_steadily(rest: SocketAddr, window: Duration) -> JoinSet<Result<S
         });
     }
     submits
-}
-
-/// One HTTP/1.1 keep-alive connection (as in `benches/submit.rs`).
-struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    _driver: tokio::task::JoinHandle<()>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        let driver = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Self { sender, _driver: driver })
-    }
-
-    async fn send(&mut self, method: Method, path: &str, body: Option<&str>) -> Result<(StatusCode, Bytes)> {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, "bench")
-            .header(hyper::header::CONTENT_TYPE, "application/yaml")
-            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))?;
-        let response = self.sender.send_request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok((status, body))
-    }
 }
 
 // ---------------------------------------------------------------- the fake agent
@@ -673,17 +642,6 @@ fn rss_mib() -> Result<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
     let pages: u64 = statm.split_whitespace().nth(1).ok_or("statm")?.parse()?;
     Ok(pages * 4096 / (1024 * 1024))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 // ---------------------------------------------------------------- profile

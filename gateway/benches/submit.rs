@@ -12,10 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use meridian_core::record::{JobRecord, Record};
 use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::server;
@@ -25,12 +22,13 @@ use meridian_proto::job::JobState;
 use meridian_proto::validate::parse_job_spec;
 use tokio::sync::{oneshot, watch};
 
+mod common;
+use common::{Conn, Result, ms, percentile};
+
 const SPEC: &str = "name: bench\ntenant: t\nlabels: {project: bench}\ngang: {replicas: 2, resources: {gpus: 8}}\n\
                     runtime: {estimate: 2h}\npayload: {image: registry.local/train:1, command: [python, train.py]}\n";
 const RUN: Duration = Duration::from_secs(5);
 const STORED: usize = 100_000;
-
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -197,17 +195,6 @@ fn fsync_rate(dir: &Path, run: Duration) -> Result<f64> {
     Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
 /// `clients` keep-alive connections submitting for `run`; returns the count and every latency.
 async fn load(rest: SocketAddr, clients: usize, run: Duration) -> Result<(usize, Vec<Duration>)> {
     let mut tasks = Vec::new();
@@ -234,37 +221,6 @@ async fn load(rest: SocketAddr, clients: usize, run: Duration) -> Result<(usize,
         all.extend(task.await??);
     }
     Ok((all.len(), all))
-}
-
-/// One HTTP/1.1 keep-alive connection.
-struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    _driver: tokio::task::JoinHandle<()>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        let driver = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Self { sender, _driver: driver })
-    }
-
-    async fn send(&mut self, method: Method, path: &str, body: Option<&str>) -> Result<(StatusCode, Bytes)> {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, "bench")
-            .header(hyper::header::CONTENT_TYPE, "application/yaml")
-            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))?;
-        let response = self.sender.send_request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok((status, body))
-    }
 }
 
 /// An in-process gateway on loopback over a redb store in `dir`.

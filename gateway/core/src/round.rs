@@ -1,7 +1,7 @@
 //! A placement round: queued jobs in fair-share order, each offered to its best cluster when it
 //! can start there now (late binding); otherwise it stays queued and its decision says why.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use meridian_placement::Holds;
@@ -13,6 +13,18 @@ use crate::agents::assignment;
 use crate::io::Effects;
 use crate::jobs::holds_gpus;
 use crate::{Core, Decided};
+
+/// A skipped job's explanation is placed again once it is this old (ms)...
+const DECISION_REFRESH_MS: i64 = 30_000;
+/// ...but at most this many such refreshes per round, so a long queue of jobs that cannot start
+/// costs a bounded amount of every round.
+const MAX_REFRESHES_PER_ROUND: usize = 64;
+
+/// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
+/// (and whether it needs container support). Jobs with equal keys fit the same clusters.
+fn demand_key(spec: &meridian_proto::spec::JobSpec) -> String {
+    format!("{:?}|{:?}|{}", spec.gang, spec.placement, spec.payload.image.is_some())
+}
 
 impl Core {
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
@@ -64,8 +76,46 @@ impl Core {
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
         let mut queue = FairQueue::new(queued, &usage, |t| self.config.tenant_weight(t));
+        let cluster_index: HashMap<String, usize> =
+            snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
+        // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
+        // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
+        let mut fits_nowhere: HashSet<String> = HashSet::new();
+        let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
             let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
+            // A job whose gang fits on no cluster now cannot be offered, whatever placement
+            // would score: skip it (the expensive part of a round over a long queue) unless its
+            // explanation is missing or old. It still counts as waiting where it last chose to.
+            let demand = demand_key(&job.spec);
+            let fits_somewhere = !fits_nowhere.contains(&demand) && {
+                let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
+                if !fits {
+                    fits_nowhere.insert(demand);
+                }
+                fits
+            };
+            if !fits_somewhere {
+                let previous = self.decisions.get(&next.id).map(Arc::clone);
+                let fresh = match previous.as_deref() {
+                    Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
+                    Some(Decided::Stored(_)) | None => false,
+                };
+                let first = previous.is_none();
+                if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
+                    if let Some(Decided::Live { decision, .. }) = previous.as_deref()
+                        && let Some(choice) = decision.chosen.as_ref()
+                        && let Some(&index) = cluster_index.get(choice.cluster.as_str())
+                        && let Some(target) = snapshot.clusters.get_mut(index)
+                    {
+                        target.expect_waiting(u64::from(job.spec.total_gpus()));
+                    }
+                    continue;
+                }
+                if !first {
+                    refreshed += 1;
+                }
+            }
             let decision =
                 holds.place(&mut snapshot, &next.id, &job.spec, waited(next.submitted_at_ms), &config, now_secs);
             let chosen =

@@ -531,6 +531,31 @@ fn lists_are_paged_oldest_first_with_a_continue_token() {
     assert_eq!(seen, ids);
 }
 
+#[test]
+fn jobs_that_fit_nowhere_are_explained_once_then_skipped_until_their_explanation_is_old() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8, 0]));
+    let gang = "name: gang\ntenant: t\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+    let ids: Vec<String> = (0..3).map(|i| h.submit(&gang.replace("name: gang", &format!("name: g{i}")))).collect();
+    h.step(Input::Round);
+    let decided_at = |h: &mut Harness, id: &str| h.core.view().explain(id).and_then(|e| e.decided_at_ms);
+    let first: Vec<_> = ids.iter().map(|id| decided_at(&mut h, id)).collect();
+    assert!(first.iter().all(Option::is_some), "every waiting job is explained at once: {first:?}");
+    h.advance(Duration::from_secs(10));
+    h.step(Input::Round);
+    let again: Vec<_> = ids.iter().map(|id| decided_at(&mut h, id)).collect();
+    assert_eq!(again, first, "a gang that fits nowhere is not placed again within 30 s");
+    h.advance(Duration::from_secs(25));
+    h.step(Input::Round);
+    let refreshed: Vec<_> = ids.iter().map(|id| decided_at(&mut h, id)).collect();
+    assert!(refreshed.iter().zip(&first).all(|(r, f)| r > f), "old explanations are refreshed: {refreshed:?}");
+    // Capacity frees up: the oldest gang is offered in the next round.
+    h.event(conn, inventory(&[8, 8]));
+    let fx = h.step(Input::Round);
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Offer(a)] if a.job_id == ids[0]), "{:?}", fx.sends);
+}
+
 mod properties {
     //! Random input sequences against a model of truthful agents.
 

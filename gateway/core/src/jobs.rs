@@ -29,6 +29,7 @@ impl Core {
             }
         }
         if job.state.is_terminal() {
+            self.demand_keys.remove(&job.id);
             self.active.remove(&job.id);
             self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
         } else {

@@ -76,6 +76,8 @@ pub struct Core {
     /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
     /// only when a cluster joins or changes shape.
     never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
+    /// Each queued job's demand key (see `round.rs`), computed once.
+    demand_keys: HashMap<String, Arc<str>>,
     /// Offers in flight: since when (Unix ms).
     offered_at: HashMap<String, i64>,
     /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
@@ -109,6 +111,7 @@ impl Core {
             decisions: imbl::HashMap::new(),
             registry: Registry::from_known(loaded.clusters, now_ms),
             never_fits_snapshot: None,
+            demand_keys: HashMap::new(),
             offered_at: HashMap::new(),
             unknown_since: HashMap::new(),
             id_salt,

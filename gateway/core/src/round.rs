@@ -18,7 +18,7 @@ use crate::{Core, Decided};
 const DECISION_REFRESH_MS: i64 = 30_000;
 /// ...but at most this many such refreshes per round, so a long queue of jobs that cannot start
 /// costs a bounded amount of every round.
-const MAX_REFRESHES_PER_ROUND: usize = 64;
+const MAX_REFRESHES_PER_ROUND: usize = 16;
 
 /// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
 /// (and whether it needs container support). Jobs with equal keys fit the same clusters.
@@ -80,14 +80,21 @@ impl Core {
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
         // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
-        let mut fits_nowhere: HashSet<String> = HashSet::new();
+        let mut fits_nowhere: HashSet<Arc<str>> = HashSet::new();
         let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
             let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
-            let demand = demand_key(&job.spec);
+            let demand = match self.demand_keys.get(&next.id) {
+                Some(key) => Arc::clone(key),
+                None => {
+                    let key: Arc<str> = demand_key(&job.spec).into();
+                    self.demand_keys.insert(next.id.clone(), Arc::clone(&key));
+                    key
+                }
+            };
             let fits_somewhere = !fits_nowhere.contains(&demand) && {
                 let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
                 if !fits {

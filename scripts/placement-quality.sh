@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked --quiet --bin meridian
-bin=target/release/meridian
+bin=${CARGO_TARGET_DIR:-target}/release/meridian
 out=docs/placement-quality
 mkdir -p "$out"
 trace=../shared/traces/philly.csv

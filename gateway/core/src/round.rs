@@ -68,7 +68,7 @@ impl Core {
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
         // Active ids sort by submission (ids start with the submit time), so this is oldest first.
-        let holds = {
+        let mut holds = {
             let oldest_first = queued.iter().filter_map(|next| {
                 let job = self.jobs.get(&next.id)?;
                 Some((next.id.clone(), &job.spec, waited(next.submitted_at_ms)))
@@ -139,6 +139,8 @@ impl Core {
                 target.reserve(&job.spec);
             }
             queue.placed(&next);
+            // Its hold (if it had one) has served: the cluster is open to the jobs after it.
+            holds.release(&next.id);
             let mut offered = JobRecord::clone(&job);
             offered.state = JobState::Offered;
             offered.cluster = Some(cluster.to_string());

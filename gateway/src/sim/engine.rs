@@ -4,16 +4,17 @@
 //! same `LocalJob`s an agent submits. Time jumps from one event to the next: a job arrives, a
 //! job's data arrives at the cluster it was sent to, a job completes. Nothing sleeps.
 //!
-//! Data moves before a job can start: a job sent to a cluster outside its data's region reaches
-//! that cluster's queue only after its dataset has been copied (size over the region pair's
-//! bandwidth). Its queueing delay therefore includes the copy, and its GPUs are held only while
-//! it runs, so GPU-seconds used equal GPU-seconds demanded.
+//! Data moves before a job can start: a job sent to a cluster outside its data's region starts
+//! only after its dataset has been copied (size over the region pair's bandwidth). Its queueing
+//! delay therefore includes the copy. Baselines' jobs reach the cluster's queue when the copy
+//! lands; a Meridian job is accepted at once and its GPUs are reserved on the member during the
+//! copy. Either way only the run counts as GPU time, so GPU-seconds used equal GPU-seconds
+//! demanded.
 //!
-//! The `meridian` policy keeps jobs in a federation queue and runs the gateway's placement round
-//! over it at every event (see `federation.rs`): holds and decisions through
-//! [`crate::placement::Holds`], on a [`crate::placement::FederationSnapshot`] rebuilt from the
-//! schedulers' own `inventory()` and `pressure()` reports, exactly what agents send. A job is
-//! bound when its best cluster can start it now, as in production.
+//! The `meridian` policy drives the gateway's own core ([`meridian_core::Core`]) in virtual
+//! time: jobs are submitted to it, it runs a placement round after every event, and one simulated
+//! agent per member answers its offers and reports from the member's scheduler (see
+//! `engine/meridian.rs`). Offers, refusals, fencing tokens and holds run as in production.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -25,11 +26,15 @@ use meridian_proto::spec::DEFAULT_PRIORITY;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::federation::{FreeRoom, Gateway};
 use super::policy::Policy;
 use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
-use crate::placement::{self, ClusterSnapshot, Holds, PlacementConfig};
+use crate::placement::PlacementConfig;
+
+use meridian::Federation;
+pub use meridian::{GatewayCounts, spec_of};
+
+mod meridian;
 
 /// How one replay runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,9 +109,10 @@ struct Replay<'a> {
     copies: HashMap<u32, Vec<usize>>,
     /// Clusters whose local queues changed since their last `schedule`.
     changed: Vec<bool>,
-    /// Clusters whose scheduler changed since the gateway's snapshot of it.
+    /// Clusters whose scheduler changed since their agent last reported them.
     dirty: Vec<bool>,
-    gateway: Option<Gateway>,
+    /// `meridian`: the gateway's core and the simulated agents.
+    federation: Option<Federation>,
     rng: StdRng,
     next_round_robin: usize,
     events: u64,
@@ -134,7 +140,8 @@ impl<'a> Replay<'a> {
         }
         let feasible = Feasibility::new(workload, &members)?;
         let n = topology.clusters.len();
-        let gateway = (config.policy == Policy::Meridian).then(|| Gateway::new(topology, workload, &members));
+        let federation =
+            (config.policy == Policy::Meridian).then(|| Federation::new(topology, config, workload.jobs.len()));
         Ok(Self {
             topology,
             workload,
@@ -147,7 +154,7 @@ impl<'a> Replay<'a> {
             copies: HashMap::new(),
             changed: vec![false; n],
             dirty: vec![true; n],
-            gateway,
+            federation,
             rng: StdRng::seed_from_u64(config.seed),
             next_round_robin: 0,
             events: 0,
@@ -159,6 +166,9 @@ impl<'a> Replay<'a> {
         let jobs = &self.workload.jobs;
         let mut next = 0;
         let mut arrived = Vec::new();
+        if self.federation.is_some() {
+            self.connect_agents(jobs.first().map_or(0, |j| j.submit_secs))?;
+        }
         loop {
             let arrival = jobs.get(next).map(|j| j.submit_secs);
             let handoff = self.handoffs.peek().map(|Reverse((t, _, _))| *t);
@@ -173,7 +183,11 @@ impl<'a> Replay<'a> {
                     break;
                 }
                 self.handoffs.pop();
-                self.hand_over(job, cluster, now)?;
+                if self.federation.is_some() {
+                    self.data_landed(job, cluster, now)?;
+                } else {
+                    self.hand_over(job, cluster, now)?;
+                }
             }
             arrived.clear();
             while let Some(job) = jobs.get(next).filter(|j| j.submit_secs <= now) {
@@ -186,8 +200,8 @@ impl<'a> Replay<'a> {
                 // The next arrival sees what this one took, as a live cluster would show it.
                 self.schedule(now)?;
             }
-            if self.gateway.is_some() {
-                self.place_queue(now)?;
+            if self.federation.is_some() {
+                self.gateway_round(now)?;
                 self.schedule(now)?;
             }
             if self.config.check_invariants {
@@ -210,10 +224,8 @@ impl<'a> Replay<'a> {
                 if ended != Some(now) {
                     return Err(invariant(format!("job {} completed at {now}s, expected at {ended:?}", job.id)));
                 }
-                if let Some(gateway) = &mut self.gateway
-                    && let Some(usage) = gateway.usage.get_mut(job.tenant as usize)
-                {
-                    *usage = usage.saturating_sub(job.gpus());
+                if self.federation.is_some() {
+                    self.agent_job_ended(cluster, job.id, now)?;
                 }
                 self.finished += 1;
             }
@@ -231,12 +243,7 @@ impl<'a> Replay<'a> {
             among.max_by_key(|&c| (members.get(c).map_or(0, |m| m.scheduler.free_gpus()), Reverse(c)))
         };
         let targets: Vec<usize> = match self.config.policy {
-            Policy::Meridian => {
-                if let Some(gateway) = &mut self.gateway {
-                    gateway.enqueue(job, self.workload, self.config.burst_after_secs);
-                }
-                return Ok(());
-            }
+            Policy::Meridian => return self.submit(job, now),
             Policy::HomeOnly => {
                 let home = self.workload.tenants.get(job.tenant as usize).map(|t| t.home);
                 match home.filter(|h| feasible.contains(h)) {
@@ -311,41 +318,17 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// The job (its data now local) reaches the cluster's scheduler. Meridian's offers start at
-    /// once when they still fit (the agent's `start_now`), else queue locally like any job.
+    /// The job (its data now local) reaches the cluster's scheduler and queues there.
     fn hand_over(&mut self, id: u32, cluster: usize, now: u64) -> Result<(), SimError> {
         if self.outcomes.get(id as usize).is_some_and(Option::is_some) {
             return Ok(()); // first-admit: another copy already started
         }
         let job = self.job_at(id)?;
-        let mut local = self.local_job(job, cluster)?;
-        if let Some(gateway) = &mut self.gateway
-            && let Some((_, spec)) = gateway.in_transit.remove(&id)
-        {
-            // The offer pins the GPU type placement costed.
-            local.gpu_types = spec.gang.resources.gpu_types;
-            self.mark(cluster);
-        }
+        let local = self.local_job(job, cluster)?;
         let at = Duration::from_secs(now);
         let Some(member) = self.members.get_mut(cluster) else {
             return Err(invariant(format!("job {id} sent to unknown cluster {cluster}")));
         };
-        if self.config.policy == Policy::Meridian {
-            // The agent's offer path: start now, or refuse the offer and the job goes back to
-            // the federation queue (its place in the order is its submit time).
-            match member.scheduler.start_now(local, at) {
-                Ok(started) => {
-                    self.mark(cluster);
-                    return self.started(cluster, started, now);
-                }
-                Err(_) => {
-                    if let Some(gateway) = &mut self.gateway {
-                        gateway.unbind(job, self.workload, self.config.burst_after_secs);
-                    }
-                    return Ok(());
-                }
-            }
-        }
         member
             .scheduler
             .submit(local, at)
@@ -414,79 +397,6 @@ impl<'a> Replay<'a> {
                     self.requeue_local(other);
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Meridian: places queued jobs in fair-share order, binding each to its best cluster when
-    /// the whole gang can start there now. Like the gateway's placement round, every queued job
-    /// is considered at every event; jobs that cannot start anywhere are skipped cheaply.
-    fn place_queue(&mut self, now: u64) -> Result<(), SimError> {
-        let Some(mut gateway) = self.gateway.take() else { return Ok(()) };
-        let result = self.place_with(&mut gateway, now);
-        self.gateway = Some(gateway);
-        result
-    }
-
-    fn place_with(&mut self, gateway: &mut Gateway, now: u64) -> Result<(), SimError> {
-        if gateway.specs.is_empty() {
-            return Ok(());
-        }
-        gateway.refresh(&self.topology.clusters, &self.members, &mut self.dirty, now);
-        gateway.snapshot.clusters.iter_mut().for_each(ClusterSnapshot::clear_waiting);
-        let oldest_first = gateway
-            .by_age
-            .iter()
-            .filter_map(|&(submit, id)| Some((id, gateway.specs.get(&id)?, now.saturating_sub(submit) as f64)));
-        gateway.holds = Holds::for_round(oldest_first, &gateway.snapshot, &self.config.placement, now as f64);
-        let mut free = FreeRoom::of(&gateway.snapshot);
-        let mut cursors: Vec<Option<(u64, u32)>> = vec![None; gateway.queued.len()];
-        let mut done = vec![false; gateway.queued.len()];
-        // Per gang shape: whether any cluster can start it now; cleared whenever a job binds.
-        let mut fits_somewhere: HashMap<(Option<&str>, u32, u32), bool> = HashMap::new();
-        while free.any() {
-            let Some(id) = gateway.next_fair(&mut cursors, &mut done) else { break };
-            let job = self.job_at(id)?;
-            let Some(spec) = gateway.specs.get(&id) else { continue };
-            if !free.might_fit(job) {
-                continue;
-            }
-            let shape = (job.gpu_type.as_deref(), job.replicas, job.gpus_per_replica);
-            let snapshot = &gateway.snapshot;
-            let fits = *fits_somewhere
-                .entry(shape)
-                .or_insert_with(|| snapshot.clusters.iter().any(|c| c.connected && c.fits_now(spec)));
-            if !fits {
-                continue;
-            }
-            let waited = now.saturating_sub(job.submit_secs) as f64;
-            let decision =
-                gateway.holds.place(&mut gateway.snapshot, &id, spec, waited, &self.config.placement, now as f64);
-            let Some(choice) = decision.chosen.filter(|c| c.starts_now) else { continue };
-            let Some(&cluster) = gateway.index.get(choice.cluster.as_str()) else { continue };
-            let (transfer_secs, _, _) = self.transfer(job, cluster);
-            // The offer pins the GPU type placement costed, as the gateway's offers do.
-            let pinned = vec![choice.gpu_type.as_str().to_owned()];
-            if transfer_secs == 0 {
-                // Offered and started at once by the agent, or refused: then it stays queued.
-                let mut local = self.local_job(job, cluster)?;
-                local.gpu_types = pinned.clone();
-                let Some(member) = self.members.get_mut(cluster) else { continue };
-                let Ok(started) = member.scheduler.start_now(local, Duration::from_secs(now)) else {
-                    self.mark(cluster);
-                    continue;
-                };
-                self.mark(cluster);
-                self.started(cluster, started, now)?;
-            } else {
-                self.handoffs.push(Reverse((now.saturating_add(transfer_secs), job.id, cluster)));
-            }
-            if let Some(target) = gateway.snapshot.clusters.get_mut(cluster) {
-                target.reserve(spec);
-                free.update(cluster, target);
-            }
-            fits_somewhere.clear();
-            gateway.bind(job, cluster, (transfer_secs > 0).then_some(pinned));
         }
         Ok(())
     }
@@ -590,20 +500,22 @@ impl<'a> Replay<'a> {
 
     fn finish(self) -> Result<RunResult, SimError> {
         let total = self.outcomes.len();
+        // Name one job that never started, with the gateway's own words on why.
+        let stuck = self.federation.as_ref().and_then(|f| {
+            let job = u32::try_from(self.outcomes.iter().position(Option::is_none)?).ok()?;
+            Some(format!("; e.g. job {job}: {}", f.message_of(job)?))
+        });
         let outcomes: Vec<Outcome> = self.outcomes.into_iter().flatten().collect();
         if outcomes.len() != total || self.finished != total as u64 {
-            // Name one job left in the federation queue, with placement's own words on why.
-            let stuck = self.gateway.as_ref().and_then(|g| {
-                let (id, spec) = g.specs.iter().min_by_key(|(id, _)| **id)?;
-                let decision = placement::place(spec, &g.snapshot, &self.config.placement);
-                Some(format!("; e.g. job {id}: {}", decision.summary))
-            });
             return Err(invariant(format!(
                 "{} of {total} jobs never started and {} never finished{}",
                 total - outcomes.len(),
                 total as u64 - self.finished.min(total as u64),
                 stuck.unwrap_or_default()
             )));
+        }
+        if let Some(federation) = &self.federation {
+            federation.check_settled(self.topology)?;
         }
         let clusters = self
             .topology
@@ -617,7 +529,13 @@ impl<'a> Replay<'a> {
                 busy_gpu_secs: member.busy_gpu_secs,
             })
             .collect();
-        Ok(RunResult { policy: self.config.policy.name().to_owned(), outcomes, clusters, events: self.events })
+        Ok(RunResult {
+            policy: self.config.policy.name().to_owned(),
+            outcomes,
+            clusters,
+            events: self.events,
+            gateway: self.federation.map(|f| f.counts),
+        })
     }
 }
 

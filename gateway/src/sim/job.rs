@@ -6,6 +6,8 @@ use std::fmt;
 use meridian_proto::inventory::Tier;
 use serde::Serialize;
 
+pub use super::engine::GatewayCounts;
+
 /// A job as read from a trace or drawn by the generator, before the fleet decorates it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawJob {
@@ -201,4 +203,6 @@ pub struct RunResult {
     pub clusters: Vec<ClusterUsage>,
     /// Scheduling events the engine processed (arrivals, data arrivals, completions).
     pub events: u64,
+    /// `meridian`: what crossed the agent protocol (offers, refusals, rounds...).
+    pub gateway: Option<GatewayCounts>,
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use meridian_proto::inventory::Tier;
 use serde::Serialize;
 
-use super::{RunResult, SimJob, SizeBucket, Workload};
+use super::{GatewayCounts, RunResult, SimJob, SizeBucket, Workload};
 
 /// Seconds in an hour, for GPU-hours.
 const SECS_PER_HOUR: f64 = 3_600.0;
@@ -90,6 +90,9 @@ pub struct Metrics {
     pub jain_fairness: f64,
     /// Scheduling events the engine processed.
     pub events: u64,
+    /// `meridian`: what crossed the agent protocol.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayCounts>,
 }
 
 /// One finished job as the statistics see it.
@@ -182,6 +185,7 @@ pub fn compute(workload: &Workload, run: &RunResult) -> Metrics {
         burst_fraction: ratio(burst_jobs as f64, samples.len() as f64),
         jain_fairness: jain_index(&tenant_service),
         events: run.events,
+        gateway: run.gateway,
     }
 }
 
@@ -349,6 +353,7 @@ mod tests {
                 ClusterUsage { name: "cloud".to_owned(), tier: Tier::Cloud, gpus: 16, busy_gpu_secs: 3_200 },
             ],
             events: 12,
+            gateway: None,
         };
         (workload, run)
     }
@@ -429,6 +434,7 @@ mod tests {
             outcomes: Vec::new(),
             clusters: vec![ClusterUsage { name: "a".to_owned(), tier: Tier::Owned, gpus: 8, busy_gpu_secs: 0 }],
             events: 0,
+            gateway: None,
         };
         let metrics = compute(&workload, &run);
         assert_eq!(metrics.overall.jobs, 0);

@@ -1,21 +1,22 @@
 //! `meridian sim`: replays a workload over a simulated federation in virtual time.
 //!
-//! The replay drives the production code unchanged: [`crate::placement::place`] decides for the
-//! `meridian` policy, and every member cluster is a [`meridian_agent::builtin::BuiltinScheduler`]
-//! (gang placement, weighted fair share) fed the same `LocalJob`s an agent would feed it. Time
-//! advances from event to event (arrivals, data arrivals, completions), never by sleeping.
+//! The replay drives the production code unchanged: for the `meridian` policy, the gateway's own
+//! core ([`meridian_core::Core`]: queue, placement rounds, offers, fencing, holds) talks to one
+//! simulated agent per member, and every member cluster is a
+//! [`meridian_agent::builtin::BuiltinScheduler`] (gang placement, weighted fair share) fed the
+//! same `LocalJob`s an agent would feed it. Time advances from event to event (arrivals, data
+//! arrivals, completions), never by sleeping.
 //!
 //! - [`job`]: the shared vocabulary (jobs, outcomes, usage).
 //! - [`workload`]: the Philly trace reader, the synthetic generator, and decoration (tenant
 //!   homes, datasets, GPU-type pins).
 //! - [`topology`]: the simulated fleet from YAML (clusters, node shapes, prices, network).
-//! - `engine`, `federation` and `policy`: the event loop, Meridian's federation queue and view of
-//!   the members, and the placement policies (ours and the baselines).
+//! - `engine` and `policy`: the event loop (with, for `meridian`, the gateway's core and the
+//!   simulated agents), and the placement policies (ours and the baselines).
 //! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart.
 
 pub mod command;
 pub mod engine;
-mod federation;
 pub mod job;
 pub mod metrics;
 pub mod plot;
@@ -26,7 +27,7 @@ pub mod workload;
 
 use std::path::PathBuf;
 
-pub use job::{ClusterUsage, Dataset, Outcome, RawJob, RunResult, SimJob, SizeBucket, Tenant, Workload};
+pub use job::{ClusterUsage, Dataset, GatewayCounts, Outcome, RawJob, RunResult, SimJob, SizeBucket, Tenant, Workload};
 
 /// Why a simulation could not run. Every variant names what was wrong and where.
 #[derive(Debug, thiserror::Error)]

@@ -78,7 +78,7 @@ pub fn render_table(report: &Report) -> String {
 fn render_single(run: &Metrics, out: &mut String) {
     let overall = &run.overall;
     out.push('\n');
-    out.push_str(&key_values(&[
+    let mut rows = vec![
         ("Policy", run.policy.clone()),
         ("Jobs", grouped(overall.jobs as f64, 0)),
         (
@@ -110,7 +110,22 @@ fn render_single(run: &Metrics, out: &mut String) {
         ("Burst fraction", percent(run.burst_fraction)),
         ("Jain fairness", format!("{:.3}", run.jain_fairness)),
         ("Events", grouped(run.events as f64, 0)),
-    ]));
+    ];
+    if let Some(gateway) = &run.gateway {
+        rows.push((
+            "Gateway",
+            format!(
+                "{} rounds, {} offers ({} declined, {} staging data), {} cancels, {} records",
+                grouped(gateway.rounds as f64, 0),
+                grouped(gateway.offers as f64, 0),
+                grouped(gateway.declined as f64, 0),
+                grouped(gateway.staged as f64, 0),
+                grouped(gateway.cancels as f64, 0),
+                grouped(gateway.records as f64, 0),
+            ),
+        ));
+    }
+    out.push_str(&key_values(&rows));
 
     out.push('\n');
     out.push_str(&stats_table("SIZE", run.per_size.iter().map(|(bucket, stats)| (bucket.to_string(), stats))));
@@ -431,6 +446,7 @@ mod tests {
             burst_fraction: 0.125,
             jain_fairness: 0.9,
             events: 1_000,
+            gateway: None,
         }
     }
 

@@ -193,6 +193,42 @@ fn meridian_binds_late_keeps_data_local_and_bursts_only_past_the_threshold() {
 }
 
 #[test]
+fn meridian_runs_the_gateway_core_one_offer_per_job_and_no_cancels() {
+    let topology = fleet();
+    let defs: Vec<JobDef> = (0..40).map(|i| job(i * 20, 100 + (i * 37) % 400, [1, 2, 4, 8][i as usize % 4])).collect();
+    let run = replay(Policy::Meridian, &topology, &workload(defs));
+    let counts = run.gateway.expect("meridian reports what crossed the protocol");
+    // Each job was offered once, accepted, and its record written at least on submit, offer,
+    // bind, start and finish.
+    assert_eq!((counts.offers, counts.declined, counts.cancels), (40, 0, 0), "{counts:?}");
+    assert!(counts.records >= 5 * 40, "{counts:?}");
+    assert_eq!(counts.rounds, run.events, "{counts:?}");
+    assert!(replay(Policy::FirstAdmit, &topology, &workload(vec![job(0, 1, 1)])).gateway.is_none());
+}
+
+#[test]
+fn meridian_holds_the_gpus_of_a_job_whose_data_is_being_copied() {
+    let topology = fleet();
+    // Job 0 needs both A100 nodes of `b` (eu-west) but its 500 GiB live in us-east: `b` accepts
+    // it and holds both nodes while the data is copied (about 18 minutes). Job 1 arrives during
+    // the copy; `b` shows no free GPU, so after the owned wait passes the burst threshold it
+    // bursts to `c` at once instead of starting in the GPUs job 0 waits for.
+    let defs = vec![
+        JobDef { replicas: 2, gpu_type: Some("a100-80g"), data: Some((500.0, "us-east")), ..job(0, 100_000, 8) },
+        JobDef { gpu_type: Some("a100-80g"), ..job(10, 100, 8) },
+    ];
+    let run = replay(Policy::Meridian, &topology, &workload(defs));
+    assert_eq!(placed(&run, &topology), ["b", "c"]);
+    let copy_secs = (500.0 * 1.073_741_824 * 8.0 / 4.0_f64).ceil() as u64;
+    assert_eq!(run.outcomes[0].start_secs, copy_secs);
+    assert_eq!(run.outcomes[1].start_secs, 10);
+    let counts = run.gateway.unwrap();
+    assert_eq!((counts.offers, counts.staged), (2, 1), "{counts:?}");
+    // The copy is not charged as GPU time: GPU-seconds used equal those demanded.
+    assert_eq!(run.clusters.iter().map(|c| c.busy_gpu_secs).sum::<u64>(), 16 * 100_000 + 8 * 100);
+}
+
+#[test]
 fn every_policy_conserves_jobs_and_gpu_seconds() {
     let topology = fleet();
     let defs: Vec<JobDef> = (0..200u32)

@@ -1,0 +1,497 @@
+//! The `meridian` policy: the gateway's own core ([`meridian_core::Core`]) driven in virtual
+//! time, with one simulated agent per member cluster speaking the agent protocol to it.
+//!
+//! Nothing of the gateway is re-implemented here. Jobs are submitted to the core; the core runs
+//! its placement rounds (fair-share queue, holds, late binding), offers jobs with fencing tokens,
+//! and applies what the agents answer and report. What is simulated are the agents. Each one:
+//! - says hello once (instance id = cluster name) and never loses its stream;
+//! - reports its member's inventory when it changed and its queue pressure whenever time passed,
+//!   both from the member's [`BuiltinScheduler`](meridian_agent::builtin::BuiltinScheduler), as
+//!   an agent's reports carry them;
+//! - answers an offer from the scheduler's `start_now`, the gateway's offer path: accepted when
+//!   the whole gang starts now (or, for staged data, is reserved now), else declined with the
+//!   scheduler's reason;
+//! - reports `Running` when a job starts and `Succeeded` when it ends, and forgets a result when
+//!   the core acknowledges it;
+//! - stops a binding the core cancels (the replay then fails its books: nothing cancels in a
+//!   replay unless something is wrong).
+//!
+//! **Data staging.** A job offered to a cluster outside its dataset's region is accepted at once
+//! and reported `Bound` ("staging data") while its dataset is copied. Its GPUs are reserved on the
+//! member for the copy: the agent starts it on the scheduler at offer time with a run time of copy
+//! plus job, so the member's inventory and release profile show the GPUs taken until it ends. It
+//! counts as started (and reports `Running`) when the data lands; its GPU-seconds, cost and
+//! queueing delay count from then.
+//!
+//! Not simulated: heartbeats, leases, broken streams and the store. Streams never break, so the
+//! core's cluster and lost-job timeouts are set past any replay; the records the core asks to
+//! persist are only counted.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use meridian_agent::builtin::{Cancelled, LocalJob, Started};
+use meridian_core::{ConnId, Core, CoreConfig, Effects, Input, Loaded, Reply, ReplyTo};
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::job::JobState;
+use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
+use meridian_proto::spec::{
+    BurstPolicy, DEFAULT_PRIORITY, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
+};
+use serde::Serialize;
+
+use super::{Replay, SimConfig, invariant};
+use crate::sim::topology::Topology;
+use crate::sim::{SimError, SimJob};
+
+/// Unix ms of virtual time 0: fixed, so job ids and every record repeat from run to run.
+const EPOCH_MS: i64 = 1_500_000_000_000;
+
+/// The core's `id_salt`: fixed for the same reason.
+const ID_SALT: u16 = 0x5153;
+
+/// Longer than any replay: simulated streams never break, so no cluster goes silent and no job
+/// is lost with its cluster.
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// What crossed the agent protocol in one replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayCounts {
+    /// Offers the core sent.
+    pub offers: u64,
+    /// Offers the agents declined (the gang no longer fit, or would overtake a local queue).
+    pub declined: u64,
+    /// Accepted offers whose data had to be copied first.
+    pub staged: u64,
+    /// Cancels the core sent.
+    pub cancels: u64,
+    /// Records the core asked to persist.
+    pub records: u64,
+    /// Placement rounds run.
+    pub rounds: u64,
+}
+
+/// The core and the simulated agents.
+pub(super) struct Federation {
+    core: Core,
+    /// Core job id of each workload job, once submitted.
+    ids: Vec<Option<String>>,
+    /// Workload job of each core job id.
+    jobs: HashMap<String, u32>,
+    /// One agent per member cluster, in topology order; its stream is `index + 1`.
+    agents: Vec<Agent>,
+    next_reply: ReplyTo,
+    pub(super) counts: GatewayCounts,
+}
+
+/// One simulated agent.
+#[derive(Debug, Default)]
+struct Agent {
+    /// Bindings the member holds (staging or running): workload job → fencing token.
+    held: BTreeMap<u32, u64>,
+    /// Jobs whose data is being copied here, reserved on the scheduler since their offer.
+    staging: HashMap<u32, Started>,
+    /// Terminal results sent and not yet acknowledged: (workload job, token).
+    outbox: BTreeSet<(u32, u64)>,
+    /// When the agent last reported (virtual seconds).
+    reported_at: Option<u64>,
+}
+
+impl Federation {
+    pub(super) fn new(topology: &Topology, config: &SimConfig, jobs: usize) -> Self {
+        let core_config = CoreConfig {
+            placement: config.placement.clone(),
+            network: topology.network.clone(),
+            cluster_timeout: NEVER,
+            lost_job_timeout: NEVER,
+            ..CoreConfig::default()
+        };
+        Self {
+            core: Core::new(core_config, Loaded::default(), EPOCH_MS, ID_SALT),
+            ids: vec![None; jobs],
+            jobs: HashMap::new(),
+            agents: topology.clusters.iter().map(|_| Agent::default()).collect(),
+            next_reply: 1,
+            counts: GatewayCounts::default(),
+        }
+    }
+
+    /// Every agent's books are empty: each result was acknowledged, nothing is held.
+    pub(super) fn check_settled(&self, topology: &Topology) -> Result<(), SimError> {
+        for (agent, cluster) in self.agents.iter().zip(&topology.clusters) {
+            if let Some(job) = agent.held.keys().next().or_else(|| agent.outbox.first().map(|(j, _)| j)) {
+                return Err(invariant(format!(
+                    "the agent of `{}` still holds job {job} at the end ({} held, {} unacknowledged)",
+                    cluster.info.name,
+                    agent.held.len(),
+                    agent.outbox.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the core last said about workload job `job`.
+    pub(super) fn message_of(&self, job: u32) -> Option<String> {
+        let id = self.ids.get(job as usize)?.as_ref()?;
+        self.core.job(id).map(|record| format!("{} ({})", record.message, record.state))
+    }
+}
+
+/// The core's answer to a caller.
+type Answer = (ReplyTo, Result<Reply, meridian_core::Error>);
+
+fn now_ms(secs: u64) -> i64 {
+    EPOCH_MS.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX / 2).saturating_mul(1000))
+}
+
+fn conn_of(cluster: usize) -> ConnId {
+    cluster as ConnId + 1
+}
+
+impl Replay<'_> {
+    /// Every agent says hello and reports its member.
+    pub(super) fn connect_agents(&mut self, now: u64) -> Result<(), SimError> {
+        for (cluster, sim) in self.topology.clusters.iter().enumerate() {
+            let hello = AgentHello {
+                info: sim.info.clone(),
+                instance_id: sim.info.name.clone(),
+                agent_version: concat!("sim-", env!("CARGO_PKG_VERSION")).to_owned(),
+            };
+            let reply = self.next_reply();
+            let replies = self.gateway_step(Input::AgentHello { conn: conn_of(cluster), hello, reply }, now)?;
+            match replies.into_iter().find(|(r, _)| *r == reply) {
+                Some((_, Ok(Reply::Attached))) => {}
+                Some((_, Err(e))) => {
+                    return Err(invariant(format!("the gateway refused the agent of `{}`: {e}", sim.info.name)));
+                }
+                _ => return Err(invariant(format!("the gateway did not answer the agent of `{}`", sim.info.name))),
+            }
+        }
+        self.report_members(now)
+    }
+
+    /// A job arrives: it is submitted to the gateway, as a user would.
+    pub(super) fn submit(&mut self, job: &SimJob, now: u64) -> Result<(), SimError> {
+        let tenant = self.workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
+        let spec = spec_of(job, tenant, self.config.burst_after_secs);
+        let reply = self.next_reply();
+        let replies = self.gateway_step(Input::Submit { spec, reply }, now)?;
+        let record = match replies.into_iter().find(|(r, _)| *r == reply) {
+            Some((_, Ok(Reply::Submitted { job: record, .. }))) => record,
+            Some((_, Err(e))) => return Err(SimError::Invalid(format!("the gateway refused job {}: {e}", job.id))),
+            _ => return Err(invariant(format!("the gateway did not answer the submit of job {}", job.id))),
+        };
+        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+        if let Some(slot) = federation.ids.get_mut(job.id as usize) {
+            *slot = Some(record.id.clone());
+        }
+        federation.jobs.insert(record.id.clone(), job.id);
+        Ok(())
+    }
+
+    /// The gateway's turn at `now`: agents report what changed, timers run, then a placement
+    /// round, and the agents answer its offers.
+    pub(super) fn gateway_round(&mut self, now: u64) -> Result<(), SimError> {
+        self.report_members(now)?;
+        self.gateway_step(Input::Tick, now)?;
+        if let Some(federation) = self.federation.as_mut() {
+            federation.counts.rounds += 1;
+        }
+        self.gateway_step(Input::Round, now)?;
+        Ok(())
+    }
+
+    /// A job held on `cluster` ended (the scheduler completed it): its agent reports success.
+    pub(super) fn agent_job_ended(&mut self, cluster: usize, job: u32, now: u64) -> Result<(), SimError> {
+        self.report_job(cluster, job, JobState::Succeeded, Vec::new(), now)
+    }
+
+    /// A staged job's data landed: it runs from now on the GPUs reserved for it.
+    pub(super) fn data_landed(&mut self, job: u32, cluster: usize, now: u64) -> Result<(), SimError> {
+        let staged =
+            self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster)).and_then(|a| a.staging.remove(&job));
+        // Nothing staged: the binding was cancelled while its data was copied.
+        let Some(started) = staged else { return Ok(()) };
+        let nodes = started.nodes.clone();
+        self.started(cluster, started, now)?;
+        self.report_job(cluster, job, JobState::Running, nodes, now)
+    }
+
+    /// Members that changed report their inventory, and every busy member its pressure (whose
+    /// release times move with the clock), as an agent's periodic report would.
+    fn report_members(&mut self, now: u64) -> Result<(), SimError> {
+        let at = Duration::from_secs(now);
+        for cluster in 0..self.members.len() {
+            let dirty = self.dirty.get(cluster).copied().unwrap_or(false);
+            let reported_at = self.federation.as_ref().and_then(|f| f.agents.get(cluster)).and_then(|a| a.reported_at);
+            let Some(member) = self.members.get(cluster) else { continue };
+            let idle = member.scheduler.next_completion().is_none() && member.scheduler.pending().next().is_none();
+            if !dirty && (reported_at == Some(now) || (idle && reported_at.is_some())) {
+                continue;
+            }
+            let mut events = Vec::with_capacity(2);
+            if dirty || reported_at.is_none() {
+                events.push(AgentEvent::Inventory(member.scheduler.inventory()));
+            }
+            events.push(AgentEvent::Pressure(member.scheduler.pressure(at)));
+            if let Some(flag) = self.dirty.get_mut(cluster) {
+                *flag = false;
+            }
+            if let Some(agent) = self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster)) {
+                agent.reported_at = Some(now);
+            }
+            for event in events {
+                self.gateway_step(Input::Agent { conn: conn_of(cluster), event }, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An agent reports a job it holds; a terminal state goes to its outbox until acknowledged.
+    fn report_job(
+        &mut self,
+        cluster: usize,
+        job: u32,
+        state: JobState,
+        nodes: Vec<String>,
+        now: u64,
+    ) -> Result<(), SimError> {
+        let name = self.cluster_name(cluster).to_owned();
+        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+        let id = federation.ids.get(job as usize).cloned().flatten();
+        let agent = federation.agents.get_mut(cluster);
+        let (Some(id), Some(agent)) = (id, agent) else {
+            return Err(invariant(format!("job {job} reported on `{name}` is unknown")));
+        };
+        let Some(&token) = agent.held.get(&job) else {
+            return Err(invariant(format!("the agent of `{name}` reports job {job}, which it does not hold")));
+        };
+        if state.is_terminal() {
+            agent.held.remove(&job);
+            agent.outbox.insert((job, token));
+        }
+        let report =
+            JobReport { job_id: id, fencing_token: token, state, message: String::new(), nodes, requeue: false };
+        self.gateway_step(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) }, now)?;
+        Ok(())
+    }
+
+    fn next_reply(&mut self) -> ReplyTo {
+        let Some(federation) = self.federation.as_mut() else { return 0 };
+        federation.next_reply += 1;
+        federation.next_reply
+    }
+
+    /// Steps the core with `input` at `now`, delivers what it sends to the agents and steps what
+    /// they answer, until nothing is left. Returns the replies to callers.
+    fn gateway_step(&mut self, input: Input, now: u64) -> Result<Vec<Answer>, SimError> {
+        let mut inputs = VecDeque::from([input]);
+        let mut replies = Vec::new();
+        while let Some(input) = inputs.pop_front() {
+            let Some(federation) = self.federation.as_mut() else { break };
+            let mut effects = Effects::default();
+            federation.core.step(input, now_ms(now), &mut effects);
+            // No store: every record is "durable" at once, so sends may go out right away.
+            federation.counts.records += effects.persist.len() as u64;
+            if let Some(&conn) = effects.close.first() {
+                let cluster = usize::try_from(conn.saturating_sub(1)).unwrap_or(usize::MAX);
+                return Err(invariant(format!("the gateway closed the stream of `{}`", self.cluster_name(cluster))));
+            }
+            replies.extend(effects.replies);
+            for (conn, command) in effects.sends {
+                let cluster = usize::try_from(conn.saturating_sub(1)).unwrap_or(usize::MAX);
+                self.agent_hears(cluster, command, now, &mut inputs)?;
+            }
+        }
+        Ok(replies)
+    }
+
+    /// An agent handles a command; its answers go to `answers`.
+    fn agent_hears(
+        &mut self,
+        cluster: usize,
+        command: GatewayCommand,
+        now: u64,
+        answers: &mut VecDeque<Input>,
+    ) -> Result<(), SimError> {
+        match command {
+            // A fresh gateway expects nothing, and the lease cannot run out: streams never break.
+            GatewayCommand::Welcome { .. } | GatewayCommand::Lease { .. } => Ok(()),
+            GatewayCommand::Ack { job_id, fencing_token } => {
+                if let Some(federation) = self.federation.as_mut()
+                    && let Some(job) = federation.jobs.remove(&job_id)
+                    && let Some(agent) = federation.agents.get_mut(cluster)
+                {
+                    agent.outbox.remove(&(job, fencing_token));
+                }
+                Ok(())
+            }
+            GatewayCommand::Offer(assignment) => self.agent_offered(cluster, assignment, now, answers),
+            GatewayCommand::Cancel { job_id, fencing_token } => {
+                let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+                federation.counts.cancels += 1;
+                let Some(&job) = federation.jobs.get(&job_id) else { return Ok(()) };
+                let held = federation.agents.get(cluster).and_then(|a| a.held.get(&job)).copied();
+                // An agent holding a newer binding ignores the cancel of an older one.
+                if held.is_some_and(|token| token <= fencing_token) {
+                    self.agent_stop(cluster, job, answers)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// An offer: the member starts the gang now (or reserves it while its data is copied), or
+    /// the agent declines with the scheduler's reason.
+    fn agent_offered(
+        &mut self,
+        cluster: usize,
+        assignment: Assignment,
+        now: u64,
+        answers: &mut VecDeque<Input>,
+    ) -> Result<(), SimError> {
+        let conn = conn_of(cluster);
+        let reply = |accepted: bool, reason: String| Input::Agent {
+            conn,
+            event: AgentEvent::OfferReply {
+                job_id: assignment.job_id.clone(),
+                fencing_token: assignment.fencing_token,
+                accepted,
+                reason,
+            },
+        };
+        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+        federation.counts.offers += 1;
+        let Some(&job) = federation.jobs.get(&assignment.job_id) else {
+            return Err(invariant(format!("the gateway offered unknown job `{}`", assignment.job_id)));
+        };
+        match federation.agents.get(cluster).and_then(|a| a.held.get(&job)).copied() {
+            Some(token) if token == assignment.fencing_token => {
+                // The same binding again: accepted again.
+                answers.push_back(reply(true, String::new()));
+                return Ok(());
+            }
+            // An older binding: stopped first, as the agent does.
+            Some(_) => self.agent_stop(cluster, job, answers)?,
+            None => {}
+        }
+        let sim_job = self.job_at(job)?;
+        let (transfer_secs, _, _) = self.transfer(sim_job, cluster);
+        let Some(member) = self.members.get_mut(cluster) else {
+            return Err(invariant(format!("offer to unknown cluster {cluster}")));
+        };
+        let queue = member.scheduler.queue_for(&assignment.spec.tenant).to_owned();
+        // Staged data: the GPUs are reserved from now, for the copy and then the job.
+        let run_for = Duration::from_secs(transfer_secs.saturating_add(sim_job.duration_secs));
+        let local = LocalJob::from_spec(job.to_string(), &assignment.spec, queue, run_for);
+        let started = match member.scheduler.start_now(local, Duration::from_secs(now)) {
+            Ok(started) => started,
+            Err(e) => {
+                if let Some(federation) = self.federation.as_mut() {
+                    federation.counts.declined += 1;
+                }
+                answers.push_back(reply(false, e.to_string()));
+                return Ok(());
+            }
+        };
+        self.mark(cluster);
+        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+        let Some(agent) = federation.agents.get_mut(cluster) else { return Ok(()) };
+        agent.held.insert(job, assignment.fencing_token);
+        if transfer_secs > 0 {
+            federation.counts.staged += 1;
+            agent.staging.insert(job, started);
+            self.handoffs.push(Reverse((now.saturating_add(transfer_secs), job, cluster)));
+            let reason = match &sim_job.dataset {
+                Some(data) => format!(
+                    "staging data: {:.0} GiB from {}, about {}",
+                    data.size_gib,
+                    data.region,
+                    HumanDuration::from_secs(transfer_secs)
+                ),
+                None => "staging data".to_owned(),
+            };
+            answers.push_back(reply(true, reason));
+            return Ok(());
+        }
+        let nodes = started.nodes.clone();
+        self.started(cluster, started, now)?;
+        answers.push_back(reply(true, String::new()));
+        let report = JobReport {
+            job_id: assignment.job_id.clone(),
+            fencing_token: assignment.fencing_token,
+            state: JobState::Running,
+            message: String::new(),
+            nodes,
+            requeue: false,
+        };
+        answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
+        Ok(())
+    }
+
+    /// Stops the binding of `job` held on `cluster` and reports it cancelled.
+    fn agent_stop(&mut self, cluster: usize, job: u32, answers: &mut VecDeque<Input>) -> Result<(), SimError> {
+        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+        let id = federation.ids.get(job as usize).cloned().flatten();
+        let Some(agent) = federation.agents.get_mut(cluster) else { return Ok(()) };
+        let Some(token) = agent.held.remove(&job) else { return Ok(()) };
+        agent.staging.remove(&job);
+        agent.outbox.insert((job, token));
+        if let Some(member) = self.members.get_mut(cluster)
+            && member.scheduler.cancel(&job.to_string()) != Cancelled::NotFound
+        {
+            self.requeue_local(cluster);
+        }
+        if let Some(job_id) = id {
+            let report = JobReport {
+                job_id,
+                fencing_token: token,
+                state: JobState::Cancelled,
+                message: "stopped at the gateway's request".to_owned(),
+                nodes: Vec::new(),
+                requeue: false,
+            };
+            answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
+        }
+        Ok(())
+    }
+}
+
+/// The job spec a user would have submitted for `job`.
+pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
+    JobSpec {
+        name: format!("job-{}", job.id),
+        tenant: tenant.to_owned(),
+        priority: DEFAULT_PRIORITY,
+        labels: BTreeMap::new(),
+        idempotency_key: None,
+        gang: GangSpec {
+            replicas: job.replicas,
+            resources: Resources {
+                gpus: job.gpus_per_replica,
+                gpu_types: job.gpu_type.iter().cloned().collect(),
+                gpu_memory_gib: 0,
+                cpu: 0,
+                memory_gib: 0,
+            },
+        },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.duration_secs), limit: None },
+        data: job
+            .dataset
+            .iter()
+            .map(|d| DataRef {
+                uri: format!("s3://sim/job-{}", job.id),
+                size_gib: d.size_gib,
+                region: d.region.clone(),
+            })
+            .collect(),
+        placement: PlacementRules {
+            burst: BurstPolicy::After { after: HumanDuration::from_secs(burst_after_secs), max_usd_per_hour: None },
+            ..PlacementRules::default()
+        },
+        payload: Payload { image: Some("sim".to_owned()), ..Payload::default() },
+    }
+}

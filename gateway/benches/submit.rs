@@ -77,16 +77,10 @@ async fn run() -> Result<()> {
     let stored = dir.path().join("stored");
     preload(&stored, STORED, false).await?;
     let gateway = Gateway::start(&stored, GatewayConfig::default()).await?;
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // The submitters run for the same window as the lists (both stop after `RUN`).
     let submitters = tokio::spawn({
         let rest = gateway.rest;
-        async move {
-            let mut stop = stop_rx;
-            tokio::select! {
-                result = load(rest, 16, RUN) => result.map(|(n, _)| n).unwrap_or(0),
-                _ = stop.wait_for(|s| *s) => 0,
-            }
-        }
+        async move { load(rest, 16, RUN).await.map(|(n, _)| n).unwrap_or(0) }
     });
     let mut client = Conn::open(gateway.rest).await?;
     let mut latencies = Vec::new();
@@ -99,7 +93,6 @@ async fn run() -> Result<()> {
             return Err(format!("list answered {status}: {}", String::from_utf8_lossy(&body)).into());
         }
     }
-    let _ = stop_tx.send(true);
     let submitted = submitters.await?;
     latencies.sort();
     println!(

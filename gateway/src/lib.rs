@@ -15,11 +15,11 @@ pub mod config;
 pub mod demo;
 pub mod runtime;
 pub mod server;
-pub mod sim;
 
 pub use meridian_cli as cli;
 pub use meridian_cli::client;
 pub use meridian_core as core;
 pub use meridian_placement as placement;
 pub use meridian_placement::queue;
+pub use meridian_sim as sim;
 pub use meridian_store as store;

@@ -21,15 +21,15 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use meridian_agent::builtin::{BuiltinScheduler, LocalJob, QueueSpec, Started};
 use meridian_proto::spec::DEFAULT_PRIORITY;
+use meridian_scheduler::{BuiltinScheduler, LocalJob, QueueSpec, Started};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::policy::Policy;
 use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
-use crate::placement::PlacementConfig;
+use meridian_placement::PlacementConfig;
 
 use meridian::Federation;
 pub use meridian::{GatewayCounts, spec_of};
@@ -391,7 +391,7 @@ impl<'a> Replay<'a> {
         if let Some(copies) = self.copies.remove(&job.id) {
             for other in copies.into_iter().filter(|&c| c != cluster) {
                 if let Some(member) = self.members.get_mut(other)
-                    && member.scheduler.cancel(&started.job_id) != meridian_agent::builtin::Cancelled::NotFound
+                    && member.scheduler.cancel(&started.job_id) != meridian_scheduler::Cancelled::NotFound
                 {
                     // The withdrawn copy may have been a queue's blocked head.
                     self.requeue_local(other);

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
 use super::*;
-use crate::sim::{Dataset, Tenant};
+use crate::{Dataset, Tenant};
 
 /// Two owned clusters and one cloud cluster:
 /// - `a` (us-east, owned): one 8-GPU V100 node at $1/GPU-h.

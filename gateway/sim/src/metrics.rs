@@ -294,7 +294,7 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::sim::{ClusterUsage, Outcome, Tenant};
+    use crate::{ClusterUsage, Outcome, Tenant};
 
     const EPSILON: f64 = 1e-9;
 

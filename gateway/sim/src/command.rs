@@ -17,8 +17,8 @@ use super::report::{self, Report};
 use super::topology::Topology;
 use super::workload::{self, FleetFacts, HomeCluster, HomeGpuType, Profile};
 use super::{RunResult, SimError, Workload};
-use crate::cli::OutputFormat;
-use crate::placement::PlacementConfig;
+use meridian_cli::OutputFormat;
+use meridian_placement::PlacementConfig;
 
 /// Largest `--jobs` accepted: beyond this a replay's memory grows past what a laptop offers.
 const MAX_JOBS: usize = 5_000_000;
@@ -291,8 +291,8 @@ fn write_file(path: &Path, text: &str) -> Result<(), SimError> {
 mod tests {
     use super::*;
 
-    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/sim/hybrid-3region.yaml");
-    const PHILLY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/philly.csv");
+    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/hybrid-3region.yaml");
+    const PHILLY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/philly.csv");
 
     fn args(profile: &str, load: f64, jobs: usize, seed: u64) -> SimArgs {
         SimArgs {

@@ -3,7 +3,7 @@
 //! The replay drives the production code unchanged: for the `meridian` policy, the gateway's own
 //! core ([`meridian_core::Core`]: queue, placement rounds, offers, fencing, holds) talks to one
 //! simulated agent per member, and every member cluster is a
-//! [`meridian_agent::builtin::BuiltinScheduler`] (gang placement, weighted fair share) fed the
+//! [`meridian_scheduler::BuiltinScheduler`] (gang placement, weighted fair share) fed the
 //! same `LocalJob`s an agent would feed it. Time advances from event to event (arrivals, data
 //! arrivals, completions), never by sleeping.
 //!

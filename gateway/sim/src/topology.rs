@@ -3,20 +3,20 @@
 //!
 //! The file is checked as a whole before anything is built, like the gateway and agent configs:
 //! every problem is listed at once, each naming its field path (`clusters[2].nodes[0].count`).
-//! A valid file always expands into node lists that [`meridian_agent::builtin::BuiltinScheduler`]
+//! A valid file always expands into node lists that [`meridian_scheduler::BuiltinScheduler`]
 //! accepts: node names are unique per cluster and every node of a shape is identical.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use meridian_agent::builtin::NodeSpec;
 use meridian_proto::config_file;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
+use meridian_scheduler::NodeSpec;
 use serde::Deserialize;
 
 use super::SimError;
-use crate::placement::NetworkTable;
+use meridian_placement::NetworkTable;
 
 /// Most nodes one node group may declare; a guard against a stray extra digit, since every node
 /// is simulated individually.
@@ -298,13 +298,13 @@ impl ClusterFile {
 // Tests may panic on a broken expectation; that is how they fail.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use meridian_agent::builtin::{BuiltinScheduler, QueueSpec};
     use meridian_proto::config_file::ConfigError;
+    use meridian_scheduler::{BuiltinScheduler, QueueSpec};
 
     use super::*;
 
-    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/sim/hybrid-3region.yaml");
-    const FLEET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/sim/fleet-12.yaml");
+    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/hybrid-3region.yaml");
+    const FLEET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/fleet-12.yaml");
 
     const SMALL: &str = "name: t
 clusters:

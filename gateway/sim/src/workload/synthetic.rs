@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::sample;
-use crate::sim::{RawJob, SimError};
+use crate::{RawJob, SimError};
 
 /// A synthetic workload profile, as named on the command line (`--profile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

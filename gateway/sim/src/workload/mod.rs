@@ -1,6 +1,6 @@
 //! Workloads for the simulator: the Philly trace reader, the synthetic generator, and decoration.
 //!
-//! A trace or the generator yields [`RawJob`](crate::sim::RawJob)s (submit time, run time, GPUs,
+//! A trace or the generator yields [`RawJob`](crate::RawJob)s (submit time, run time, GPUs,
 //! tenant). [`decorate`] then fits them to a fleet: each tenant gets a home cluster, each job a
 //! gang shape that its home can run, and some jobs a GPU-type pin and a dataset in a region.
 //!

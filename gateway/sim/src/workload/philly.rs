@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::sim::{RawJob, SimError};
+use crate::{RawJob, SimError};
 
 /// The header line the reader requires.
 const HEADER: &str = "timestamp,duration,num_gpus,gpu_time,cluster";
@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn the_real_philly_trace_parses() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/philly.csv"));
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/philly.csv"));
         if !path.exists() {
             println!("skipped: {} is not present", path.display());
             return;

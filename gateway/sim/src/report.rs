@@ -11,7 +11,7 @@ use meridian_proto::inventory::Tier;
 
 use super::SizeBucket;
 use super::metrics::{Metrics, Stats};
-use crate::cli::table::{Table, key_values};
+use meridian_cli::table::{Table, key_values};
 
 /// The policy the ratio table divides by.
 const BASELINE_POLICY: &str = "meridian";
@@ -399,7 +399,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::sim::metrics::ClusterMetrics;
+    use crate::metrics::ClusterMetrics;
 
     fn stats(queue_mean: f64) -> Stats {
         Stats {

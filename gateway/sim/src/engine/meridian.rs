@@ -6,7 +6,7 @@
 //! and applies what the agents answer and report. What is simulated are the agents. Each one:
 //! - says hello once (instance id = cluster name) and never loses its stream;
 //! - reports its member's inventory when it changed and its queue pressure whenever time passed,
-//!   both from the member's [`BuiltinScheduler`](meridian_agent::builtin::BuiltinScheduler), as
+//!   both from the member's [`BuiltinScheduler`](meridian_scheduler::BuiltinScheduler), as
 //!   an agent's reports carry them;
 //! - answers an offer from the scheduler's `start_now`, the gateway's offer path: accepted when
 //!   the whole gang starts now (or, for staged data, is reserved now), else declined with the
@@ -31,7 +31,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
-use meridian_agent::builtin::{Cancelled, LocalJob, Started};
 use meridian_core::{ConnId, Core, CoreConfig, Effects, Input, Loaded, Reply, ReplyTo};
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::job::JobState;
@@ -39,11 +38,12 @@ use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayComman
 use meridian_proto::spec::{
     BurstPolicy, DEFAULT_PRIORITY, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
 };
+use meridian_scheduler::{Cancelled, LocalJob, Started};
 use serde::Serialize;
 
 use super::{Replay, SimConfig, invariant};
-use crate::sim::topology::Topology;
-use crate::sim::{SimError, SimJob};
+use crate::topology::Topology;
+use crate::{SimError, SimJob};
 
 /// Unix ms of virtual time 0: fixed, so job ids and every record repeat from run to run.
 const EPOCH_MS: i64 = 1_500_000_000_000;

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::sample;
-use crate::sim::{Dataset, RawJob, SimJob, Tenant, Workload};
+use crate::{Dataset, RawJob, SimJob, Tenant, Workload};
 
 /// A cluster that can be a tenant's home.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -76,8 +76,11 @@ pub struct Core {
     /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
     /// only when a cluster joins or changes shape.
     never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
-    /// Each queued job's demand key (see `round.rs`), computed once.
-    demand_keys: HashMap<String, Arc<str>>,
+    /// Each queued job's demand key (see `round.rs`) and its number, computed once.
+    demand_keys: HashMap<String, (Arc<str>, u32)>,
+    /// Demand keys in use, by their canonical copy, with their numbers.
+    demand_ids: HashMap<Arc<str>, u32>,
+    next_demand_id: u32,
     /// Offers in flight: since when (Unix ms).
     offered_at: HashMap<String, i64>,
     /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
@@ -112,6 +115,8 @@ impl Core {
             registry: Registry::from_known(loaded.clusters, now_ms),
             never_fits_snapshot: None,
             demand_keys: HashMap::new(),
+            demand_ids: HashMap::new(),
+            next_demand_id: 0,
             offered_at: HashMap::new(),
             unknown_since: HashMap::new(),
             id_salt,

@@ -27,6 +27,24 @@ fn demand_key(spec: &meridian_proto::spec::JobSpec) -> String {
 }
 
 impl Core {
+    /// The canonical copy and number of a demand key: equal keys get one number, so a round
+    /// compares numbers, not strings.
+    fn intern_demand(&mut self, key: String) -> (Arc<str>, u32) {
+        if let Some((canonical, id)) = self.demand_ids.get_key_value(key.as_str()) {
+            return (Arc::clone(canonical), *id);
+        }
+        let id = self.next_demand_id;
+        self.next_demand_id = self.next_demand_id.wrapping_add(1);
+        let canonical: Arc<str> = key.into();
+        self.demand_ids.insert(Arc::clone(&canonical), id);
+        (canonical, id)
+    }
+
+    /// Forgets demand keys no queued job uses any more (each job holds a clone of its key).
+    pub(crate) fn forget_unused_demands(&mut self) {
+        self.demand_ids.retain(|key, _| Arc::strong_count(key) > 1);
+    }
+
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
         #[cfg(test)]
@@ -80,7 +98,7 @@ impl Core {
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
         // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
-        let mut fits_nowhere: HashSet<Arc<str>> = HashSet::new();
+        let mut fits_nowhere: HashSet<u32> = HashSet::new();
         let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
             let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
@@ -88,11 +106,11 @@ impl Core {
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
             let demand = match self.demand_keys.get(&next.id) {
-                Some(key) => Arc::clone(key),
+                Some((_, id)) => *id,
                 None => {
-                    let key: Arc<str> = demand_key(&job.spec).into();
-                    self.demand_keys.insert(next.id.clone(), Arc::clone(&key));
-                    key
+                    let key = self.intern_demand(demand_key(&job.spec));
+                    self.demand_keys.insert(next.id.clone(), key.clone());
+                    key.1
                 }
             };
             let fits_somewhere = !fits_nowhere.contains(&demand) && {

@@ -35,6 +35,7 @@ impl Core {
         self.expire_silent_clusters(now_ms, effects);
         self.expire_unknown(now_ms, effects);
         self.expire_finished(now_ms, effects);
+        self.forget_unused_demands();
     }
 
     fn expire_offers(&mut self, now_ms: i64, effects: &mut Effects) {

@@ -135,11 +135,11 @@ impl Driver {
     /// How long after the end of the last round the next may start. Rounds run when something
     /// changed (at most every `round_coalesce`, so a storm of submits and reports shares rounds)
     /// and every `placement_interval` regardless. A slow round must not starve what it competes
-    /// with (heartbeats and their lease renewals, submits): the gap is at least four times the
-    /// last round, so rounds take at most about a fifth of the loop.
+    /// with (heartbeats and their lease renewals, submits): the gap is at least twice the last
+    /// round, so rounds take at most about a third of the loop.
     fn round_gap(&self, last_round_took: std::time::Duration) -> std::time::Duration {
         let base = if self.core.wants_round() { self.config.round_coalesce } else { self.config.placement_interval };
-        base.max(last_round_took * 4)
+        base.max(last_round_took * 2)
     }
 
     fn apply(&mut self, command: Command, now: i64, effects: &mut Effects) {

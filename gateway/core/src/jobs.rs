@@ -19,7 +19,7 @@ pub(crate) fn holds_gpus(state: JobState) -> bool {
 impl Core {
     /// Moves `job` in the indexes that depend on its state and cluster (`previous`: its record
     /// before this change, if any).
-    pub(crate) fn index(&mut self, previous: Option<&JobRecord>, job: &JobRecord) {
+    pub(crate) fn index(&mut self, previous: Option<&JobRecord>, job: &Arc<JobRecord>) {
         if let Some(cluster) = previous.and_then(|p| p.cluster.as_ref())
             && let Some(ids) = self.by_cluster.get_mut(cluster)
         {
@@ -33,7 +33,7 @@ impl Core {
             self.active.remove(&job.id);
             self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
         } else {
-            self.active.insert(job.id.clone());
+            self.active.insert(job.id.clone(), Arc::clone(job));
             if let Some(cluster) = &job.cluster {
                 self.by_cluster.entry(cluster.clone()).or_default().insert(job.id.clone());
             }
@@ -46,7 +46,13 @@ impl Core {
         use std::collections::{BTreeSet, HashMap};
         let active: BTreeSet<String> =
             self.jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id.clone()).collect();
-        assert_eq!(active, self.active, "active index");
+        assert!(active.iter().eq(self.active.keys()), "active index holds other ids than the active jobs");
+        for (id, job) in &self.active {
+            assert!(
+                self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, job)),
+                "active index has a stale {id}"
+            );
+        }
         let mut by_cluster: HashMap<String, BTreeSet<String>> = HashMap::new();
         for job in self.jobs.values().filter(|j| !j.state.is_terminal()) {
             if let Some(cluster) = &job.cluster {
@@ -78,9 +84,10 @@ impl Core {
             // Per-cluster job counts in the summaries may have changed.
             self.clusters_version += 1;
         }
-        self.index(previous.as_deref(), &job);
         effects.persist.push(Record::Job(job.clone()));
-        self.jobs.insert(job.id.clone(), Arc::new(job));
+        let job = Arc::new(job);
+        self.index(previous.as_deref(), &job);
+        self.jobs.insert(job.id.clone(), job);
     }
 
     /// A copy of a job to change and [`save`](Self::save).

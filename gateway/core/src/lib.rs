@@ -58,15 +58,12 @@ pub struct Core {
     config: CoreConfig,
     /// Every job the gateway remembers: active ones and finished ones within retention.
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
-    /// Ids of jobs not in a terminal state: what rounds, timers and cluster losses look at.
-    active: BTreeSet<String>,
+    /// Jobs not in a terminal state, with their current records, by id: what rounds and the
+    /// cluster summaries read, without looking every active job up in `jobs`.
+    active: BTreeMap<String, Arc<JobRecord>>,
     /// Active jobs by the cluster they are offered to, bound to or ran on: what heartbeats,
     /// welcomes and lost clusters look at, without scanning every active job.
     by_cluster: HashMap<String, BTreeSet<String>>,
-    /// Active jobs with their current records, by id: what a round reads, without looking up
-    /// every active job in `jobs`. Kept from the job records each step persists (see
-    /// `follow_job_records`).
-    round_jobs: BTreeMap<String, Arc<JobRecord>>,
     /// Finished jobs by finish time, for retention.
     finished: BTreeSet<(i64, String)>,
     /// (tenant, idempotency key) → job id.
@@ -106,9 +103,8 @@ impl Core {
         let mut core = Core {
             config,
             jobs: imbl::OrdMap::new(),
-            active: BTreeSet::new(),
+            active: BTreeMap::new(),
             by_cluster: HashMap::new(),
-            round_jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
             idempotency: HashMap::new(),
             decisions: imbl::HashMap::new(),
@@ -149,11 +145,10 @@ impl Core {
             if let Some(key) = &job.spec.idempotency_key {
                 core.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
             }
+            let job = Arc::new(job);
             core.index(None, &job);
-            core.jobs.insert(job.id.clone(), Arc::new(job));
+            core.jobs.insert(job.id.clone(), job);
         }
-        core.round_jobs =
-            core.active.iter().filter_map(|id| Some((id.clone(), Arc::clone(core.jobs.get(id)?)))).collect();
         core
     }
 
@@ -177,7 +172,6 @@ impl Core {
             }
             return;
         }
-        let persisted = effects.persist.len();
         match input {
             Input::Submit { spec, reply } => {
                 let answer = self.submit(spec, now_ms, effects);
@@ -196,7 +190,6 @@ impl Core {
             Input::Tick => self.tick(now_ms, effects),
             Input::Round => self.round(now_ms, effects),
         }
-        self.follow_job_records(effects.persist.get(persisted..).unwrap_or_default());
     }
 
     /// Whether a placement round would see something new (a submit, a report, a freed GPU).

@@ -12,6 +12,7 @@ use meridian_proto::protocol::GatewayCommand;
 use crate::agents::assignment;
 use crate::io::Effects;
 use crate::jobs::holds_gpus;
+use crate::record::JobRecord;
 use crate::{Core, Decided};
 
 /// A skipped job's explanation is placed again once it is this old (ms)...
@@ -47,12 +48,10 @@ impl Core {
 
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
-        #[cfg(test)]
-        self.check_round_jobs();
         let mut snapshot = self.registry.snapshot(&self.config.network);
         let mut usage: BTreeMap<String, u32> = BTreeMap::new();
         let mut queued = Vec::new();
-        for job in self.round_jobs.values() {
+        for job in self.active.values() {
             if job.state == JobState::Offered {
                 // The member's inventory does not show an offer until the agent accepts it.
                 if let Some(cluster) =
@@ -178,36 +177,4 @@ impl Core {
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.round_wanted = false;
     }
-
-    /// Keeps `round_jobs` in step with the job table from the records a step asked to persist:
-    /// every change to a job is persisted in the step that made it (the rule the runtime's
-    /// commits rely on), so these records name every job that changed.
-    pub(crate) fn follow_job_records(&mut self, records: &[Record]) {
-        for record in records {
-            let id = match record {
-                Record::Job(job) => &job.id,
-                Record::DeleteJob(id) => id,
-                Record::Cluster(_) | Record::Decision(..) | Record::DeleteDecision(_) => continue,
-            };
-            match self.jobs.get(id).filter(|job| !job.state.is_terminal()) {
-                Some(job) => {
-                    self.round_jobs.insert(id.clone(), Arc::clone(job));
-                }
-                None => {
-                    self.round_jobs.remove(id);
-                }
-            }
-        }
-    }
-
-    /// Panics unless `round_jobs` holds exactly the active jobs with their current records (tests).
-    #[cfg(test)]
-    fn check_round_jobs(&self) {
-        assert!(self.round_jobs.keys().eq(self.active.iter()), "round_jobs holds other ids than active");
-        for (id, job) in &self.round_jobs {
-            assert!(self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, job)), "round_jobs has a stale {id}");
-        }
-    }
 }
-
-use crate::record::{JobRecord, Record};

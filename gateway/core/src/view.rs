@@ -243,7 +243,7 @@ pub(crate) fn stored_decision(at_ms: i64, decision: &Decision) -> StoredDecision
 impl Core {
     pub(crate) fn cluster_summaries(&self) -> Vec<ClusterSummary> {
         let mut federated: BTreeMap<&str, u32> = BTreeMap::new();
-        for job in self.active.iter().filter_map(|id| self.jobs.get(id)) {
+        for job in self.active.values() {
             if let (Some(cluster), true) = (&job.cluster, holds_gpus(job.state)) {
                 *federated.entry(cluster.as_str()).or_default() += 1;
             }

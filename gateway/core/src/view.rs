@@ -118,11 +118,6 @@ impl ReadView {
         Self { jobs, decisions, clusters, failure }
     }
 
-    /// An empty view (before the core has published one).
-    pub fn empty() -> Self {
-        Self::new(imbl::OrdMap::new(), imbl::HashMap::new(), Arc::new(Vec::new()), None)
-    }
-
     /// The same view, marked failed: what readers keep seeing once a commit failed (the core's
     /// memory may then hold changes that never became durable, so it is not published again).
     pub fn with_failure(&self, reason: impl Into<String>) -> Self {

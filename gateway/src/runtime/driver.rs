@@ -1,7 +1,7 @@
 //! The driver loop: batch, step, group-commit, publish, deliver.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use meridian_core::{ConnId, Core, Effects, Error, Input, ReadView, Reply, ReplyTo};
@@ -10,6 +10,7 @@ use meridian_store::{Store, Write};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::shared::Shared;
 use super::stats::Stats;
 use super::{Command, MAX_BATCH, Request, RuntimeConfig};
 
@@ -39,8 +40,8 @@ pub(super) struct Driver {
     core: Core,
     store: Arc<dyn Store>,
     rx: mpsc::Receiver<Command>,
-    view: Arc<RwLock<Arc<ReadView>>>,
-    stats: Arc<Mutex<Stats>>,
+    view: Shared<Arc<ReadView>>,
+    stats: Shared<Stats>,
     config: RuntimeConfig,
     clock: Clock,
     streams: HashMap<ConnId, mpsc::Sender<GatewayCommand>>,
@@ -62,8 +63,8 @@ impl Driver {
         core: Core,
         store: Arc<dyn Store>,
         rx: mpsc::Receiver<Command>,
-        view: Arc<RwLock<Arc<ReadView>>>,
-        stats: Arc<Mutex<Stats>>,
+        view: Shared<Arc<ReadView>>,
+        stats: Shared<Stats>,
         config: RuntimeConfig,
     ) -> Self {
         Self {
@@ -113,7 +114,7 @@ impl Driver {
                         self.apply(command, now, &mut effects);
                         taken += 1;
                     }
-                    self.stats_mut(|stats| stats.batch_commands.record(taken as f64));
+                    self.stats.with(|stats| stats.batch_commands.record(taken as f64));
                 }
                 Wake::Tick => self.core.step(Input::Tick, now, &mut effects),
                 Wake::Round => {}
@@ -122,7 +123,7 @@ impl Driver {
                 let started = std::time::Instant::now();
                 self.core.step(Input::Round, now, &mut effects);
                 last_round_took = started.elapsed();
-                self.stats_mut(|stats| stats.round(last_round_took));
+                self.stats.with(|stats| stats.round(last_round_took));
                 last_round = Instant::now();
             }
             self.finish(effects).await;
@@ -186,8 +187,8 @@ impl Driver {
             effects.fail_all(&Error::Unavailable(public.clone()));
             // Readers keep the last durable view, marked failed; the core's memory is now ahead
             // of the disk and is never published again.
-            let frozen = self.current_view().with_failure(public);
-            self.set_view(Arc::new(frozen));
+            let frozen = self.view.get().with_failure(public);
+            self.view.set(Arc::new(frozen));
         }
         if self.core.failure().is_none() {
             self.publish();
@@ -225,36 +226,14 @@ impl Driver {
         let records = writes.len();
         let started = std::time::Instant::now();
         let result = self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string());
-        self.stats_mut(|stats| {
+        self.stats.with(|stats| {
             stats.commit_secs.record(started.elapsed().as_secs_f64());
             stats.commit_records.record(records as f64);
         });
         result
     }
 
-    fn stats_mut(&self, update: impl FnOnce(&mut Stats)) {
-        match self.stats.lock() {
-            Ok(mut stats) => update(&mut stats),
-            Err(poisoned) => update(&mut poisoned.into_inner()),
-        }
-    }
-
     fn publish(&mut self) {
-        let view = Arc::new(self.core.view());
-        self.set_view(view);
-    }
-
-    fn set_view(&self, view: Arc<ReadView>) {
-        match self.view.write() {
-            Ok(mut slot) => *slot = view,
-            Err(poisoned) => *poisoned.into_inner() = view,
-        }
-    }
-
-    fn current_view(&self) -> Arc<ReadView> {
-        match self.view.read() {
-            Ok(view) => Arc::clone(&view),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.view.set(Arc::new(self.core.view()));
     }
 }

@@ -6,18 +6,20 @@
 //! reads use the latest published [`ReadView`] without waiting on anything.
 
 mod driver;
+mod shared;
 pub mod stats;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use meridian_core::{ConnId, Core, JobRecord, ReadView, Reply};
 use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
 use meridian_proto::spec::JobSpec;
 use meridian_store::Store;
+use shared::Shared;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -84,8 +86,8 @@ pub(crate) struct Command {
 #[derive(Clone)]
 pub struct Handle {
     tx: mpsc::Sender<Command>,
-    view: Arc<RwLock<Arc<ReadView>>>,
-    stats: Arc<Mutex<stats::Stats>>,
+    view: Shared<Arc<ReadView>>,
+    stats: Shared<stats::Stats>,
     next_conn: Arc<AtomicU64>,
     agent_buffer: usize,
 }
@@ -107,12 +109,12 @@ impl Runtime {
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         // Published before any reader can get a handle: a reader never sees an empty gateway
         // that has jobs.
-        let view = Arc::new(RwLock::new(Arc::new(core.view())));
-        let stats = Arc::new(Mutex::new(stats::Stats::default()));
+        let view = Shared::new(Arc::new(core.view()));
+        let stats = Shared::new(stats::Stats::default());
         let handle = Handle {
             tx,
-            view: Arc::clone(&view),
-            stats: Arc::clone(&stats),
+            view: view.clone(),
+            stats: stats.clone(),
             next_conn: Arc::new(AtomicU64::new(1)),
             agent_buffer: config.agent_buffer,
         };
@@ -155,19 +157,12 @@ impl Handle {
 
     /// The latest published view (never waits on writes).
     pub fn view(&self) -> Arc<ReadView> {
-        match self.view.read() {
-            Ok(view) => Arc::clone(&view),
-            // Only a panic while swapping the pointer poisons it; the pointer itself is intact.
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.view.get()
     }
 
     /// A copy of the driver's measurements (round and commit durations, batch sizes).
     pub fn stats(&self) -> stats::Stats {
-        match self.stats.lock() {
-            Ok(stats) => stats.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.stats.get()
     }
 
     /// A fresh id for an agent stream.

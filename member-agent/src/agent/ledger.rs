@@ -342,34 +342,8 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use meridian_proto::duration::HumanDuration;
-    use meridian_proto::spec::{GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec};
-
     use super::*;
-
-    fn assignment(job_id: &str, token: u64) -> Assignment {
-        Assignment {
-            job_id: job_id.into(),
-            fencing_token: token,
-            spec: JobSpec {
-                name: job_id.into(),
-                tenant: "t".into(),
-                priority: 50,
-                labels: BTreeMap::new(),
-                idempotency_key: None,
-                gang: GangSpec {
-                    replicas: 1,
-                    resources: Resources { gpus: 1, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
-                },
-                runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None },
-                data: Vec::new(),
-                placement: PlacementRules::default(),
-                payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
-            },
-        }
-    }
+    use crate::agent::tests::assignment;
 
     fn running(job_id: &str, token: u64) -> JobReport {
         report(job_id, token, JobPhase::Running { nodes: vec!["n-0".into()] })

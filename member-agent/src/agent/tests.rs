@@ -269,7 +269,8 @@ impl Harness {
     }
 }
 
-fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
+/// An offer of a one-GPU job (shared with the ledger's tests).
+pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
     Assignment {
         job_id: job_id.into(),
         fencing_token,

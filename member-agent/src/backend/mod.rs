@@ -72,6 +72,44 @@ pub trait LocalBackend: Send + Sync {
     /// Every binding the member holds (queued or running), and jobs that finished and whose
     /// result the member still keeps, so a restarted agent adopts them.
     fn list(&self) -> BackendFuture<'_, Vec<HeldJob>>;
+
+    /// Part of the output of the binding (`job_id`, `fencing_token`): at most `max_bytes` from
+    /// byte `from` of everything it wrote, or its last `max_bytes` when `from` is None.
+    ///
+    /// A backend keeps a bounded tail of each job's output (what it keeps is its own
+    /// business, say so in `docs/backends.md`); asking for bytes it no longer keeps answers
+    /// from the oldest byte it has, with [`LogChunk::offset`] saying where that is. A binding
+    /// it never held is a [`BackendError::Permanent`] naming the job.
+    fn logs<'a>(&'a self, job_id: &'a str, fencing_token: u64, from: Option<u64>, max_bytes: usize)
+    -> BackendFuture<'a, LogChunk> {
+        let _ = (fencing_token, from, max_bytes);
+        Box::pin(std::future::ready(Err(BackendError::permanent(format!(
+            "job `{job_id}`: the {} backend keeps no job output",
+            backend_name(self.kind())
+        )))))
+    }
+}
+
+/// A piece of a job's output, as [`LocalBackend::logs`] answers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogChunk {
+    /// The output, as text (invalid UTF-8 replaced).
+    pub data: String,
+    /// Byte offset of `data` in everything the job wrote.
+    pub offset: u64,
+    /// Offset to ask for next to follow the output.
+    pub next_offset: u64,
+    /// The job has ended and `next_offset` is the end of its output: nothing more will come.
+    pub complete: bool,
+}
+
+/// The name of a backend kind in messages and configs.
+pub fn backend_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Builtin => "builtin",
+        BackendKind::Slurm => "slurm",
+        BackendKind::Kubernetes => "kubernetes",
+    }
 }
 
 /// Where a cluster's node shapes, free resources and queue load come from.

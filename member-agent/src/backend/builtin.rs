@@ -510,14 +510,31 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_builtin_backend_passes_the_conformance_suite() {
-        let (backend, events) = backend();
-        let backend = Arc::new(backend);
+        fn fresh() -> (Arc<BuiltinBackend>, JobEventReceiver) {
+            let (backend, events) = backend();
+            (Arc::new(backend), events)
+        }
+        let (backend, events) = fresh();
+        let mut fails = spec("a", 1, 600);
+        fails.runtime.limit = Some(HumanDuration::from_secs(30));
         crate::backend::conformance::run(crate::backend::conformance::Subject {
             backend: backend.clone(),
             inventory: backend,
             events,
-            fits: assignment("fits", 3, spec("a", 2, 60)),
+            runs: assignment("runs", 3, spec("a", 2, 86_400)),
+            fills: assignment("fills", 3, spec("b", 8, 86_400)),
+            succeeds: assignment("succeeds", 3, spec("a", 1, 10)),
+            fails: assignment("fails", 3, fails),
             never_fits: assignment("never", 3, spec("a", 64, 60)),
+            reopen: Box::new(|| {
+                Box::pin(async {
+                    let (backend, events) = fresh();
+                    (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, events)
+                })
+            }),
+            adopts: false,
+            keeps_logs: false,
+            patience: Duration::from_secs(3600),
         })
         .await;
     }

@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+
 use crate::convert::{self, ConvertError, Result};
 use crate::inventory::{ClusterInfo, Inventory, QueuePressure};
 use crate::job::JobState;
@@ -72,6 +74,27 @@ pub enum AgentEvent {
         /// Every job held: running, queued locally, or finished and not yet acknowledged.
         jobs: Vec<JobReport>,
     },
+    /// The answer to [`GatewayCommand::Logs`].
+    Logs {
+        /// The request answered.
+        request_id: u64,
+        /// The output, or why the member could not give it.
+        result: Result<LogChunk, String>,
+    },
+}
+
+/// A piece of a job's output, as the member keeps it (a bounded tail of everything it wrote).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogChunk {
+    /// The output, as text (invalid UTF-8 replaced).
+    pub data: String,
+    /// Byte offset of `data` in everything the job wrote.
+    pub offset: u64,
+    /// Offset to ask for next to follow the output.
+    pub next_offset: u64,
+    /// The job has ended and `next_offset` is the end of its output: nothing more will come.
+    pub complete: bool,
 }
 
 /// A job handed to a member under a binding.
@@ -119,6 +142,19 @@ pub enum GatewayCommand {
         heartbeat_seq: u64,
         /// The lease, counted from when that heartbeat was sent.
         lease: Duration,
+    },
+    /// Asks for part of a binding's output; the agent answers [`AgentEvent::Logs`].
+    Logs {
+        /// Echoed in the answer.
+        request_id: u64,
+        /// The job.
+        job_id: String,
+        /// Its binding on this member.
+        fencing_token: u64,
+        /// Byte offset to read from; None: the last `max_bytes`.
+        from: Option<u64>,
+        /// The most bytes to send back.
+        max_bytes: u32,
     },
 }
 
@@ -200,6 +236,18 @@ impl From<&AgentEvent> for pb::AgentMessage {
             AgentEvent::Heartbeat { seq, jobs } => {
                 Body::Heartbeat(pb::Heartbeat { seq: *seq, jobs: jobs.iter().map(pb::JobStatus::from).collect() })
             }
+            AgentEvent::Logs { request_id, result } => Body::Logs(pb::LogsReply {
+                request_id: *request_id,
+                result: Some(match result {
+                    Ok(chunk) => pb::logs_reply::Result::Chunk(pb::LogChunk {
+                        data: chunk.data.clone(),
+                        offset: chunk.offset,
+                        next_offset: chunk.next_offset,
+                        complete: chunk.complete,
+                    }),
+                    Err(message) => pb::logs_reply::Result::Error(message.clone()),
+                }),
+            }),
         };
         pb::AgentMessage { body: Some(body) }
     }
@@ -236,6 +284,28 @@ impl TryFrom<pb::AgentMessage> for Option<AgentEvent> {
                     .enumerate()
                     .map(|(i, status)| report_from_wire(status, &format!("heartbeat.jobs[{i}]")))
                     .collect::<Result<_>>()?,
+            },
+            Body::Logs(reply) => AgentEvent::Logs {
+                request_id: reply.request_id,
+                result: match reply.result {
+                    Some(pb::logs_reply::Result::Chunk(chunk)) => {
+                        if chunk.next_offset < chunk.offset {
+                            return Err(ConvertError::OutOfRange {
+                                field: "logs.chunk.next_offset".into(),
+                                value: chunk.next_offset as f64,
+                                expected: "at least `offset`",
+                            });
+                        }
+                        Ok(LogChunk {
+                            data: chunk.data,
+                            offset: chunk.offset,
+                            next_offset: chunk.next_offset,
+                            complete: chunk.complete,
+                        })
+                    }
+                    Some(pb::logs_reply::Result::Error(message)) => Err(message),
+                    None => return Err(ConvertError::MissingField("logs.result".into())),
+                },
             },
         }))
     }
@@ -285,6 +355,15 @@ impl From<&GatewayCommand> for pb::GatewayMessage {
             GatewayCommand::Lease { heartbeat_seq, lease } => {
                 Body::Lease(pb::Lease { heartbeat_seq: *heartbeat_seq, lease_ms: duration_ms(*lease) })
             }
+            GatewayCommand::Logs { request_id, job_id, fencing_token, from, max_bytes } => {
+                Body::Logs(pb::LogsRequest {
+                    request_id: *request_id,
+                    job_id: job_id.clone(),
+                    fencing_token: *fencing_token,
+                    from: *from,
+                    max_bytes: *max_bytes,
+                })
+            }
         };
         pb::GatewayMessage { body: Some(body) }
     }
@@ -314,6 +393,18 @@ impl TryFrom<pb::GatewayMessage> for GatewayCommand {
                 heartbeat_seq: lease.heartbeat_seq,
                 lease: Duration::from_millis(lease.lease_ms),
             },
+            Body::Logs(request) => {
+                if request.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("logs.job_id".into()));
+                }
+                GatewayCommand::Logs {
+                    request_id: request.request_id,
+                    job_id: request.job_id,
+                    fencing_token: request.fencing_token,
+                    from: request.from,
+                    max_bytes: request.max_bytes,
+                }
+            }
         })
     }
 }
@@ -342,6 +433,11 @@ mod tests {
             AgentEvent::Status(report(JobState::Succeeded)),
             AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] },
             AgentEvent::OfferReply { job_id: "j-2".into(), fencing_token: 1, accepted: false, reason: "full".into() },
+            AgentEvent::Logs {
+                request_id: 7,
+                result: Ok(LogChunk { data: "hello\n".into(), offset: 4, next_offset: 10, complete: true }),
+            },
+            AgentEvent::Logs { request_id: 8, result: Err("no such job".into()) },
         ];
         for event in events {
             let back = Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap();
@@ -382,6 +478,14 @@ mod tests {
             GatewayCommand::Ack { job_id: "j".into(), fencing_token: 2 },
             GatewayCommand::Lease { heartbeat_seq: 4, lease: Duration::from_secs(90) },
             GatewayCommand::Cancel { job_id: "j".into(), fencing_token: 2 },
+            GatewayCommand::Logs {
+                request_id: 7,
+                job_id: "j".into(),
+                fencing_token: 2,
+                from: Some(10),
+                max_bytes: 4096,
+            },
+            GatewayCommand::Logs { request_id: 8, job_id: "j".into(), fencing_token: 2, from: None, max_bytes: 100 },
             GatewayCommand::Welcome { bound: Vec::new(), lease: Some(Duration::from_secs(540)) },
         ];
         for command in commands {

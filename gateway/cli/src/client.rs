@@ -212,6 +212,14 @@ impl Client {
         self.get_json(&format!("/v1/jobs/{}/explain", percent_encode(id))).await
     }
 
+    /// Part of a job's output from the member that runs (or ran) it: up to `max_bytes` from byte
+    /// `from`, or the last `max_bytes` when `from` is None. Returns the API's
+    /// `{"data", "offset", "nextOffset", "complete"}` object.
+    pub async fn logs(&self, id: &str, from: Option<u64>, max_bytes: u32) -> Result<Value> {
+        let from = from.map_or_else(String::new, |from| format!("&from={from}"));
+        self.get_json(&format!("/v1/jobs/{}/logs?maxBytes={max_bytes}{from}", percent_encode(id))).await
+    }
+
     /// Cancels a job. Returns the job, cancelled or already in a terminal state.
     pub async fn cancel(&self, id: &str) -> Result<Value> {
         let (_, job) = self.request(Method::DELETE, &format!("/v1/jobs/{}", percent_encode(id)), None).await?;

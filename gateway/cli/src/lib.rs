@@ -50,6 +50,17 @@ pub enum UserCommand {
         /// The job's id (`j-...`).
         id: String,
     },
+    /// Show a job's output, as its member keeps it (a bounded tail).
+    Logs {
+        /// The job's id (`j-...`).
+        id: String,
+        /// Keep printing new output until the job ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Start this many bytes before the end of what the member keeps.
+        #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024)]
+        tail: u32,
+    },
     /// Cancel a job.
     Cancel {
         /// The job's id (`j-...`).
@@ -105,6 +116,7 @@ pub enum CliError {
 /// `out`. A closed pipe (`meridian jobs | head`) is not an error.
 pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> Result<(), CliError> {
     let client = Client::new(&args.gateway)?;
+
     let now = now_ms();
     let (answer, table): (Value, String) = match cmd {
         UserCommand::Submit { file } => {
@@ -129,6 +141,8 @@ pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> R
             let text = render::explain(&explanation);
             (explanation, text)
         }
+        // Output is printed as it comes, not as one answer.
+        UserCommand::Logs { id, follow, tail } => return logs(&client, &id, follow, tail, args.output, out).await,
         UserCommand::Cancel { id } => {
             let job = client.cancel(&id).await?;
             let text = render::cancelled(&job);
@@ -151,6 +165,55 @@ pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> R
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         result => result.map_err(CliError::Output),
+    }
+}
+
+/// How long `logs -f` waits before asking again when nothing new came.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Bytes asked for per request while following.
+const FOLLOW_CHUNK: u32 = 64 * 1024;
+
+/// `meridian logs`: the tail of a job's output, then (with `follow`) what it writes next until
+/// its member says the output is complete or the job has ended.
+async fn logs(
+    client: &Client,
+    id: &str,
+    follow: bool,
+    tail: u32,
+    output: OutputFormat,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let mut chunk = client.logs(id, None, tail.max(1)).await?;
+    loop {
+        let data = chunk.get("data").and_then(Value::as_str).unwrap_or_default();
+        let printed = match output {
+            OutputFormat::Table => out.write_all(data.as_bytes()),
+            OutputFormat::Json => writeln!(out, "{chunk}"),
+        };
+        match printed.and_then(|()| out.flush()) {
+            Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            result => result.map_err(CliError::Output)?,
+        }
+        let complete = chunk.get("complete").and_then(Value::as_bool).unwrap_or(false);
+        if !follow || complete {
+            return Ok(());
+        }
+        let next = chunk.get("nextOffset").and_then(Value::as_u64).unwrap_or(0);
+        if data.is_empty() {
+            // A member that cannot tell the end of the output (or a job that ended after this
+            // read) must not keep `-f` waiting forever: stop once the job is over.
+            let job = client.get(id).await?;
+            let state = job.get("state").and_then(Value::as_str).unwrap_or_default();
+            if ["Succeeded", "Failed", "Cancelled"].contains(&state) {
+                chunk = client.logs(id, Some(next), FOLLOW_CHUNK).await?;
+                if chunk.get("data").and_then(Value::as_str).unwrap_or_default().is_empty() {
+                    return Ok(());
+                }
+                continue;
+            }
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+        chunk = client.logs(id, Some(next), FOLLOW_CHUNK).await?;
     }
 }
 

@@ -142,6 +142,9 @@ impl Core {
                     effects.sends.push((conn, GatewayCommand::Lease { heartbeat_seq: seq, lease }));
                 }
             }
+            // Output goes to whoever asked, around the core (the runtime routes it); it changes
+            // no state.
+            AgentEvent::Logs { .. } => {}
         }
     }
 

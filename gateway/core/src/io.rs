@@ -53,6 +53,20 @@ pub enum Input {
         /// The stream.
         conn: ConnId,
     },
+    /// A user asks for part of a job's output: the core sends the request to the stream of the
+    /// cluster that holds the job's current binding (the answer goes around the core).
+    Logs {
+        /// The job.
+        job_id: String,
+        /// Echoed by the agent's answer.
+        request_id: u64,
+        /// Byte offset to read from; None: the last `max_bytes`.
+        from: Option<u64>,
+        /// The most bytes wanted.
+        max_bytes: u32,
+        /// Who waits to learn which stream was asked.
+        reply: ReplyTo,
+    },
     /// Time passed: expire offers, silent clusters, lost jobs and finished jobs past retention.
     Tick,
     /// Place the queue (the runtime coalesces requests for rounds; see [`crate::Core::wants_round`]).
@@ -73,6 +87,11 @@ pub enum Reply {
     Cancelled(Arc<JobRecord>),
     /// The agent stream is accepted; its welcome is among the sends.
     Attached,
+    /// A logs request went to this stream; only it may answer.
+    LogsAsked {
+        /// The stream asked.
+        conn: ConnId,
+    },
 }
 
 /// Why the core refused an input.
@@ -104,6 +123,19 @@ pub enum Error {
         cluster: String,
         /// The instance that holds it.
         instance: String,
+    },
+    /// The job has not been placed on any cluster, so there is no output to show.
+    #[error("job `{0}` has not run on any cluster yet; it has no output")]
+    NotStarted(String),
+    /// The cluster holding the job's output has no agent connected.
+    #[error(
+        "cluster `{cluster}`, which holds the output of job `{job}`, is not connected; try again once its agent is back"
+    )]
+    ClusterUnreachable {
+        /// The cluster.
+        cluster: String,
+        /// The job.
+        job: String,
     },
     /// The store failed; the gateway refuses changes until it is restarted.
     #[error("{0}")]

@@ -168,6 +168,11 @@ impl Core {
                 Input::Submit { reply, .. } | Input::Cancel { reply, .. } | Input::AgentHello { reply, .. } => {
                     effects.replies.push((reply, Err(error)));
                 }
+                // Reading output changes nothing: it works while writes are refused.
+                Input::Logs { job_id, request_id, from, max_bytes, reply } => {
+                    let answer = self.logs(&job_id, request_id, from, max_bytes, effects);
+                    effects.replies.push((reply, answer));
+                }
                 Input::Agent { .. } | Input::AgentGone { .. } | Input::Tick | Input::Round => {}
             }
             return;
@@ -187,9 +192,42 @@ impl Core {
             }
             Input::Agent { conn, event } => self.agent_event(conn, event, now_ms, effects),
             Input::AgentGone { conn } => self.agent_gone(conn, now_ms, effects),
+            Input::Logs { job_id, request_id, from, max_bytes, reply } => {
+                let answer = self.logs(&job_id, request_id, from, max_bytes, effects);
+                effects.replies.push((reply, answer));
+            }
             Input::Tick => self.tick(now_ms, effects),
             Input::Round => self.round(now_ms, effects),
         }
+    }
+
+    /// Sends a logs request for `job_id` to the stream of the cluster that holds its current
+    /// binding, and names that stream.
+    fn logs(
+        &self,
+        job_id: &str,
+        request_id: u64,
+        from: Option<u64>,
+        max_bytes: u32,
+        effects: &mut Effects,
+    ) -> Result<Reply, Error> {
+        let job = self.jobs.get(job_id).ok_or_else(|| Error::NotFound(job_id.to_string()))?;
+        let Some(cluster) = job.cluster.as_deref().filter(|_| job.fencing_token > 0) else {
+            return Err(Error::NotStarted(job_id.to_string()));
+        };
+        let conn = self
+            .registry
+            .conn_of(cluster)
+            .ok_or_else(|| Error::ClusterUnreachable { cluster: cluster.to_string(), job: job_id.to_string() })?;
+        let command = meridian_proto::protocol::GatewayCommand::Logs {
+            request_id,
+            job_id: job_id.to_string(),
+            fencing_token: job.fencing_token,
+            from,
+            max_bytes,
+        };
+        effects.sends.push((conn, command));
+        Ok(Reply::LogsAsked { conn })
     }
 
     /// Whether a placement round would see something new (a submit, a report, a freed GPU).

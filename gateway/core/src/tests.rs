@@ -716,7 +716,7 @@ mod properties {
                             agent.held.retain(|j, (t, s)| s.is_terminal() || keep.contains(&(j.clone(), *t)));
                             agent.offers.clear();
                         }
-                        GatewayCommand::Lease { .. } => {}
+                        GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } => {}
                     }
                 }
                 for conn in &fx.close {

@@ -7,7 +7,7 @@ use meridian_proto::validate::{FieldError, SpecError};
 use serde_json::json;
 use tonic::Status;
 
-use crate::runtime::CallError;
+use crate::runtime::{CallError, LogsError};
 
 /// Why an API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,22 @@ pub enum ApiError {
     /// The gateway is shutting down.
     #[error("the gateway is shutting down; retry shortly")]
     ShuttingDown,
+    /// The member cluster answered with an error (reading a job's output).
+    #[error("{0}")]
+    Member(String),
+    /// The member cluster did not answer in time.
+    #[error("{0}")]
+    MemberTimeout(String),
+}
+
+impl From<LogsError> for ApiError {
+    fn from(error: LogsError) -> Self {
+        match error {
+            LogsError::Call(call) => ApiError::from(call),
+            LogsError::Member(_) => ApiError::Member(error.to_string()),
+            LogsError::Timeout(_) => ApiError::MemberTimeout(error.to_string()),
+        }
+    }
 }
 
 /// Module result type.
@@ -73,6 +89,10 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
             (StatusCode::BAD_REQUEST, "bad_request", vec![FieldError { field: field.clone(), reason: reason.clone() }])
         }
         ApiError::Core(Core::DuplicateAgent { .. }) => (StatusCode::CONFLICT, "conflict", Vec::new()),
+        ApiError::Core(Core::NotStarted(_)) => (StatusCode::CONFLICT, "not_started", Vec::new()),
+        ApiError::Core(Core::ClusterUnreachable { .. }) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Vec::new()),
+        ApiError::Member(_) => (StatusCode::BAD_GATEWAY, "member_error", Vec::new()),
+        ApiError::MemberTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "member_timeout", Vec::new()),
         ApiError::Core(Core::Unavailable(_)) | ApiError::ShuttingDown => {
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Vec::new())
         }
@@ -92,7 +112,8 @@ pub fn grpc(error: &ApiError) -> Status {
     match classify(error).0 {
         StatusCode::NOT_FOUND => Status::not_found(message),
         StatusCode::CONFLICT => Status::already_exists(message),
-        StatusCode::SERVICE_UNAVAILABLE => Status::unavailable(message),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Status::unavailable(message),
+        StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),
         StatusCode::UNPROCESSABLE_ENTITY if matches!(error, ApiError::Core(_)) => Status::failed_precondition(message),
         _ => Status::invalid_argument(message),
     }

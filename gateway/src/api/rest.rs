@@ -17,6 +17,11 @@ use serde_json::json;
 use super::error::{ApiError, Result};
 use crate::runtime::{Handle, now_ms};
 
+/// Bytes of output per `GET /v1/jobs/{id}/logs` answer when `maxBytes` is not given.
+pub const DEFAULT_LOG_BYTES: u32 = 64 * 1024;
+/// The largest `maxBytes` accepted (one answer crosses the agent's stream as one message).
+pub const MAX_LOG_BYTES: u32 = 256 * 1024;
+
 /// Jobs per page of `GET /v1/jobs` when `limit` is not given.
 pub const DEFAULT_PAGE: usize = 500;
 /// The largest `limit` accepted.
@@ -37,6 +42,7 @@ pub fn router(state: RestState) -> Router {
         .route("/v1/jobs", get(list_jobs).post(submit_job))
         .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
         .route("/v1/jobs/{id}/explain", get(explain_job))
+        .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/clusters", get(list_clusters))
         .route("/healthz", get(health))
         .fallback(|| async {
@@ -142,6 +148,40 @@ async fn cancel_job(State(state): State<RestState>, Path(id): Path<String>) -> R
 async fn explain_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
     let explanation = state.handle.view().explain(&id).ok_or(ApiError::NotFound(id))?;
     Ok(axum::Json(explanation).into_response())
+}
+
+/// `from` and `maxBytes` of a logs request, naming any unknown or invalid parameter.
+pub fn parse_logs_query(params: &HashMap<String, String>) -> Result<(Option<u64>, u32)> {
+    let bad = |field: &str, reason: String| ApiError::BadRequest { field: field.into(), reason };
+    let (mut from, mut max_bytes) = (None, DEFAULT_LOG_BYTES);
+    for (key, value) in params {
+        match key.as_str() {
+            "from" => {
+                from = Some(
+                    value
+                        .parse::<u64>()
+                        .map_err(|_| bad("from", format!("`{value}` must be a byte offset (a whole number ≥ 0)")))?,
+                );
+            }
+            "maxBytes" => {
+                max_bytes = value.parse::<u32>().ok().filter(|n| (1..=MAX_LOG_BYTES).contains(n)).ok_or_else(|| {
+                    bad("maxBytes", format!("`{value}` must be a whole number from 1 to {MAX_LOG_BYTES}"))
+                })?;
+            }
+            other => return Err(bad(other, "unknown query parameter; use from or maxBytes".into())),
+        }
+    }
+    Ok((from, max_bytes))
+}
+
+async fn job_logs(
+    State(state): State<RestState>,
+    Path(id): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response> {
+    let (from, max_bytes) = parse_logs_query(&params)?;
+    let chunk = state.handle.logs(&id, from, max_bytes).await?;
+    Ok(axum::Json(chunk).into_response())
 }
 
 async fn list_clusters(State(state): State<RestState>) -> axum::Json<serde_json::Value> {

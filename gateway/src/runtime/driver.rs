@@ -158,6 +158,9 @@ impl Driver {
                 Input::AgentHello { conn, hello, reply }
             }
             Request::Agent { conn, event } => Input::Agent { conn, event },
+            Request::Logs { job_id, request_id, from, max_bytes } => {
+                Input::Logs { job_id, request_id, from, max_bytes, reply }
+            }
             Request::Gone { conn } => {
                 self.streams.remove(&conn);
                 Input::AgentGone { conn }

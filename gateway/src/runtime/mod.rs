@@ -6,6 +6,7 @@
 //! reads use the latest published [`ReadView`] without waiting on anything.
 
 mod driver;
+mod logs;
 mod shared;
 pub mod stats;
 #[cfg(test)]
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use meridian_core::{ConnId, Core, JobRecord, ReadView, Reply};
-use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
+use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, LogChunk};
 use meridian_proto::spec::JobSpec;
 use meridian_store::Store;
 use shared::Shared;
@@ -67,6 +68,24 @@ pub enum CallError {
     Stopped,
 }
 
+/// How long a logs request waits for the member's answer.
+const LOGS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why a logs request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogsError {
+    /// The core refused it (unknown job, not placed yet, cluster not connected) or the gateway
+    /// is stopping.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The member answered with an error (its own words).
+    #[error("the member could not read the output: {0}")]
+    Member(String),
+    /// The member did not answer in time.
+    #[error("the member holding job `{0}` did not send its output within 15s")]
+    Timeout(String),
+}
+
 /// A request to the core, with where to send its answer.
 pub(crate) enum Request {
     // Boxed: the channel holds thousands of requests and most are small.
@@ -75,6 +94,7 @@ pub(crate) enum Request {
     Attach { conn: ConnId, hello: AgentHello, outbox: mpsc::Sender<GatewayCommand> },
     Agent { conn: ConnId, event: AgentEvent },
     Gone { conn: ConnId },
+    Logs { job_id: String, request_id: u64, from: Option<u64>, max_bytes: u32 },
 }
 
 pub(crate) struct Command {
@@ -90,6 +110,7 @@ pub struct Handle {
     stats: Shared<stats::Stats>,
     next_conn: Arc<AtomicU64>,
     agent_buffer: usize,
+    logs: Arc<logs::Waiting>,
 }
 
 /// The running driver: await [`Runtime::join`] after shutdown.
@@ -117,6 +138,7 @@ impl Runtime {
             stats: stats.clone(),
             next_conn: Arc::new(AtomicU64::new(1)),
             agent_buffer: config.agent_buffer,
+            logs: Arc::new(logs::Waiting::default()),
         };
         let driver = driver::Driver::new(core, store, rx, view, stats, config);
         let task = tokio::spawn(driver.run(shutdown));
@@ -178,9 +200,42 @@ impl Handle {
         Ok(receiver)
     }
 
+    /// Part of a job's output, from the member that holds its current binding: at most
+    /// `max_bytes` from byte `from`, or the last `max_bytes` when `from` is None.
+    pub async fn logs(&self, job_id: &str, from: Option<u64>, max_bytes: u32) -> Result<LogChunk, LogsError> {
+        let (request_id, answer) = self.logs.register();
+        let asked = self
+            .call(Request::Logs { job_id: job_id.to_string(), request_id, from, max_bytes })
+            .await
+            .map_err(|e| {
+                self.logs.forget(request_id);
+                LogsError::Call(e)
+            })?;
+        let Reply::LogsAsked { conn } = asked else {
+            self.logs.forget(request_id);
+            return Err(LogsError::Call(CallError::Stopped));
+        };
+        self.logs.asked(request_id, conn);
+        let answer = tokio::time::timeout(LOGS_TIMEOUT, answer).await;
+        self.logs.forget(request_id);
+        match answer {
+            Ok(Ok(Ok(chunk))) => Ok(chunk),
+            Ok(Ok(Err(message))) => Err(LogsError::Member(message)),
+            Ok(Err(_)) => Err(LogsError::Call(CallError::Stopped)),
+            Err(_) => Err(LogsError::Timeout(job_id.to_string())),
+        }
+    }
+
     /// Passes on what an agent said; waits while the core's channel is full (back-pressure on
-    /// the agent's stream, never on other callers).
+    /// the agent's stream, never on other callers). Output answers go straight to whoever asked.
     pub async fn agent_event(&self, conn: ConnId, event: AgentEvent) -> Result<(), CallError> {
+        let event = match event {
+            AgentEvent::Logs { request_id, result } => {
+                self.logs.answer(conn, request_id, result);
+                return Ok(());
+            }
+            event => event,
+        };
         self.tx
             .send(Command { request: Request::Agent { conn, event }, reply: None })
             .await

@@ -312,3 +312,80 @@ async fn the_first_read_after_a_start_already_sees_the_stored_jobs() {
     let _ = stop_tx.send(true);
     runtime.join().await;
 }
+
+#[tokio::test]
+async fn a_logs_request_goes_to_the_cluster_holding_the_job_and_only_it_may_answer() {
+    let store = Arc::new(MemoryStore::new());
+    let (runtime, handle, stop) = start(store);
+    let queued = within("submit", handle.submit(spec("waits"))).await.unwrap().0;
+    let early = within("logs", handle.logs(&queued.id, None, 100)).await;
+    assert!(
+        matches!(early, Err(LogsError::Call(CallError::Core(meridian_core::Error::NotStarted(_))))),
+        "a job not yet placed has no output: {early:?}"
+    );
+    let unknown = within("logs", handle.logs("j-nope", None, 100)).await;
+    assert!(matches!(unknown, Err(LogsError::Call(CallError::Core(meridian_core::Error::NotFound(_))))));
+
+    let conn = handle.next_conn();
+    let mut outbox = within("attach", handle.attach(conn, hello())).await.unwrap();
+    handle.agent_event(conn, inventory()).await.unwrap();
+    let offer = loop {
+        match within("offer", outbox.recv()).await {
+            Some(GatewayCommand::Offer(offer)) => break offer,
+            Some(_) => continue,
+            None => panic!("stream closed"),
+        }
+    };
+    let accepted = AgentEvent::OfferReply {
+        job_id: offer.job_id.clone(),
+        fencing_token: offer.fencing_token,
+        accepted: true,
+        reason: String::new(),
+    };
+    handle.agent_event(conn, accepted).await.unwrap();
+    let asking = {
+        let handle = handle.clone();
+        let id = offer.job_id.clone();
+        tokio::spawn(async move { handle.logs(&id, Some(5), 1000).await })
+    };
+    let (request_id, job_id, token, from, max_bytes) = loop {
+        match within("logs request", outbox.recv()).await {
+            Some(GatewayCommand::Logs { request_id, job_id, fencing_token, from, max_bytes }) => {
+                break (request_id, job_id, fencing_token, from, max_bytes);
+            }
+            Some(_) => continue,
+            None => panic!("stream closed"),
+        }
+    };
+    assert_eq!((job_id.as_str(), token, from, max_bytes), (offer.job_id.as_str(), offer.fencing_token, Some(5), 1000));
+    let chunk = LogChunk { data: "step 10 loss 0.3\n".into(), offset: 5, next_offset: 22, complete: false };
+    // Another stream cannot answer for this cluster.
+    handle.agent_event(conn + 100, AgentEvent::Logs { request_id, result: Ok(LogChunk::default()) }).await.unwrap();
+    handle.agent_event(conn, AgentEvent::Logs { request_id, result: Ok(chunk.clone()) }).await.unwrap();
+    assert_eq!(within("logs answer", asking).await.unwrap().unwrap(), chunk);
+
+    // The member's own error reaches the caller in its words.
+    let asking = {
+        let handle = handle.clone();
+        let id = offer.job_id.clone();
+        tokio::spawn(async move { handle.logs(&id, None, 10).await })
+    };
+    let request_id = loop {
+        if let Some(GatewayCommand::Logs { request_id, .. }) = within("logs request", outbox.recv()).await {
+            break request_id;
+        }
+    };
+    handle.agent_event(conn, AgentEvent::Logs { request_id, result: Err("output file gone".into()) }).await.unwrap();
+    let answer = within("logs answer", asking).await.unwrap();
+    assert!(matches!(&answer, Err(LogsError::Member(m)) if m == "output file gone"), "{answer:?}");
+
+    // With the agent gone, the cluster is unreachable and the caller hears so at once.
+    handle.agent_gone(conn).await;
+    let gone = within("logs", handle.logs(&offer.job_id, None, 10)).await;
+    assert!(
+        matches!(gone, Err(LogsError::Call(CallError::Core(meridian_core::Error::ClusterUnreachable { .. })))),
+        "{gone:?}"
+    );
+    let _ = stop.send(true);
+    runtime.join().await;
+}

@@ -152,6 +152,10 @@ impl EventLoop {
                 Renewal::Applied(_) => {}
                 other => tracing::debug!(cluster = %self.cluster, heartbeat_seq, ?other, "lease renewal not applied"),
             },
+            GatewayCommand::Logs { request_id, job_id, fencing_token, from, max_bytes } => {
+                let task = tasks::logs(Arc::clone(&self.backend), request_id, job_id, fencing_token, from, max_bytes);
+                self.spawn(TaskLabel::Logs { request_id }, task);
+            }
         }
     }
 
@@ -290,6 +294,7 @@ impl EventLoop {
                 self.report_in_flight = false;
                 self.send_report(report);
             }
+            TaskOutput::Logs { request_id, result } => self.send(AgentEvent::Logs { request_id, result }),
         }
     }
 
@@ -307,6 +312,10 @@ impl EventLoop {
             ),
             Some(TaskLabel::Cancel { job_id, fencing_token }) => self.ledger.stopped(&job_id, fencing_token),
             Some(TaskLabel::Report) => self.report_in_flight = false,
+            Some(TaskLabel::Logs { request_id }) => self.send(AgentEvent::Logs {
+                request_id,
+                result: Err(format!("the member's backend failed while reading the output: {error}")),
+            }),
             None => {}
         }
     }

@@ -10,11 +10,17 @@ use std::time::Duration;
 use meridian_proto::inventory::{Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
 
-use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend};
+use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend, LogChunk};
 
 /// First and longest wait between retries of a transient backend error.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long one `logs` call may take: a person is waiting for the answer.
+const LOGS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most output one logs answer carries (the gRPC stream's messages stay small).
+pub(crate) const LOGS_MAX_BYTES: u32 = 256 * 1024;
 
 /// How long one startup `list` may take before it counts as a transient failure: the agent does
 /// not dial the gateway before it knows what the member holds, so a hung call must not wait
@@ -49,6 +55,13 @@ pub(crate) enum TaskOutput {
     },
     /// Inventory and pressure for the gateway.
     Reported(Report),
+    /// Part of a job's output, for the gateway's logs request `request_id`.
+    Logs {
+        /// The request answered.
+        request_id: u64,
+        /// The output, or why not, for people.
+        result: Result<LogChunk, String>,
+    },
 }
 
 /// What a task was for, so a task that panicked can still be accounted for.
@@ -72,6 +85,11 @@ pub(crate) enum TaskLabel {
     },
     /// An inventory and pressure report.
     Report,
+    /// A logs request.
+    Logs {
+        /// The request.
+        request_id: u64,
+    },
 }
 
 /// Inventory and pressure as the source gave them.
@@ -121,6 +139,24 @@ pub(crate) async fn submit(
 pub(crate) async fn cancel(backend: Arc<dyn LocalBackend>, job_id: String, fencing_token: u64) -> TaskOutput {
     let result = retrying("cancel a job", || backend.cancel(&job_id, fencing_token)).await;
     TaskOutput::Cancelled { job_id, fencing_token, result }
+}
+
+/// Reads part of a binding's output; one try, bounded in time and size.
+pub(crate) async fn logs(
+    backend: Arc<dyn LocalBackend>,
+    request_id: u64,
+    job_id: String,
+    fencing_token: u64,
+    from: Option<u64>,
+    max_bytes: u32,
+) -> TaskOutput {
+    let max_bytes = max_bytes.clamp(1, LOGS_MAX_BYTES) as usize;
+    let result = match tokio::time::timeout(LOGS_TIMEOUT, backend.logs(&job_id, fencing_token, from, max_bytes)).await {
+        Ok(Ok(chunk)) => Ok(chunk),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("the member's scheduler gave no output for job `{job_id}` within {LOGS_TIMEOUT:?}")),
+    };
+    TaskOutput::Logs { request_id, result }
 }
 
 /// Fetches inventory and pressure.

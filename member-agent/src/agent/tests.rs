@@ -567,3 +567,23 @@ async fn an_offer_with_an_invalid_spec_is_refused_with_the_reason() {
     assert!(reason.contains("offer.spec"), "{reason}");
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_logs_request_is_answered_with_the_backends_words() {
+    let mut h = Harness::start();
+    let mut stream = h.welcome(Vec::new(), None).await;
+    offer_and_accept(&mut stream, "j", 1).await;
+    let request =
+        GatewayCommand::Logs { request_id: 42, job_id: "j".into(), fencing_token: 1, from: None, max_bytes: 100 };
+    stream.send(request).await;
+    let (request_id, result) = stream
+        .next_of(|event| match event {
+            AgentEvent::Logs { request_id, result } => Some((request_id, result)),
+            _ => None,
+        })
+        .await;
+    assert_eq!(request_id, 42);
+    let message = result.unwrap_err();
+    assert!(message.contains("job `j`") && message.contains("keeps no job output"), "{message}");
+    h.stop().await;
+}

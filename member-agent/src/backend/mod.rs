@@ -22,6 +22,7 @@ use std::pin::Pin;
 
 use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
+pub use meridian_proto::protocol::LogChunk;
 
 mod builtin;
 #[cfg(test)]
@@ -80,27 +81,19 @@ pub trait LocalBackend: Send + Sync {
     /// business, say so in `docs/backends.md`); asking for bytes it no longer keeps answers
     /// from the oldest byte it has, with [`LogChunk::offset`] saying where that is. A binding
     /// it never held is a [`BackendError::Permanent`] naming the job.
-    fn logs<'a>(&'a self, job_id: &'a str, fencing_token: u64, from: Option<u64>, max_bytes: usize)
-    -> BackendFuture<'a, LogChunk> {
+    fn logs<'a>(
+        &'a self,
+        job_id: &'a str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> BackendFuture<'a, LogChunk> {
         let _ = (fencing_token, from, max_bytes);
         Box::pin(std::future::ready(Err(BackendError::permanent(format!(
             "job `{job_id}`: the {} backend keeps no job output",
             backend_name(self.kind())
         )))))
     }
-}
-
-/// A piece of a job's output, as [`LocalBackend::logs`] answers.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LogChunk {
-    /// The output, as text (invalid UTF-8 replaced).
-    pub data: String,
-    /// Byte offset of `data` in everything the job wrote.
-    pub offset: u64,
-    /// Offset to ask for next to follow the output.
-    pub next_offset: u64,
-    /// The job has ended and `next_offset` is the end of its output: nothing more will come.
-    pub complete: bool,
 }
 
 /// The name of a backend kind in messages and configs.

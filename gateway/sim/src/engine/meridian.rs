@@ -319,7 +319,8 @@ impl Replay<'_> {
     ) -> Result<(), SimError> {
         match command {
             // A fresh gateway expects nothing, and the lease cannot run out: streams never break.
-            GatewayCommand::Welcome { .. } | GatewayCommand::Lease { .. } => Ok(()),
+            // Nobody reads output in the lab.
+            GatewayCommand::Welcome { .. } | GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } => Ok(()),
             GatewayCommand::Ack { job_id, fencing_token } => {
                 if let Some(federation) = self.federation.as_mut()
                     && let Some(job) = federation.jobs.remove(&job_id)

@@ -475,12 +475,16 @@ impl FakeAgent {
             // The same binding again: accept again. An older one: this fake never sees that.
             let accepted = held.token == fencing_token;
             let reason = if accepted { String::new() } else { "another binding is held".to_string() };
-            return out.send(AgentEvent::OfferReply { job_id, fencing_token, accepted, reason }).await;
+            return out
+                .send(AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, permanent: false })
+                .await;
         }
         let gpus = spec.gang.resources.gpus;
         let Some(nodes) = self.fit(spec.gang.replicas, gpus) else {
             let reason = format!("{} × {gpus} GPUs do not fit the free GPUs {:?}", spec.gang.replicas, self.free);
-            return out.send(AgentEvent::OfferReply { job_id, fencing_token, accepted: false, reason }).await;
+            return out
+                .send(AgentEvent::OfferReply { job_id, fencing_token, accepted: false, reason, permanent: false })
+                .await;
         };
         let ends_at = Some(tokio::time::Instant::now() + JOB_RUNS);
         let held = Held { token: fencing_token, state: JobState::Running, gpus_per_replica: gpus, nodes, ends_at };
@@ -488,7 +492,14 @@ impl FakeAgent {
         self.held.insert(job_id.clone(), held);
         // Inventory first, so the gateway never sees the acceptance without the GPUs taken.
         out.send(AgentEvent::Inventory(self.inventory())).await?;
-        out.send(AgentEvent::OfferReply { job_id, fencing_token, accepted: true, reason: String::new() }).await?;
+        out.send(AgentEvent::OfferReply {
+            job_id,
+            fencing_token,
+            accepted: true,
+            reason: String::new(),
+            permanent: false,
+        })
+        .await?;
         out.send(AgentEvent::Status(running)).await
     }
 

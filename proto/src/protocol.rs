@@ -64,6 +64,9 @@ pub enum AgentEvent {
         accepted: bool,
         /// Why not, or where it waits.
         reason: String,
+        /// Declined for good: the member's scheduler can never run the job as specified (its
+        /// own words are in `reason`); offering it again anywhere is pointless.
+        permanent: bool,
     },
     /// One job changed state.
     Status(JobReport),
@@ -226,12 +229,15 @@ impl From<&AgentEvent> for pb::AgentMessage {
         let body = match event {
             AgentEvent::Inventory(inventory) => Body::Inventory(pb::Inventory::from(inventory)),
             AgentEvent::Pressure(pressure) => Body::Pressure(pb::QueuePressure::from(pressure)),
-            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => Body::OfferReply(pb::OfferReply {
-                job_id: job_id.clone(),
-                fencing_token: *fencing_token,
-                accepted: *accepted,
-                reason: reason.clone(),
-            }),
+            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, permanent } => {
+                Body::OfferReply(pb::OfferReply {
+                    job_id: job_id.clone(),
+                    fencing_token: *fencing_token,
+                    accepted: *accepted,
+                    reason: reason.clone(),
+                    permanent: *permanent,
+                })
+            }
             AgentEvent::Status(report) => Body::Status(pb::JobStatus::from(report)),
             AgentEvent::Heartbeat { seq, jobs } => {
                 Body::Heartbeat(pb::Heartbeat { seq: *seq, jobs: jobs.iter().map(pb::JobStatus::from).collect() })
@@ -273,6 +279,7 @@ impl TryFrom<pb::AgentMessage> for Option<AgentEvent> {
                     fencing_token: reply.fencing_token,
                     accepted: reply.accepted,
                     reason: reply.reason,
+                    permanent: reply.permanent && !reply.accepted,
                 }
             }
             Body::Status(status) => AgentEvent::Status(report_from_wire(status, "status")?),
@@ -432,7 +439,13 @@ mod tests {
         let events = [
             AgentEvent::Status(report(JobState::Succeeded)),
             AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] },
-            AgentEvent::OfferReply { job_id: "j-2".into(), fencing_token: 1, accepted: false, reason: "full".into() },
+            AgentEvent::OfferReply {
+                job_id: "j-2".into(),
+                fencing_token: 1,
+                accepted: false,
+                reason: "full".into(),
+                permanent: true,
+            },
             AgentEvent::Logs {
                 request_id: 7,
                 result: Ok(LogChunk { data: "hello\n".into(), offset: 4, next_offset: 10, complete: true }),

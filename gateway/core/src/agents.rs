@@ -18,6 +18,17 @@ use crate::registry::Link;
 
 /// The assignment of a job's current binding, its spec pinned to the GPU type placement chose so
 /// the member cannot pick another type than the one that was costed.
+/// How a member answered an offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OfferAnswer {
+    /// It took the job (running or queued locally).
+    Accepted,
+    /// Not now (full, busy, another binding held): the job is placed again.
+    Declined,
+    /// Never, as specified: the job fails with the member's words.
+    Refused,
+}
+
 pub(crate) fn assignment(job: &JobRecord) -> Assignment {
     let mut spec = job.spec.clone();
     if let Some(gpu_type) = &job.gpu_type {
@@ -128,8 +139,13 @@ impl Core {
                     self.clusters_version += 1;
                 }
             }
-            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => {
-                self.offer_reply(conn, &cluster, &job_id, fencing_token, accepted, &reason, effects);
+            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, permanent } => {
+                let answer = match (accepted, permanent) {
+                    (true, _) => OfferAnswer::Accepted,
+                    (false, false) => OfferAnswer::Declined,
+                    (false, true) => OfferAnswer::Refused,
+                };
+                self.offer_reply(conn, &cluster, &job_id, fencing_token, answer, &reason, now_ms, effects);
             }
             AgentEvent::Status(report) => self.apply_report(conn, &cluster, report, now_ms, effects),
             AgentEvent::Heartbeat { seq, jobs } => {
@@ -155,10 +171,12 @@ impl Core {
         cluster: &str,
         job_id: &str,
         token: u64,
-        accepted: bool,
+        answer: OfferAnswer,
         reason: &str,
+        now_ms: i64,
         effects: &mut Effects,
     ) {
+        let accepted = answer == OfferAnswer::Accepted;
         let current =
             self.jobs.get(job_id).is_some_and(|j| is_current(j, cluster, token) && j.state == JobState::Offered);
         if !current {
@@ -176,6 +194,14 @@ impl Core {
             } else {
                 format!("queued on {cluster}: {reason}")
             };
+        } else if answer == OfferAnswer::Refused {
+            // The member's scheduler judged the job itself (an account it does not know, a
+            // request its nodes cannot satisfy): its words are the answer, offering again would
+            // only repeat them.
+            job.state = JobState::Failed;
+            job.finished_at_ms = Some(now_ms);
+            job.message = format!("refused by {cluster}: {reason}");
+            tracing::info!(job = %job.id, cluster, reason, "offer refused for good; the job fails");
         } else {
             job.state = JobState::Queued;
             job.cluster = None;

@@ -144,7 +144,13 @@ impl Harness {
         let (id, conn) = self.offered();
         self.event(
             conn,
-            AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+            AgentEvent::OfferReply {
+                job_id: id.clone(),
+                fencing_token: 1,
+                accepted: true,
+                reason: String::new(),
+                permanent: false,
+            },
         );
         self.event(conn, AgentEvent::Status(report(&id, 1, JobState::Running)));
         assert_eq!(self.state(&id), JobState::Running);
@@ -210,6 +216,7 @@ fn a_declined_offer_returns_the_job_to_the_queue_with_the_reason() {
             fencing_token: 1,
             accepted: false,
             reason: "node dgx-0 is draining".into(),
+            permanent: false,
         },
     );
     let job = h.job(&id);
@@ -218,12 +225,40 @@ fn a_declined_offer_returns_the_job_to_the_queue_with_the_reason() {
 }
 
 #[test]
+fn an_offer_refused_for_good_fails_the_job_with_the_members_words() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.offered();
+    let slurm_said =
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified";
+    h.event(
+        conn,
+        AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: 1,
+            accepted: false,
+            reason: slurm_said.into(),
+            permanent: true,
+        },
+    );
+    let job = h.job(&id);
+    assert_eq!(job.state, JobState::Failed);
+    assert!(job.finished_at_ms.is_some());
+    assert!(job.message.contains(slurm_said), "{}", job.message);
+}
+
+#[test]
 fn a_report_with_a_stale_token_is_cancelled_not_applied() {
     let mut h = Harness::new(CoreConfig::default());
     let (id, conn) = h.offered();
     h.event(
         conn,
-        AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+        AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: 1,
+            accepted: true,
+            reason: String::new(),
+            permanent: false,
+        },
     );
     let fx = h.event(conn, AgentEvent::Status(report(&id, 0, JobState::Succeeded)));
     assert_eq!(h.state(&id), JobState::Bound, "a stale result changes nothing");
@@ -257,7 +292,13 @@ fn a_late_acceptance_of_a_cancelled_job_is_stopped() {
     h.step(Input::Cancel { job_id: id.clone(), reply: 3 });
     let fx = h.event(
         conn,
-        AgentEvent::OfferReply { job_id: id.clone(), fencing_token: 1, accepted: true, reason: String::new() },
+        AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: 1,
+            accepted: true,
+            reason: String::new(),
+            permanent: false,
+        },
     );
     assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { .. }]));
     assert_eq!(h.state(&id), JobState::Cancelled);
@@ -652,7 +693,7 @@ mod properties {
                         if accept {
                             agents[c].held.insert(job.clone(), (token, JobState::Running));
                         }
-                        Input::Agent { conn, event: AgentEvent::OfferReply { job_id: job, fencing_token: token, accepted: accept, reason: String::new() } }
+                        Input::Agent { conn, event: AgentEvent::OfferReply { job_id: job, fencing_token: token, accepted: accept, reason: String::new(), permanent: false } }
                     }
                     Op::Finish(c, ok) => {
                         let Some(conn) = agents[c].conn else { continue };

@@ -341,6 +341,7 @@ async fn a_logs_request_goes_to_the_cluster_holding_the_job_and_only_it_may_answ
         fencing_token: offer.fencing_token,
         accepted: true,
         reason: String::new(),
+        permanent: false,
     };
     handle.agent_event(conn, accepted).await.unwrap();
     let asking = {

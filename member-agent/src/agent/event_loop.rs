@@ -128,7 +128,7 @@ impl EventLoop {
             Inbound::Command(command) => *command,
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {
                 tracing::warn!(cluster = %self.cluster, job = %job_id, %reason, "invalid offer refused");
-                self.reply(&job_id, fencing_token, false, format!("invalid offer: {reason}"));
+                self.refuse_for_good(&job_id, fencing_token, format!("invalid offer: {reason}"));
                 return;
             }
             Inbound::Invalid(reason) => {
@@ -384,14 +384,17 @@ impl EventLoop {
             }
             Ok(Admission::Refused { reason, permanent }) => {
                 tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, permanent, "offer refused by the local scheduler");
-                if live {
-                    let reason = if permanent { format!("can never run on this member: {reason}") } else { reason };
+                if live && permanent {
+                    self.refuse_for_good(&job_id, fencing_token, reason);
+                } else if live {
                     self.reply(&job_id, fencing_token, false, reason);
                 }
             }
             Err(error) => {
                 tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, %error, "submit failed");
-                if live {
+                if live && !error.is_transient() {
+                    self.refuse_for_good(&job_id, fencing_token, format!("the local scheduler failed: {error}"));
+                } else if live {
                     self.reply(&job_id, fencing_token, false, format!("the local scheduler failed: {error}"));
                 }
             }
@@ -505,7 +508,21 @@ impl EventLoop {
     }
 
     fn reply(&mut self, job_id: &str, fencing_token: u64, accepted: bool, reason: String) {
-        self.send(AgentEvent::OfferReply { job_id: job_id.to_string(), fencing_token, accepted, reason });
+        let event =
+            AgentEvent::OfferReply { job_id: job_id.to_string(), fencing_token, accepted, reason, permanent: false };
+        self.send(event);
+    }
+
+    /// Declines an offer for good: the member's scheduler can never run the job as specified.
+    fn refuse_for_good(&mut self, job_id: &str, fencing_token: u64, reason: String) {
+        let event = AgentEvent::OfferReply {
+            job_id: job_id.to_string(),
+            fencing_token,
+            accepted: false,
+            reason,
+            permanent: true,
+        };
+        self.send(event);
     }
 
     /// Queues `event` on the welcomed stream; without one it is dropped (the outbox and the next

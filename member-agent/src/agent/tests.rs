@@ -171,7 +171,7 @@ impl Stream {
     /// The next offer reply: (job, token, accepted, reason).
     async fn reply(&mut self) -> (String, u64, bool, String) {
         self.next_of(|e| match e {
-            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason } => {
+            AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, .. } => {
                 Some((job_id, fencing_token, accepted, reason))
             }
             _ => None,

@@ -362,6 +362,7 @@ impl Replay<'_> {
                 fencing_token: assignment.fencing_token,
                 accepted,
                 reason,
+                permanent: false,
             },
         };
         let Some(federation) = self.federation.as_mut() else { return Ok(()) };

@@ -1,15 +1,41 @@
 #!/usr/bin/env bash
-# The test command (README): sets up what the tests need on a fresh machine, then runs them all.
+# The test command (README): sets up what the tests need on a fresh machine, runs them all, and
+# stops what it started.
 #
 # Meridian's own build needs no system protoc (protox compiles proto/ in Rust). The end-to-end
 # tests start the real `meridian` and `meridian-agent` binaries on loopback; they build them
-# through cargo themselves. Nothing else (etcd, Slurm) is needed by the current test suite.
+# through cargo themselves.
+#
+# Real services:
+# - Slurm (controller, four fake-GPU nodes, munge) from Debian's packages, for the Slurm
+#   backend's tests: `scripts/slurm/up.sh` installs the packages when they are missing and starts
+#   a private cluster under a temporary directory; it is stopped on exit by the PIDs it wrote.
+#   The Slurm tests fail (they do not skip) without it; set MERIDIAN_SKIP_SLURM=1 to skip them
+#   knowingly on a machine that cannot run Slurm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo is not installed (https://rustup.rs)" >&2
     exit 1
+fi
+
+slurm_dir=""
+stop_services() {
+    if [ -n "$slurm_dir" ]; then
+        scripts/slurm/down.sh "$slurm_dir" || echo "warning: could not stop the test Slurm in $slurm_dir" >&2
+    fi
+}
+trap stop_services EXIT
+
+if [ "${MERIDIAN_SKIP_SLURM:-}" = "1" ]; then
+    echo "== Slurm: skipped (MERIDIAN_SKIP_SLURM=1); the Slurm tests will say so"
+else
+    echo "== Slurm: starting a private test cluster"
+    slurm_dir="$(mktemp -d /tmp/meridian-slurm.XXXXXX)"
+    scripts/slurm/up.sh "$slurm_dir"
+    # shellcheck disable=SC1091
+    source "$slurm_dir/env"
 fi
 
 echo "== unit, property and end-to-end tests"

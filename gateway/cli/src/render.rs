@@ -102,6 +102,9 @@ pub fn explain(explanation: &Value) -> String {
         }
     }
     out.push('\n');
+    if let Some(now) = str_at(explanation, "/memberSays").filter(|s| !s.is_empty()) {
+        out.push_str(&format!("now: {now}\n"));
+    }
     let candidates = explanation.get("candidates").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     if candidates.is_empty() {
         out.push_str("\nno member clusters were considered\n");
@@ -420,6 +423,18 @@ mod tests {
              rejected:\n  \
                onprem-east: the gang of 2×8 GPUs never fits: the largest node has 4 GPUs\n  \
                onprem-east: region not allowed\n"
+        );
+    }
+
+    #[test]
+    fn explain_shows_what_the_member_says_now() {
+        let explanation = json!({
+            "jobId": "j-1", "state": "Bound", "cluster": "slurm-a", "summary": "Placed on slurm-a: it fits now.",
+            "memberSays": "queued on slurm-a: Slurm: Resources (waiting for GPUs to free up)", "candidates": []
+        });
+        assert_eq!(
+            explain(&explanation),
+            "Placed on slurm-a: it fits now.\nnow: queued on slurm-a: Slurm: Resources (waiting for GPUs to free up)\n\nno member clusters were considered\n"
         );
     }
 

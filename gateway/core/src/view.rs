@@ -58,6 +58,10 @@ pub struct Explanation {
     pub decided_at_ms: Option<i64>,
     /// One sentence with numbers.
     pub summary: String,
+    /// What its member says now, once it holds the job (a local queue's reason, such as Slurm's
+    /// pending reason; how it ended), when that is not the summary already.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member_says: Option<String>,
     /// Every cluster considered, with its verdict.
     pub candidates: Vec<CandidateView>,
 }
@@ -180,12 +184,15 @@ impl ReadView {
             (_, _, Some(placement)) => placement.clone(),
             (_, _, None) => job.message.clone(),
         };
+        let member_says = (job.state != JobState::Queued && !job.message.is_empty() && job.message != summary)
+            .then(|| job.message.clone());
         Some(Explanation {
             job_id: job.id.clone(),
             state: job.state,
             cluster: job.cluster.clone(),
             decided_at_ms,
             summary,
+            member_says,
             candidates,
         })
     }

@@ -18,7 +18,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Status, Streaming};
 
 use super::error::{self, ApiError};
-use super::rest::parse_list_query;
+use super::rest::{parse_list_query, parse_logs_query};
 use crate::runtime::{Handle, now_ms};
 
 /// How long a new agent stream may take to say hello.
@@ -167,6 +167,25 @@ impl pb::jobs_server::Jobs for JobsApi {
         let explanation = grpc(self.handle.view().explain(&id).ok_or(ApiError::NotFound(id)))?;
         let explanation_json = serde_json::to_string(&explanation).map_err(|e| Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::ExplainResponse { explanation_json }))
+    }
+
+    async fn logs(&self, request: Request<pb::JobLogsRequest>) -> Result<tonic::Response<pb::LogChunk>, Status> {
+        let request = request.into_inner();
+        let mut params = HashMap::new();
+        if let Some(from) = request.from {
+            params.insert("from".to_string(), from.to_string());
+        }
+        if request.max_bytes != 0 {
+            params.insert("maxBytes".to_string(), request.max_bytes.to_string());
+        }
+        let (from, max_bytes) = grpc(parse_logs_query(&params))?;
+        let chunk = grpc(self.handle.logs(&request.id, from, max_bytes).await.map_err(ApiError::from))?;
+        Ok(tonic::Response::new(pb::LogChunk {
+            data: chunk.data,
+            offset: chunk.offset,
+            next_offset: chunk.next_offset,
+            complete: chunk.complete,
+        }))
     }
 
     async fn list_clusters(

@@ -24,10 +24,12 @@ use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
 
 mod builtin;
+pub mod kubernetes;
 #[cfg(test)]
 pub(crate) mod conformance;
 
 pub use builtin::BuiltinBackend;
+pub use kubernetes::KubernetesBackend;
 
 /// What a backend call returns: a boxed, sendable future, so the traits stay object safe without
 /// extra crates.

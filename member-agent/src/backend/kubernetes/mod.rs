@@ -69,14 +69,14 @@ struct Tracked {
     fencing_token: u64,
     /// The phase last reported (or answered by `submit`).
     last: JobPhase,
-    /// When tracking began: a poll round whose listing started earlier may not see the object
-    /// yet, and must not take its absence for a deletion.
-    since: tokio::time::Instant,
+    /// Since when the object surely exists (None while its create is in flight): a poll round
+    /// whose listing started earlier may not see it, and must not take that for a deletion.
+    since: Option<tokio::time::Instant>,
 }
 
 impl Tracked {
     fn new(fencing_token: u64, last: JobPhase) -> Self {
-        Self { fencing_token, last, since: tokio::time::Instant::now() }
+        Self { fencing_token, last, since: Some(tokio::time::Instant::now()) }
     }
 }
 
@@ -281,8 +281,14 @@ impl Shared {
             Mode::Kueue => format!("created job `{name}` suspended in Kueue queue `{queue}`; waiting for admission"),
         };
         // Tracked before the call, so the poller reports a start that races the answer.
-        self.lock().insert(job.job_id.clone(), Tracked::new(job.fencing_token, JobPhase::Pending { reason: reason.clone() }));
+        let pending = JobPhase::Pending { reason: reason.clone() };
+        self.lock().insert(job.job_id.clone(), Tracked { since: None, ..Tracked::new(job.fencing_token, pending) });
         let created = self.deadline("create job", self.jobs().create(&PostParams::default(), &object)).await;
+        if matches!(created, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_)))) {
+            if let Some(entry) = self.lock().get_mut(&job.job_id).filter(|t| t.fencing_token == job.fencing_token) {
+                entry.since.get_or_insert_with(tokio::time::Instant::now);
+            }
+        }
         match created {
             Ok(Ok(_)) => Ok(Admission::Queued { reason }),
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
@@ -387,7 +393,7 @@ impl Shared {
             let token = entry.fencing_token;
             let Some(binding) = snapshot.bindings.iter().find(|b| &b.job_id == job_id && b.fencing_token == token)
             else {
-                if entry.since < started {
+                if entry.since.is_some_and(|since| since < started) {
                     gone.push(job_id.clone());
                 }
                 continue;

@@ -115,7 +115,8 @@ impl KubernetesConfig {
         }
         for (i, rule) in self.priority_classes.iter().enumerate() {
             if rule.min_priority > 100 {
-                problems.push(format!("kubernetes.priorityClasses[{i}].minPriority: {} is above 100", rule.min_priority));
+                problems
+                    .push(format!("kubernetes.priorityClasses[{i}].minPriority: {} is above 100", rule.min_priority));
             }
             if !is_dns_subdomain(&rule.name) {
                 problems.push(format!("kubernetes.priorityClasses[{i}].name: `{}` is not a valid name", rule.name));

@@ -211,7 +211,9 @@ impl Store {
             .objects
             .iter()
             .flat_map(|(key, m)| m.iter().map(move |((ns, name), o)| (key, ns, name, o)))
-            .filter(|(_, _, _, o)| o["metadata"]["ownerReferences"].as_array().into_iter().flatten().any(|r| r["uid"] == uid))
+            .filter(|(_, _, _, o)| {
+                o["metadata"]["ownerReferences"].as_array().into_iter().flatten().any(|r| r["uid"] == uid)
+            })
             .map(|(key, ns, name, _)| (key.clone(), ns.clone(), name.clone()))
             .collect();
         for (key, ns, name) in owned {
@@ -236,7 +238,8 @@ impl Store {
         let uid = job["metadata"]["uid"].as_str().unwrap_or_default().to_string();
         let ns = job["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
         let name = job["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let owner = json!([{"apiVersion": job["apiVersion"], "kind": "Job", "name": name, "uid": uid, "controller": true}]);
+        let owner =
+            json!([{"apiVersion": job["apiVersion"], "kind": "Job", "name": name, "uid": uid, "controller": true}]);
         let (replicas, template) = if volcano {
             (job["spec"]["tasks"][0]["replicas"].as_u64().unwrap_or(1), job["spec"]["tasks"][0]["template"].clone())
         } else {
@@ -343,7 +346,9 @@ impl Store {
                             "message": "Job has reached the specified backoff limit"})
                     };
                     job["status"] = json!({"conditions": [condition]});
-                    group["status"]["conditions"].as_array_mut().map(|c| c.push(json!({"type": "Finished", "status": "True"})));
+                    if let Some(conditions) = group["status"]["conditions"].as_array_mut() {
+                        conditions.push(json!({"type": "Finished", "status": "True"}));
+                    }
                 }
             }
             _ => return,
@@ -354,19 +359,24 @@ impl Store {
 
     /// Nodes for `replicas` pods of `template` on what is free now, greedily; None if they do not fit.
     fn place(&self, template: &Value, replicas: u64) -> Option<Vec<String>> {
-        let values = |key: &str| self.objects.get(key).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        let values =
+            |key: &str| self.objects.get(key).map(|m| m.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
         let nodes: Vec<Node> = values(NODES).into_iter().filter_map(|n| serde_json::from_value(n).ok()).collect();
         let pods: Vec<Pod> = values(PODS).into_iter().filter_map(|p| serde_json::from_value(p).ok()).collect();
         let want = per_pod_gpus(template);
         let product = template["spec"]["nodeSelector"][inventory::PRODUCT_LABEL].as_str();
         let mut placed = Vec::new();
         for node in &nodes {
-            if product.is_some_and(|p| node.metadata.labels.as_ref().and_then(|l| l.get(inventory::PRODUCT_LABEL)).map(String::as_str) != Some(p)) {
+            if product.is_some_and(|p| {
+                node.metadata.labels.as_ref().and_then(|l| l.get(inventory::PRODUCT_LABEL)).map(String::as_str)
+                    != Some(p)
+            }) {
                 continue;
             }
             let name = node.metadata.name.clone().unwrap_or_default();
             let scan = inventory::scan(std::slice::from_ref(node), &pods, &GpuTypeMapper::default()).ok()?;
-            let mut free = scan.inventory.shapes.iter().flat_map(|s| s.free.iter()).map(|f| f64::from(f.gpus)).sum::<f64>();
+            let mut free =
+                scan.inventory.shapes.iter().flat_map(|s| s.free.iter()).map(|f| f64::from(f.gpus)).sum::<f64>();
             while free >= want && (placed.len() as u64) < replicas {
                 placed.push(name.clone());
                 free -= want;
@@ -431,7 +441,10 @@ async fn list_ns(
     axum::Json(store(&state).list(&key_of(&g, &v, &plural), Some(&ns), &q)).into_response()
 }
 
-async fn get_one(state: Shared, Path((g, v, ns, plural, name)): Path<(String, String, String, String, String)>) -> Response {
+async fn get_one(
+    state: Shared,
+    Path((g, v, ns, plural, name)): Path<(String, String, String, String, String)>,
+) -> Response {
     let store = store(&state);
     match store.objects.get(&key_of(&g, &v, &plural)).and_then(|m| m.get(&(ns, name.clone()))) {
         Some(object) => axum::Json(object.clone()).into_response(),
@@ -449,7 +462,11 @@ async fn delete_one(
     }
 }
 
-async fn create(state: Shared, Path((g, v, ns, plural)): Path<(String, String, String, String)>, body: Bytes) -> Response {
+async fn create(
+    state: Shared,
+    Path((g, v, ns, plural)): Path<(String, String, String, String)>,
+    body: Bytes,
+) -> Response {
     let mut store = store(&state);
     if let Some((code, message)) = store.create_failures.pop_front() {
         let reason = match code {

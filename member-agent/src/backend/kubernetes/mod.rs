@@ -176,7 +176,9 @@ pub(crate) fn api_error(what: &str, error: kube::Error) -> BackendError {
         _ => true,
     };
     let message = match &error {
-        kube::Error::Api(status) => format!("kubernetes: {what}: {} {}: {}", status.code, status.reason, status.message),
+        kube::Error::Api(status) => {
+            format!("kubernetes: {what}: {} {}: {}", status.code, status.reason, status.message)
+        }
         other => format!("kubernetes: {what}: {other}"),
     };
     let source = Some(Box::new(error) as Box<dyn std::error::Error + Send + Sync>);
@@ -277,17 +279,19 @@ impl Shared {
         let name = objects::object_name(&job.job_id, job.fencing_token);
         let queue = self.config.queue_for(&spec.tenant);
         let reason = match self.config.mode {
-            Mode::Volcano => format!("created Volcano job `{name}` in queue `{queue}`; waiting for the gang to be scheduled"),
+            Mode::Volcano => {
+                format!("created Volcano job `{name}` in queue `{queue}`; waiting for the gang to be scheduled")
+            }
             Mode::Kueue => format!("created job `{name}` suspended in Kueue queue `{queue}`; waiting for admission"),
         };
         // Tracked before the call, so the poller reports a start that races the answer.
         let pending = JobPhase::Pending { reason: reason.clone() };
         self.lock().insert(job.job_id.clone(), Tracked { since: None, ..Tracked::new(job.fencing_token, pending) });
         let created = self.deadline("create job", self.jobs().create(&PostParams::default(), &object)).await;
-        if matches!(created, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_)))) {
-            if let Some(entry) = self.lock().get_mut(&job.job_id).filter(|t| t.fencing_token == job.fencing_token) {
-                entry.since.get_or_insert_with(tokio::time::Instant::now);
-            }
+        if matches!(created, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))))
+            && let Some(entry) = self.lock().get_mut(&job.job_id).filter(|t| t.fencing_token == job.fencing_token)
+        {
+            entry.since.get_or_insert_with(tokio::time::Instant::now);
         }
         match created {
             Ok(Ok(_)) => Ok(Admission::Queued { reason }),
@@ -296,7 +300,9 @@ impl Shared {
                 let now = self.snapshot().await?;
                 match now.bindings.iter().find(|b| b.name == name) {
                     Some(held) => Ok(now.admission_of(held, job.fencing_token, self.config.mode)),
-                    None => Err(BackendError::transient(format!("kubernetes: job `{name}` exists but is not readable yet"))),
+                    None => {
+                        Err(BackendError::transient(format!("kubernetes: job `{name}` exists but is not readable yet")))
+                    }
                 }
             }
             Ok(Err(error)) => {
@@ -345,8 +351,7 @@ impl Shared {
 
     async fn logs(&self, job_id: &str, fencing_token: u64, from: Option<u64>, max_bytes: usize) -> Result<LogChunk> {
         let snapshot = self.snapshot().await?;
-        let Some(binding) =
-            snapshot.bindings.iter().find(|b| b.job_id == job_id && b.fencing_token == fencing_token)
+        let Some(binding) = snapshot.bindings.iter().find(|b| b.job_id == job_id && b.fencing_token == fencing_token)
         else {
             return Err(BackendError::permanent(format!("job `{job_id}` binding {fencing_token} is not held here")));
         };
@@ -361,7 +366,8 @@ impl Shared {
             if left == 0 {
                 break;
             }
-            let params = LogParams { limit_bytes: Some(i64::try_from(left).unwrap_or(i64::MAX)), ..LogParams::default() };
+            let params =
+                LogParams { limit_bytes: Some(i64::try_from(left).unwrap_or(i64::MAX)), ..LogParams::default() };
             let text = match self.deadline("read pod log", api.logs(name, &params)).await? {
                 Ok(text) => text,
                 // A pod not started yet has no log.
@@ -401,7 +407,8 @@ impl Shared {
             let phase = snapshot.phase_of(binding, self.config.mode);
             if phase != entry.last {
                 // The agent dropping its receiver means it is shutting down.
-                let _ = self.events.send(JobEvent { job_id: job_id.clone(), fencing_token: token, phase: phase.clone() });
+                let _ =
+                    self.events.send(JobEvent { job_id: job_id.clone(), fencing_token: token, phase: phase.clone() });
                 if phase.is_terminal() {
                     gone.push(job_id.clone());
                 }
@@ -443,9 +450,7 @@ fn owned_by(meta: &Value, uid: &str) -> bool {
 
 impl Snapshot {
     fn pods_of<'a>(&'a self, binding: &'a Binding) -> impl Iterator<Item = &'a Pod> + 'a {
-        self.pods.iter().filter(|p| {
-            p.metadata.owner_references.iter().flatten().any(|r| r.uid == binding.uid)
-        })
+        self.pods.iter().filter(|p| p.metadata.owner_references.iter().flatten().any(|r| r.uid == binding.uid))
     }
 
     fn phase_of(&self, binding: &Binding, mode: Mode) -> JobPhase {
@@ -558,8 +563,8 @@ fn workload_gpus(workload: &Value) -> f64 {
     let mut total = 0.0;
     for set in workload["spec"]["podSets"].as_array().into_iter().flatten() {
         let count = set["count"].as_f64().unwrap_or(1.0);
-        let pod: Pod = serde_json::from_value(serde_json::json!({ "spec": set["template"]["spec"].clone() }))
-            .unwrap_or_default();
+        let pod: Pod =
+            serde_json::from_value(serde_json::json!({ "spec": set["template"]["spec"].clone() })).unwrap_or_default();
         total += count * inventory::pod_requests(&pod).get(inventory::GPU_RESOURCE).copied().unwrap_or(0.0);
     }
     total

@@ -298,7 +298,8 @@ mod tests {
         let pod = &object["spec"]["tasks"][0]["template"]["spec"];
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"], "4");
         assert!(pod.get("nodeSelector").is_none());
-        let term = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+        let term =
+            &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
         assert_eq!(term["matchExpressions"][0]["values"], json!(["A", "B"]));
     }
 

@@ -130,10 +130,9 @@ fn failure_message(base: &str, pods: &[Pod]) -> String {
                 exits.push(format!("pod `{name}` exited with code {}{why}", terminated.exit_code));
             }
         }
-        if exits.is_empty() && pod_phase(pod) == "Failed" {
-            if let Some(reason) = pod.status.as_ref().and_then(|s| s.reason.as_deref()) {
-                exits.push(format!("pod `{name}` failed: {reason}"));
-            }
+        let reason = pod.status.as_ref().and_then(|s| s.reason.as_deref());
+        if let Some(reason) = reason.filter(|_| exits.is_empty() && pod_phase(pod) == "Failed") {
+            exits.push(format!("pod `{name}` failed: {reason}"));
         }
     }
     if exits.is_empty() { base.to_string() } else { format!("{base}; {}", exits.join("; ")) }
@@ -150,7 +149,9 @@ mod tests {
     }
 
     fn running_pod(name: &str, node: &str) -> Pod {
-        pod(json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running"}}))
+        pod(
+            json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running"}}),
+        )
     }
 
     fn failed_pod(name: &str, code: i32) -> Pod {
@@ -168,7 +169,10 @@ mod tests {
     #[test]
     fn volcano_phases_map_to_job_phases() {
         let pods = [running_pod("p-1", "gpu-b"), running_pod("p-0", "gpu-a")];
-        assert_eq!(volcano_phase(&vcjob("Running"), &pods, None), JobPhase::Running { nodes: vec!["gpu-a".into(), "gpu-b".into()] });
+        assert_eq!(
+            volcano_phase(&vcjob("Running"), &pods, None),
+            JobPhase::Running { nodes: vec!["gpu-a".into(), "gpu-b".into()] }
+        );
         assert!(matches!(volcano_phase(&vcjob("Completed"), &[], None), JobPhase::Succeeded { .. }));
         for phase in ["Aborted", "Terminated", "Failed", "Terminating"] {
             assert!(matches!(volcano_phase(&vcjob(phase), &[], None), JobPhase::Failed { .. }), "{phase}");
@@ -201,7 +205,8 @@ mod tests {
     fn batch_job_conditions_and_suspension_map_to_job_phases() {
         let complete = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}]}});
         assert!(matches!(batch_phase(&complete, &[], None), JobPhase::Succeeded { .. }));
-        let failed = json!({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}});
+        let failed =
+            json!({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}});
         let JobPhase::Failed { message } = batch_phase(&failed, &[failed_pod("p", 3)], None) else { panic!() };
         assert!(message.contains("BackoffLimitExceeded") && message.contains("code 3"), "{message}");
 

@@ -37,7 +37,11 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
             runtime: RuntimeSpec { estimate: HumanDuration::from_secs(600), limit: None },
             data: Vec::new(),
             placement: PlacementRules::default(),
-            payload: Payload { image: Some("registry.example/train:1".into()), command: Vec::new(), env: BTreeMap::new() },
+            payload: Payload {
+                image: Some("registry.example/train:1".into()),
+                command: Vec::new(),
+                env: BTreeMap::new(),
+            },
         },
     }
 }
@@ -76,7 +80,10 @@ fn nodes_become_shapes_with_gpus_from_allocatable_minus_bound_running_pods() {
     let names: Vec<&str> = shapes.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["a100-80gx8-96c-1007g", "a100-80g.1g.10gbx14-96c-1007g", "a100-80g.3g.40gbx2-96c-1007g"]);
     let a100 = &shapes[0];
-    assert_eq!((a100.gpu_type.as_str(), a100.gpu_memory_gib, a100.gpus_per_node, a100.cpu_per_node), ("a100-80g", 80, 8, 96));
+    assert_eq!(
+        (a100.gpu_type.as_str(), a100.gpu_memory_gib, a100.gpus_per_node, a100.cpu_per_node),
+        ("a100-80g", 80, 8, 96)
+    );
     // Node order: a100-0 (4 + 2 GPUs, 33.5 CPU, 264 GiB taken), a100-1 (a finished pod holds
     // nothing), a100-2 unschedulable, a100-3 NotReady.
     let free: Vec<(u32, u32, u32)> = a100.free.iter().map(|f| (f.gpus, f.cpu, f.memory_gib)).collect();
@@ -192,7 +199,10 @@ async fn a_command_only_payload_is_refused_permanently() {
     let mut job = assignment("bare", 1, "t", 1, 1);
     job.spec.payload = Payload { image: None, command: vec!["true".into()], env: BTreeMap::new() };
     let admission = backend.submit(&job).await.unwrap();
-    assert!(matches!(&admission, Admission::Refused { permanent: true, reason } if reason.contains("image")), "{admission:?}");
+    assert!(
+        matches!(&admission, Admission::Refused { permanent: true, reason } if reason.contains("image")),
+        "{admission:?}"
+    );
     assert!(api.created().is_empty());
 }
 
@@ -270,6 +280,8 @@ pub(crate) struct Fixture {
     pub(crate) succeeds: Assignment,
     pub(crate) fails: Assignment,
     pub(crate) never_fits: Assignment,
+    /// Builds a second backend over the same fake cluster, as a restarted agent does.
+    pub(crate) reopen: Box<dyn Fn() -> Reopened + Send + Sync>,
     pub(crate) adopts: bool,
     pub(crate) keeps_logs: bool,
     pub(crate) patience: Duration,
@@ -280,7 +292,7 @@ impl Fixture {
     pub(crate) async fn new(mode: Mode) -> Self {
         let (api, backend, events) = member(mode, true).await;
         Self {
-            api,
+            api: api.clone(),
             backend: Arc::new(backend),
             events,
             runs: with_command(assignment("runs", 3, "a", 1, 4), "sleep 600"),
@@ -288,17 +300,29 @@ impl Fixture {
             succeeds: with_command(assignment("succeeds", 3, "a", 1, 1), "echo hello; exit 0"),
             fails: with_command(assignment("fails", 3, "a", 1, 1), "echo oops >&2; exit 3"),
             never_fits: assignment("never", 3, "a", 1, 16),
+            reopen: reopener(&api, mode),
             adopts: true,
             keeps_logs: true,
             patience: Duration::from_secs(10),
         }
     }
+}
 
-    /// A second backend over the same fake cluster, as a restarted agent builds.
-    pub(crate) async fn reopen(&self, mode: Mode) -> (Arc<KubernetesBackend>, JobEventReceiver) {
-        let (backend, events) = backend_on(&self.api, mode).await;
-        (Arc::new(backend), events)
-    }
+/// What `reopen` answers (the extended conformance `Reopened`).
+pub(crate) type Reopened = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (Arc<dyn LocalBackend>, Arc<dyn InventorySource>, JobEventReceiver)> + Send>,
+>;
+
+fn reopener(api: &Arc<FakeApi>, mode: Mode) -> Box<dyn Fn() -> Reopened + Send + Sync> {
+    let api = Arc::clone(api);
+    Box::new(move || {
+        let api = Arc::clone(&api);
+        Box::pin(async move {
+            let (backend, events) = backend_on(&api, mode).await;
+            let backend = Arc::new(backend);
+            (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, events)
+        })
+    })
 }
 
 /// The current suite runs without the stand-in controller: it checks submit, cancel and list
@@ -340,7 +364,12 @@ async fn extended_checks(mode: Mode) {
     event_for(&mut f.events, "fills", |p| matches!(p, JobPhase::Running { .. })).await;
     assert_eq!(backend.inventory().await.unwrap().gpus_free(), 0);
     backend.submit(&f.runs).await.unwrap();
-    let waiting = event_for(&mut f.events, "runs", |p| matches!(p, JobPhase::Pending { reason } if reason.contains("Insufficient"))).await;
+    let waiting = event_for(
+        &mut f.events,
+        "runs",
+        |p| matches!(p, JobPhase::Pending { reason } if reason.contains("Insufficient")),
+    )
+    .await;
     assert!(matches!(&waiting.phase, JobPhase::Pending { reason } if !reason.is_empty()));
     let again = backend.submit(&f.runs).await.unwrap();
     assert!(matches!(&again, Admission::Queued { reason } if reason.contains("Insufficient")), "{again:?}");
@@ -348,6 +377,8 @@ async fn extended_checks(mode: Mode) {
     assert_eq!((pressure.pending_jobs(), pressure.pending_gpus()), (1, 4), "{pressure:?}");
 
     backend.cancel("fills", 3).await.unwrap();
+    let groups = f.api.objects(if mode == Mode::Volcano { fake::PODGROUPS } else { fake::WORKLOADS });
+    assert_eq!(groups.len(), 1, "the cancelled job's pod group went with it: {groups:?}");
     event_for(&mut f.events, "runs", |p| matches!(p, JobPhase::Running { .. })).await;
 
     backend.submit(&f.succeeds).await.unwrap();
@@ -362,7 +393,7 @@ async fn extended_checks(mode: Mode) {
 
     drop(backend);
     drop(f.backend);
-    let (reopened, _events) = backend_on(&f.api, mode).await;
+    let (reopened, _inventory, _events) = (f.reopen)().await;
     let held = reopened.list().await.unwrap();
     let running = held.iter().find(|h| h.job_id == "runs").expect("the running binding is adopted");
     assert!(f.adopts && matches!(running.phase, JobPhase::Running { .. }), "{held:?}");

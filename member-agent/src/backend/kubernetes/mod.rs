@@ -231,7 +231,9 @@ impl Shared {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let pods: Api<Pod> = Api::all(self.client.clone());
         let nodes = self.call("list nodes", nodes.list(&ListParams::default())).await?;
-        let pods = self.call("list pods", pods.list(&ListParams::default())).await?;
+        // Finished pods hold nothing; the API filters them out (the scan checks again).
+        let unfinished = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+        let pods = self.call("list pods", pods.list(&unfinished)).await?;
         inventory::scan(&nodes.items, &pods.items, &self.mapper)
     }
 

@@ -411,3 +411,29 @@ async fn volcano_mode_queues_runs_ends_logs_and_is_adopted_after_a_restart() {
 async fn kueue_mode_queues_runs_ends_logs_and_is_adopted_after_a_restart() {
     extended_checks(Mode::Kueue).await;
 }
+
+#[test]
+fn the_example_agent_configs_are_valid() {
+    for (name, text) in [
+        ("agent-volcano.yaml", include_str!("../../../../deploy/examples/kubernetes/agent-volcano.yaml")),
+        ("agent-kueue.yaml", include_str!("../../../../deploy/examples/kubernetes/agent-kueue.yaml")),
+    ] {
+        let config = crate::config::AgentConfig::parse(text, std::path::Path::new(name)).unwrap();
+        assert!(config.kubernetes.is_some(), "{name}");
+    }
+}
+
+#[test]
+fn the_example_rbac_grants_what_the_backend_calls() {
+    let volcano = include_str!("../../../../deploy/examples/kubernetes/rbac-volcano.yaml");
+    let kueue = include_str!("../../../../deploy/examples/kubernetes/rbac-kueue.yaml");
+    for (rbac, group, jobs_group) in
+        [(volcano, "scheduling.volcano.sh", "batch.volcano.sh"), (kueue, "kueue.x-k8s.io", "batch")]
+    {
+        assert!(rbac.contains(&format!("apiGroups: [\"{group}\"]")), "{rbac}");
+        assert!(rbac.contains(&format!("apiGroups: [\"{jobs_group}\"]")), "{rbac}");
+        assert!(rbac.contains("verbs: [\"create\", \"get\", \"list\", \"delete\"]"));
+        assert!(rbac.contains("resources: [\"pods/log\"]"));
+        assert!(rbac.contains("resources: [\"nodes\", \"pods\"]"));
+    }
+}

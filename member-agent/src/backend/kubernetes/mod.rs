@@ -5,6 +5,7 @@
 //! - [`objects`]: the objects created, with names, labels and the fencing-token annotation.
 //! - [`status`]: object status → [`JobPhase`].
 //! - [`inventory`]: Nodes + Pods → [`Inventory`].
+//! - [`pressure`]: PodGroups / Workloads → [`QueuePressure`].
 //!
 //! Every object Meridian creates carries the label `app.kubernetes.io/managed-by=meridian`, the
 //! job id as a label and annotation, and the fencing token as an annotation, so `list` (and a
@@ -20,7 +21,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use meridian_proto::inventory::{BackendKind, Inventory, QueueLoad, QueuePressure};
+use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -33,6 +34,7 @@ use super::{
 pub mod config;
 pub mod inventory;
 pub mod objects;
+pub mod pressure;
 pub mod status;
 
 #[cfg(test)]
@@ -388,7 +390,7 @@ impl Shared {
         let groups: Api<DynamicObject> = Api::all_with(self.client.clone(), &group_resource(self.config.mode));
         let groups = self.call("list pod groups", groups.list(&ListParams::default())).await?;
         let groups: Vec<Value> = groups.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()).collect();
-        Ok(pressure_of(&groups, self.config.mode))
+        Ok(pressure::pressure_of(&groups, self.config.mode))
     }
 
     /// One poll round: report every tracked binding whose phase changed.
@@ -507,69 +509,6 @@ fn never_fits(job: &Assignment, inventory: &Inventory, gpu_type: Option<&str>) -
             gpu_type.map(|t| format!(" on {t}")).unwrap_or_default(),
         )
     })
-}
-
-/// Queue load from PodGroups (Volcano) or Workloads (Kueue). Weights are not read from the
-/// cluster's queue objects: every queue reports weight 1.
-fn pressure_of(groups: &[Value], mode: Mode) -> QueuePressure {
-    let mut queues = BTreeMap::<String, QueueLoad>::new();
-    for group in groups {
-        let (queue, gpus, pending, running) = match mode {
-            Mode::Volcano => {
-                let phase = group["status"]["phase"].as_str().unwrap_or("Pending");
-                let gpus = group["spec"]["minResources"][inventory::GPU_RESOURCE]
-                    .as_str()
-                    .map(|q| inventory::quantity(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.into())))
-                    .or_else(|| group["spec"]["minResources"][inventory::GPU_RESOURCE].as_f64())
-                    .unwrap_or(0.0);
-                let queue = group["spec"]["queue"].as_str().unwrap_or("default").to_string();
-                (queue, gpus, matches!(phase, "Pending" | "Inqueue"), phase == "Running")
-            }
-            Mode::Kueue => {
-                let has = |kind: &str| {
-                    group["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == kind && c["status"] == "True")
-                };
-                let finished = has("Finished");
-                let admitted = has("Admitted") || has("QuotaReserved");
-                let queue = group["spec"]["queueName"].as_str().unwrap_or("default").to_string();
-                (queue, workload_gpus(group), !finished && !admitted, !finished && admitted)
-            }
-        };
-        if !pending && !running {
-            continue;
-        }
-        let load = queues.entry(queue.clone()).or_insert_with(|| QueueLoad {
-            queue,
-            weight: 1.0,
-            pending_jobs: 0,
-            pending_gpus: 0,
-            running_gpus: 0,
-        });
-        let gpus = gpus.clamp(0.0, f64::from(u32::MAX)) as u32;
-        if pending {
-            load.pending_jobs += 1;
-            load.pending_gpus = load.pending_gpus.saturating_add(gpus);
-        } else {
-            load.running_gpus = load.running_gpus.saturating_add(gpus);
-        }
-    }
-    QueuePressure { queues: queues.into_values().collect(), releases: Vec::new(), estimated_wait_secs: 0 }
-}
-
-/// GPUs a Workload asks for: count × GPUs of each pod set's containers.
-fn workload_gpus(workload: &Value) -> f64 {
-    let mut total = 0.0;
-    for set in workload["spec"]["podSets"].as_array().into_iter().flatten() {
-        let count = set["count"].as_f64().unwrap_or(1.0);
-        let pod: Pod =
-            serde_json::from_value(serde_json::json!({ "spec": set["template"]["spec"].clone() })).unwrap_or_default();
-        total += count * inventory::pod_requests(&pod).get(inventory::GPU_RESOURCE).copied().unwrap_or(0.0);
-    }
-    total
 }
 
 /// The piece of `all` that a `logs` call asks for.

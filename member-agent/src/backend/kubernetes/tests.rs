@@ -437,3 +437,14 @@ fn the_example_rbac_grants_what_the_backend_calls() {
         assert!(rbac.contains("resources: [\"nodes\", \"pods\"]"));
     }
 }
+
+#[test]
+fn log_chunks_follow_offsets_and_the_tail_is_bounded() {
+    let all = "line one\nline two\n";
+    let tail = chunk_of(all, None, 9, true);
+    assert_eq!((tail.data.as_str(), tail.offset, tail.next_offset, tail.complete), ("line two\n", 9, 18, true));
+    let head = chunk_of(all, Some(0), 5, true);
+    assert_eq!((head.data.as_str(), head.next_offset, head.complete), ("line ", 5, false));
+    let past = chunk_of(all, Some(100), 5, false);
+    assert_eq!((past.data.as_str(), past.offset), ("", 18));
+}

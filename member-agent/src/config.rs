@@ -10,6 +10,7 @@ use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::kubernetes::KubernetesConfig;
 use crate::builtin::{NodeSpec, QueueSpec};
 
 pub use meridian_proto::config_file::ConfigError as Error;
@@ -56,6 +57,9 @@ pub struct AgentConfig {
     /// Inventory and queue pressure are sent on change and at least this often.
     #[serde(default = "default_report_interval")]
     pub report_interval: HumanDuration,
+    /// The Kubernetes backend (`backend: kubernetes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 /// A local queue.
@@ -144,8 +148,14 @@ impl AgentConfig {
                 problems.push(format!("prices.{gpu}: {price} must be a non-negative number of US$ per GPU-hour"));
             }
         }
-        if self.backend != BackendKind::Builtin {
-            problems.push("backend: only `builtin` is available in this release".to_string());
+        match (self.backend, &self.kubernetes) {
+            (BackendKind::Builtin, _) => {}
+            (BackendKind::Kubernetes, Some(kubernetes)) => kubernetes.check(&mut problems),
+            (BackendKind::Kubernetes, None) => problems.push(
+                "kubernetes: the kubernetes backend needs this section (at least `mode: volcano` or `mode: kueue`)"
+                    .into(),
+            ),
+            (BackendKind::Slurm, _) => problems.push("backend: `slurm` is not available in this release".to_string()),
         }
         if self.queues.is_empty() {
             problems.push("queues: at least one queue is needed".to_string());
@@ -155,7 +165,7 @@ impl AgentConfig {
                 problems.push(format!("queues[{i}].weight: {} must be a positive number", q.weight));
             }
         }
-        if self.nodes.is_empty() {
+        if self.nodes.is_empty() && self.backend == BackendKind::Builtin {
             problems.push("nodes: the builtin backend needs at least one node group".to_string());
         }
         for (i, n) in self.nodes.iter().enumerate() {
@@ -191,7 +201,8 @@ impl AgentConfig {
             backend: self.backend,
             prices: self.prices.clone(),
             supports_containers: self.supports_containers,
-            supports_bare_commands: self.supports_bare_commands,
+            // Kubernetes runs containers only.
+            supports_bare_commands: self.supports_bare_commands && self.backend != BackendKind::Kubernetes,
         }
     }
 
@@ -244,6 +255,31 @@ mod tests {
             Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 5, "{problems:?}"),
             other => panic!("expected invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_kubernetes_agent_needs_its_section_and_no_nodes() {
+        let text = "cluster: c\nregion: r\nbackend: kubernetes\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert!(problems[0].starts_with("kubernetes:"), "{problems:?}");
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        let text = "cluster: c\nregion: r\nbackend: kubernetes\nkubernetes:\n  mode: kueue\n  namespace: Bad\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert!(problems[0].starts_with("kubernetes.namespace:"), "{problems:?}")
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        let config = AgentConfig::parse(
+            "cluster: c\nregion: r\nbackend: kubernetes\nkubernetes: {mode: volcano}\n",
+            Path::new("a.yaml"),
+        )
+        .unwrap();
+        assert!(!config.cluster_info().supports_bare_commands);
     }
 
     #[test]

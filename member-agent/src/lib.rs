@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use meridian_proto::inventory::BackendKind;
 use tokio::time::Instant;
 
 pub mod agent;
@@ -29,19 +30,44 @@ pub enum BuildError {
     Backend(#[from] backend::BackendError),
 }
 
-/// Builds an agent (with its builtin backend) from a checked configuration.
+/// Builds an agent with the builtin backend from a checked configuration (see [`build_agent`]
+/// for every backend).
 ///
 /// Must be called inside a Tokio runtime: the builtin backend starts its driver task here.
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    if config.backend != BackendKind::Builtin {
+        return Err(BuildError::Backend(backend::BackendError::permanent(format!(
+            "the {} backend is built by `build_agent`",
+            backend::backend_name(config.backend)
+        ))));
+    }
     let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = Arc::new(backend::BuiltinBackend::new(scheduler, config.time_scale, events_tx)?);
-    let settings = agent::Settings {
+    Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+}
+
+/// Builds an agent for whichever backend the configuration selects; the Kubernetes backend
+/// connects to its API server (and checks the nodes) here.
+///
+/// Must be called inside a Tokio runtime.
+pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    match (config.backend, &config.kubernetes) {
+        (BackendKind::Kubernetes, Some(kubernetes)) => {
+            let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+            let backend = Arc::new(backend::KubernetesBackend::connect(kubernetes.clone(), events_tx).await?);
+            Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+        }
+        _ => agent_from_config(config),
+    }
+}
+
+fn settings(config: &config::AgentConfig) -> agent::Settings {
+    agent::Settings {
         info: config.cluster_info(),
         gateway: config.gateway.clone(),
         report_interval: config.report_interval.0,
-    };
-    Ok(agent::Agent::new(settings, backend.clone(), backend, events_rx))
+    }
 }
 
 pub use meridian_process::{init_logging, shutdown_signal};

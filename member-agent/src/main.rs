@@ -23,6 +23,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // kube's client panics when it cannot tell which rustls crypto provider to use.
+    meridian_agent::backend::kubernetes::install_crypto_provider();
     meridian_agent::init_logging("info");
     let args = Args::parse();
     let mut config = match AgentConfig::load(&args.config) {
@@ -42,7 +44,7 @@ async fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(64);
     }
-    let agent = match meridian_agent::agent_from_config(&config) {
+    let agent = match meridian_agent::build_agent(&config).await {
         Ok(agent) => agent,
         Err(e) => {
             eprintln!("error: {e}");

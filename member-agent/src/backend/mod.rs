@@ -27,8 +27,10 @@ pub use meridian_proto::protocol::LogChunk;
 mod builtin;
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod kubernetes;
 
 pub use builtin::BuiltinBackend;
+pub use kubernetes::KubernetesBackend;
 
 /// What a backend call returns: a boxed, sendable future, so the traits stay object safe without
 /// extra crates.

@@ -1,0 +1,230 @@
+//! The `kubernetes:` section of the agent config: which batch system runs the jobs (Volcano or
+//! Kueue), where, and how Meridian's tenants, priorities and GPU types map onto the cluster.
+
+use std::collections::BTreeMap;
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::gpu::GpuCatalog;
+use serde::{Deserialize, Serialize};
+
+/// Which batch system the agent hands jobs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A Volcano `batch.volcano.sh/v1alpha1` Job, gang-scheduled by Volcano.
+    #[default]
+    Volcano,
+    /// A suspended `batch/v1` Job that Kueue admits and resumes.
+    Kueue,
+}
+
+/// A priority class used for jobs whose Meridian priority is at least `minPriority`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriorityClassRule {
+    /// Lowest Meridian priority (0..=100) that gets this class.
+    pub min_priority: u32,
+    /// The `PriorityClass` name.
+    pub name: String,
+}
+
+/// The Kubernetes backend's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// `volcano` or `kueue`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Namespace the jobs are created in (and whose jobs are adopted).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Volcano queue (volcano mode) or Kueue LocalQueue (kueue mode) by Meridian tenant.
+    #[serde(default)]
+    pub queues: BTreeMap<String, String>,
+    /// Queue for tenants not named in `queues`.
+    #[serde(default = "default_queue")]
+    pub default_queue: String,
+    /// GPU type by the node label `nvidia.com/gpu.product`; overrides the built-in mapping.
+    #[serde(default)]
+    pub gpu_types: BTreeMap<String, String>,
+    /// Priority classes by Meridian priority; the rule with the highest `minPriority` not above
+    /// the job's priority wins. Empty: no priority class is set.
+    #[serde(default)]
+    pub priority_classes: Vec<PriorityClassRule>,
+    /// Deadline of every API call.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout: HumanDuration,
+    /// How often job status is polled.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval: HumanDuration,
+}
+
+fn default_namespace() -> String {
+    "meridian".into()
+}
+fn default_queue() -> String {
+    "default".into()
+}
+fn default_request_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_poll_interval() -> HumanDuration {
+    HumanDuration::from_secs(2)
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::default(),
+            namespace: default_namespace(),
+            queues: BTreeMap::new(),
+            default_queue: default_queue(),
+            gpu_types: BTreeMap::new(),
+            priority_classes: Vec::new(),
+            request_timeout: default_request_timeout(),
+            poll_interval: default_poll_interval(),
+        }
+    }
+}
+
+impl KubernetesConfig {
+    /// Pushes every problem as `kubernetes.<field>: <reason>`.
+    pub fn check(&self, problems: &mut Vec<String>) {
+        if !is_dns_label(&self.namespace) {
+            problems.push(format!(
+                "kubernetes.namespace: `{}` is not a DNS label (lowercase letters, digits and `-`, at most 63)",
+                self.namespace
+            ));
+        }
+        if self.default_queue.trim().is_empty() {
+            problems.push("kubernetes.defaultQueue: must name a queue".into());
+        }
+        for (tenant, queue) in &self.queues {
+            if queue.trim().is_empty() {
+                problems.push(format!("kubernetes.queues.{tenant}: must name a queue"));
+            }
+        }
+        let catalog = GpuCatalog::default();
+        for (product, gpu_type) in &self.gpu_types {
+            if !catalog.contains(gpu_type) {
+                problems.push(format!(
+                    "kubernetes.gpuTypes.{product}: unknown GPU type `{gpu_type}`; use one of {}",
+                    catalog.names().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        for (i, rule) in self.priority_classes.iter().enumerate() {
+            if rule.min_priority > 100 {
+                problems
+                    .push(format!("kubernetes.priorityClasses[{i}].minPriority: {} is above 100", rule.min_priority));
+            }
+            if !is_dns_subdomain(&rule.name) {
+                problems.push(format!("kubernetes.priorityClasses[{i}].name: `{}` is not a valid name", rule.name));
+            }
+        }
+        if self.request_timeout.0.is_zero() {
+            problems.push("kubernetes.requestTimeout: must be longer than 0s".into());
+        }
+        if self.poll_interval.0.is_zero() {
+            problems.push("kubernetes.pollInterval: must be longer than 0s".into());
+        }
+    }
+
+    /// The queue a tenant's jobs go to.
+    pub fn queue_for(&self, tenant: &str) -> &str {
+        self.queues.get(tenant).map_or(self.default_queue.as_str(), String::as_str)
+    }
+
+    /// The priority class for a Meridian priority, if any rule applies.
+    pub fn priority_class_for(&self, priority: u32) -> Option<&str> {
+        self.priority_classes
+            .iter()
+            .filter(|rule| rule.min_priority <= priority)
+            .max_by_key(|rule| rule.min_priority)
+            .map(|rule| rule.name.as_str())
+    }
+}
+
+/// RFC 1123 label: what namespaces and most object names must be.
+pub(crate) fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_volcano_in_namespace_meridian_with_ten_second_calls() {
+        let config: KubernetesConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(config, KubernetesConfig::default());
+        assert_eq!(config.mode, Mode::Volcano);
+        assert_eq!(config.request_timeout.0.as_secs(), 10);
+        assert_eq!(config.poll_interval.0.as_secs(), 2);
+        let mut problems = Vec::new();
+        config.check(&mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_field_path() {
+        let config: KubernetesConfig = serde_json::from_value(serde_json::json!({
+            "namespace": "Bad_NS",
+            "defaultQueue": " ",
+            "queues": {"team-a": ""},
+            "gpuTypes": {"NVIDIA-Foo": "foo"},
+            "priorityClasses": [{"minPriority": 101, "name": "Hi!"}],
+            "requestTimeout": "0s",
+            "pollInterval": "0s",
+        }))
+        .unwrap();
+        let mut problems = Vec::new();
+        config.check(&mut problems);
+        let fields: Vec<&str> = problems.iter().map(|p| p.split(':').next().unwrap()).collect();
+        assert_eq!(
+            fields,
+            [
+                "kubernetes.namespace",
+                "kubernetes.defaultQueue",
+                "kubernetes.queues.team-a",
+                "kubernetes.gpuTypes.NVIDIA-Foo",
+                "kubernetes.priorityClasses[0].minPriority",
+                "kubernetes.priorityClasses[0].name",
+                "kubernetes.requestTimeout",
+                "kubernetes.pollInterval",
+            ],
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = serde_json::from_str::<KubernetesConfig>(r#"{"namespce": "x"}"#).unwrap_err();
+        assert!(err.to_string().contains("namespce"), "{err}");
+    }
+
+    #[test]
+    fn queues_and_priority_classes_follow_the_tenant_and_thresholds() {
+        let config = KubernetesConfig {
+            queues: BTreeMap::from([("vision".into(), "gpu-vision".into())]),
+            priority_classes: vec![
+                PriorityClassRule { min_priority: 80, name: "high".into() },
+                PriorityClassRule { min_priority: 0, name: "low".into() },
+            ],
+            ..KubernetesConfig::default()
+        };
+        assert_eq!(config.queue_for("vision"), "gpu-vision");
+        assert_eq!(config.queue_for("nlp"), "default");
+        assert_eq!(config.priority_class_for(90), Some("high"));
+        assert_eq!(config.priority_class_for(50), Some("low"));
+        assert_eq!(KubernetesConfig::default().priority_class_for(50), None);
+    }
+}

@@ -1,0 +1,284 @@
+//! Nodes and pods → [`Inventory`]: GPUs from `nvidia.com/gpu` (and MIG `nvidia.com/mig-*`)
+//! allocatable, the GPU model from NVIDIA GPU feature discovery labels, minus what bound,
+//! non-terminal pods request. Unschedulable or NotReady nodes have nothing free.
+//!
+//! Nodes are grouped into shapes by (GPU type, GPUs, CPU, memory). The labels every node of a
+//! shape shares are kept by [`Scan::shape_labels`], ready for `NodeShape` to carry them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::inventory::{Inventory, NodeFree, NodeShape};
+
+use crate::backend::BackendError;
+
+/// The full-GPU extended resource.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// GPU feature discovery: the GPU model (`NVIDIA-A100-SXM4-80GB`).
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// GPU feature discovery: memory per GPU in MiB.
+pub const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+/// GPU feature discovery: GPUs on the node.
+pub const COUNT_LABEL: &str = "nvidia.com/gpu.count";
+/// Prefix of MIG extended resources (`nvidia.com/mig-1g.10gb`).
+pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+
+/// Maps a GPU product label to a Meridian GPU type: `kubernetes.gpuTypes` first, then the
+/// model name found among the label's `-`-separated words.
+#[derive(Debug, Clone, Default)]
+pub struct GpuTypeMapper {
+    overrides: BTreeMap<String, String>,
+}
+
+/// What one look at the cluster's nodes found.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    /// Node shapes with what is free.
+    pub inventory: Inventory,
+    /// Labels every node of a shape carries, by shape name.
+    pub shape_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Product labels seen, by the GPU type they map to (for node selectors).
+    pub products: BTreeMap<String, Vec<String>>,
+}
+
+/// One GPU "slot kind" of a node: its full GPUs, or one MIG profile.
+struct Entry<'a> {
+    node: &'a str,
+    gpu_type: String,
+    gpu_memory_gib: u32,
+    resource: String,
+    gpus: u32,
+    cpu: u32,
+    memory_gib: u32,
+    cpu_raw: f64,
+    memory_bytes: f64,
+    usable: bool,
+    labels: &'a BTreeMap<String, String>,
+}
+
+impl GpuTypeMapper {
+    /// A mapper with `overrides` (product label → GPU type).
+    pub fn new(overrides: BTreeMap<String, String>) -> Self {
+        Self { overrides }
+    }
+
+    /// The GPU type of a product label; `memory_mib` (the memory label) splits A100 40/80 GB.
+    pub fn gpu_type(&self, product: &str, memory_mib: Option<u64>) -> Result<String, BackendError> {
+        if let Some(gpu_type) = self.overrides.get(product) {
+            return Ok(gpu_type.clone());
+        }
+        let lower = product.to_ascii_lowercase();
+        let words: Vec<&str> = lower.split(['-', '_', ' ']).collect();
+        let has = |w: &str| words.contains(&w);
+        let known = ["gh200", "b200", "h200", "h100", "l40s", "l4", "a10g", "v100", "t4", "mi300x", "mi250x"];
+        if let Some(name) = known.iter().find(|name| has(name)) {
+            return Ok((*name).to_string());
+        }
+        if has("a100") {
+            let big = has("80gb") || memory_mib.is_some_and(|mib| mib >= 60 * 1024);
+            return Ok(if big { "a100-80g" } else { "a100-40g" }.into());
+        }
+        Err(BackendError::permanent(format!(
+            "node GPU product `{product}` (label {PRODUCT_LABEL}) maps to no Meridian GPU type; \
+             add it to kubernetes.gpuTypes, e.g. `{product}: h100`"
+        )))
+    }
+}
+
+/// Reads a Kubernetes quantity (`96`, `500m`, `512Gi`, `1e3`, `64G`) as a number of base units.
+pub fn quantity(q: &Quantity) -> f64 {
+    let text = q.0.trim();
+    let split = text.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let factor = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0_f64.powi(4),
+        "Pi" => 1024.0_f64.powi(5),
+        _ => return 0.0,
+    };
+    number.parse::<f64>().map_or(0.0, |n| n * factor)
+}
+
+/// Bytes → whole GiB, rounded down.
+fn gib(bytes: f64) -> u32 {
+    (bytes / (1024.0 * 1024.0 * 1024.0)).floor().clamp(0.0, f64::from(u32::MAX)) as u32
+}
+
+fn whole(value: f64) -> u32 {
+    value.floor().clamp(0.0, f64::from(u32::MAX)) as u32
+}
+
+/// What one pod requests, by resource name (containers summed; an init container counts when
+/// it asks for more). Extended resources given only as limits count as requests.
+pub fn pod_requests(pod: &Pod) -> BTreeMap<String, f64> {
+    let mut total = BTreeMap::<String, f64>::new();
+    let Some(spec) = &pod.spec else { return total };
+    let container_requests = |c: &k8s_openapi::api::core::v1::Container| {
+        let mut wants = BTreeMap::<String, f64>::new();
+        if let Some(resources) = &c.resources {
+            for (name, q) in resources.limits.iter().flatten() {
+                wants.insert(name.clone(), quantity(q));
+            }
+            for (name, q) in resources.requests.iter().flatten() {
+                wants.insert(name.clone(), quantity(q));
+            }
+        }
+        wants
+    };
+    for container in &spec.containers {
+        for (name, amount) in container_requests(container) {
+            *total.entry(name).or_default() += amount;
+        }
+    }
+    for init in spec.init_containers.iter().flatten() {
+        for (name, amount) in container_requests(init) {
+            let entry = total.entry(name).or_default();
+            *entry = entry.max(amount);
+        }
+    }
+    total
+}
+
+/// Whether a pod holds node resources: bound to a node and not finished.
+pub fn pod_holds_resources(pod: &Pod) -> bool {
+    let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    bound && phase != "Succeeded" && phase != "Failed"
+}
+
+/// The memory of a MIG profile (`1g.10gb` → 10).
+fn mig_memory_gib(profile: &str) -> Option<u32> {
+    profile.split('.').nth(1)?.strip_suffix("gb")?.parse().ok()
+}
+
+/// Builds the inventory of the GPU nodes among `nodes`, with what `pods` hold taken off.
+pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan, BackendError> {
+    let catalog = GpuCatalog::default();
+    let mut used = BTreeMap::<&str, BTreeMap<String, f64>>::new();
+    for pod in pods.iter().filter(|p| pod_holds_resources(p)) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
+        let per_node = used.entry(node).or_default();
+        for (name, amount) in pod_requests(pod) {
+            *per_node.entry(name).or_default() += amount;
+        }
+    }
+    let empty_labels = BTreeMap::new();
+    let mut entries = Vec::new();
+    let mut products = BTreeMap::<String, Vec<String>>::new();
+    let mut sorted: Vec<&Node> = nodes.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for node in sorted {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty_labels);
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        let amount = |resource: &str| allocatable.and_then(|a| a.get(resource)).map_or(0.0, quantity);
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let schedulable = !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+        let mig: Vec<(String, f64)> = allocatable
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with(MIG_PREFIX))
+            .map(|(k, q)| (k.clone(), quantity(q)))
+            .filter(|(_, n)| *n >= 1.0)
+            .collect();
+        let full_gpus = whole(amount(GPU_RESOURCE));
+        if full_gpus == 0 && mig.is_empty() {
+            continue;
+        }
+        let Some(product) = labels.get(PRODUCT_LABEL) else {
+            return Err(BackendError::permanent(format!(
+                "node `{name}` has GPUs but no {PRODUCT_LABEL} label; is NVIDIA GPU feature discovery running?"
+            )));
+        };
+        let memory_mib = labels.get(MEMORY_LABEL).and_then(|m| m.parse::<u64>().ok());
+        let base = mapper.gpu_type(product, memory_mib)?;
+        let base_memory = memory_mib
+            .map(|mib| u32::try_from(mib / 1024).unwrap_or(u32::MAX))
+            .or_else(|| catalog.memory_gib(&base))
+            .unwrap_or(0);
+        let cpu_total = amount("cpu");
+        let memory_total = amount("memory");
+        let usable = ready && schedulable;
+        let mut add = |gpu_type: String, gpu_memory_gib: u32, resource: String, gpus: u32| {
+            products.entry(gpu_type.clone()).or_default().push(product.clone());
+            entries.push(Entry {
+                node: name,
+                gpu_type,
+                gpu_memory_gib,
+                gpus,
+                cpu: whole(cpu_total),
+                memory_gib: gib(memory_total),
+                cpu_raw: cpu_total,
+                memory_bytes: memory_total,
+                usable,
+                labels,
+                resource,
+            });
+        };
+        if full_gpus > 0 {
+            add(base.clone(), base_memory, GPU_RESOURCE.into(), full_gpus);
+        }
+        for (resource, count) in &mig {
+            let profile = &resource[MIG_PREFIX.len()..];
+            let memory = mig_memory_gib(profile).unwrap_or(0);
+            add(format!("{base}.{profile}"), memory, resource.clone(), whole(*count));
+        }
+    }
+    let mut scan = Scan::default();
+    let mut shapes: BTreeMap<(String, u32, u32, u32), NodeShape> = BTreeMap::new();
+    let mut labels_by_shape: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for entry in &entries {
+        let node_used = used.get(entry.node);
+        let used_of = |resource: &str| node_used.and_then(|u| u.get(resource)).copied().unwrap_or(0.0);
+        let free = if entry.usable {
+            NodeFree {
+                gpus: whole(f64::from(entry.gpus) - used_of(&entry.resource)),
+                cpu: whole(entry.cpu_raw - used_of("cpu")),
+                memory_gib: gib(entry.memory_bytes - used_of("memory")),
+            }
+        } else {
+            NodeFree::default()
+        };
+        let key = (entry.gpu_type.clone(), entry.gpus, entry.cpu, entry.memory_gib);
+        let name = format!("{}x{}-{}c-{}g", entry.gpu_type, entry.gpus, entry.cpu, entry.memory_gib);
+        let shape = shapes.entry(key).or_insert_with(|| NodeShape {
+            name: name.clone(),
+            gpu_type: entry.gpu_type.clone(),
+            gpu_memory_gib: entry.gpu_memory_gib,
+            gpus_per_node: entry.gpus,
+            cpu_per_node: entry.cpu,
+            memory_gib_per_node: entry.memory_gib,
+            free: Vec::new(),
+        });
+        shape.free.push(free);
+        match labels_by_shape.get_mut(&name) {
+            Some(common) => common.retain(|k, v| entry.labels.get(k) == Some(v)),
+            None => {
+                labels_by_shape.insert(name, entry.labels.clone());
+            }
+        }
+    }
+    for list in products.values_mut() {
+        list.sort();
+        list.dedup();
+    }
+    scan.inventory.shapes = shapes.into_values().collect();
+    scan.shape_labels = labels_by_shape;
+    scan.products = products;
+    Ok(scan)
+}

@@ -1,0 +1,316 @@
+//! The objects the agent creates: a Volcano Job (volcano mode) or a suspended `batch/v1` Job
+//! for Kueue (kueue mode), built as JSON from an [`Assignment`], with the names, labels and
+//! annotations that let a restarted agent find them again.
+
+use std::collections::BTreeMap;
+
+use meridian_proto::protocol::Assignment;
+use serde_json::{Value, json};
+
+use super::config::{KubernetesConfig, Mode};
+use super::inventory::{GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL};
+
+/// Label on every object Meridian creates, to list them all.
+pub const MANAGED_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_LABEL`].
+pub const MANAGED_VALUE: &str = "meridian";
+/// Label: the job id (label-safe form; the exact id is in the annotation of the same name).
+pub const JOB_ID_KEY: &str = "meridian.io/job-id";
+/// Annotation: the binding's fencing token.
+pub const TOKEN_KEY: &str = "meridian.io/fencing-token";
+/// Label Kueue reads to pick the LocalQueue of a Job.
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// Name of the single task / container.
+pub const TASK_NAME: &str = "main";
+
+/// Where the job's replicas must land: the GPU resource to ask for, and the product labels
+/// of nodes with the job's GPU type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuPlacement {
+    /// `nvidia.com/gpu`, or the MIG resource (`nvidia.com/mig-1g.10gb`).
+    pub resource: String,
+    /// Product label values to select; empty: any node.
+    pub products: Vec<String>,
+}
+
+impl GpuPlacement {
+    /// The resource a GPU type is asked for with: MIG types (`a100-80g.1g.10gb`) use their
+    /// profile's resource.
+    pub fn for_type(gpu_type: Option<&str>, products: Vec<String>) -> Self {
+        let resource = match gpu_type.and_then(|t| t.split_once('.')) {
+            Some((_, profile)) => format!("{MIG_PREFIX}{profile}"),
+            None => GPU_RESOURCE.to_string(),
+        };
+        Self { resource, products }
+    }
+}
+
+/// The label-safe form of a job id: lowercase letters, digits, `-` and `.`, at most 28.
+pub fn label_value(job_id: &str) -> String {
+    let mut safe: String = job_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    if safe != job_id || safe.len() > 28 {
+        // Two ids that differ only in what was replaced must not collide.
+        safe.truncate(19);
+        safe = format!("{}-{:08x}", safe.trim_matches(['-', '.']), fnv32(job_id));
+    }
+    safe
+}
+
+/// The object name of a binding: DNS-safe, from the job id and token, at most 52 characters so
+/// pod names derived from it (`<name>-main-<index>`) stay valid labels.
+pub fn object_name(job_id: &str, fencing_token: u64) -> String {
+    let id = label_value(job_id).replace('.', "-");
+    let id = id.trim_matches('-');
+    format!("m-{id}-t{fencing_token}")
+}
+
+/// FNV-1a, so names are the same on every agent build.
+fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// Builds the object for `job` in the configured mode.
+pub fn build(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+    match config.mode {
+        Mode::Volcano => volcano_job(job, config, gpu),
+        Mode::Kueue => kueue_job(job, config, gpu),
+    }
+}
+
+fn metadata(job: &Assignment, config: &KubernetesConfig, extra_labels: &[(&str, &str)]) -> Value {
+    let mut labels = BTreeMap::from([
+        (MANAGED_LABEL.to_string(), MANAGED_VALUE.to_string()),
+        (JOB_ID_KEY.to_string(), label_value(&job.job_id)),
+    ]);
+    for (k, v) in extra_labels {
+        labels.insert((*k).to_string(), (*v).to_string());
+    }
+    json!({
+        "name": object_name(&job.job_id, job.fencing_token),
+        "namespace": config.namespace,
+        "labels": labels,
+        "annotations": {
+            JOB_ID_KEY: job.job_id,
+            TOKEN_KEY: job.fencing_token.to_string(),
+        },
+    })
+}
+
+/// The pod template every replica runs.
+fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+    let spec = &job.spec;
+    let resources = &spec.gang.resources;
+    let mut requests = serde_json::Map::new();
+    if resources.cpu > 0 {
+        requests.insert("cpu".into(), json!(resources.cpu.to_string()));
+    }
+    if resources.memory_gib > 0 {
+        requests.insert("memory".into(), json!(format!("{}Gi", resources.memory_gib)));
+    }
+    let env: Vec<Value> = spec.payload.env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let mut container = json!({
+        "name": TASK_NAME,
+        "image": spec.payload.image.clone().unwrap_or_default(),
+        "resources": {
+            "limits": { gpu.resource.clone(): resources.gpus.to_string() },
+            "requests": requests,
+        },
+    });
+    if !spec.payload.command.is_empty() {
+        container["command"] = json!(spec.payload.command);
+    }
+    if !env.is_empty() {
+        container["env"] = json!(env);
+    }
+    let mut pod = json!({
+        "restartPolicy": "Never",
+        "containers": [container],
+    });
+    if let Some(limit) = spec.runtime.limit {
+        pod["activeDeadlineSeconds"] = json!(limit.0.as_secs().max(1));
+    }
+    if let Some(class) = config.priority_class_for(spec.priority) {
+        pod["priorityClassName"] = json!(class);
+    }
+    match gpu.products.as_slice() {
+        [] => {}
+        [one] => pod["nodeSelector"] = json!({ PRODUCT_LABEL: one }),
+        many => {
+            pod["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": PRODUCT_LABEL, "operator": "In", "values": many}
+                ]}]
+            }}});
+        }
+    }
+    json!({
+        "metadata": {"labels": {
+            MANAGED_LABEL: MANAGED_VALUE,
+            JOB_ID_KEY: label_value(&job.job_id),
+        }},
+        "spec": pod,
+    })
+}
+
+/// A Volcano Job: one task of `replicas` pods, gang-scheduled (`minAvailable` = replicas);
+/// a failed pod terminates the whole job.
+pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+    let replicas = job.spec.gang.replicas;
+    let mut spec = json!({
+        "schedulerName": "volcano",
+        "minAvailable": replicas,
+        "queue": config.queue_for(&job.spec.tenant),
+        "maxRetry": 0,
+        "policies": [{"event": "PodFailed", "action": "TerminateJob"}],
+        "tasks": [{
+            "name": TASK_NAME,
+            "replicas": replicas,
+            "template": pod_template(job, config, gpu),
+        }],
+    });
+    if let Some(class) = config.priority_class_for(job.spec.priority) {
+        spec["priorityClassName"] = json!(class);
+    }
+    json!({
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": metadata(job, config, &[]),
+        "spec": spec,
+    })
+}
+
+/// A `batch/v1` Job for Kueue: created suspended in the tenant's LocalQueue; Kueue resumes it
+/// when the whole gang (parallelism = completions = replicas) is admitted.
+pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+    let replicas = job.spec.gang.replicas;
+    let queue = config.queue_for(&job.spec.tenant);
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(job, config, &[(KUEUE_QUEUE_LABEL, queue)]),
+        "spec": {
+            "parallelism": replicas,
+            "completions": replicas,
+            "backoffLimit": 0,
+            "suspend": true,
+            "template": pod_template(job, config, gpu),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use meridian_proto::duration::HumanDuration;
+
+    use super::*;
+    use crate::backend::kubernetes::config::PriorityClassRule;
+    use crate::backend::kubernetes::tests::assignment;
+
+    fn config(mode: Mode) -> KubernetesConfig {
+        KubernetesConfig {
+            mode,
+            namespace: "ml".into(),
+            queues: BTreeMap::from([("vision".into(), "q-vision".into())]),
+            priority_classes: vec![PriorityClassRule { min_priority: 70, name: "meridian-high".into() }],
+            ..KubernetesConfig::default()
+        }
+    }
+
+    fn job() -> Assignment {
+        let mut job = assignment("j-00000abc", 7, "vision", 2, 4);
+        job.spec.priority = 80;
+        job.spec.gang.resources.cpu = 16;
+        job.spec.gang.resources.memory_gib = 128;
+        job.spec.runtime.limit = Some(HumanDuration::from_secs(7200));
+        job.spec.payload.command = vec!["python".into(), "train.py".into()];
+        job.spec.payload.env = BTreeMap::from([("EPOCHS".into(), "3".into())]);
+        job
+    }
+
+    fn a100() -> GpuPlacement {
+        GpuPlacement::for_type(Some("a100-80g"), vec!["NVIDIA-A100-SXM4-80GB".into()])
+    }
+
+    #[test]
+    fn a_volcano_job_carries_every_field_the_gang_needs() {
+        let object = volcano_job(&job(), &config(Mode::Volcano), &a100());
+        assert_eq!(object["apiVersion"], "batch.volcano.sh/v1alpha1");
+        assert_eq!(object["kind"], "Job");
+        let meta = &object["metadata"];
+        assert_eq!(meta["name"], "m-j-00000abc-t7");
+        assert_eq!(meta["namespace"], "ml");
+        assert_eq!(meta["labels"][JOB_ID_KEY], "j-00000abc");
+        assert_eq!(meta["labels"][MANAGED_LABEL], "meridian");
+        assert_eq!(meta["annotations"][TOKEN_KEY], "7");
+        assert_eq!(meta["annotations"][JOB_ID_KEY], "j-00000abc");
+        let spec = &object["spec"];
+        assert_eq!(spec["schedulerName"], "volcano");
+        assert_eq!(spec["minAvailable"], 2);
+        assert_eq!(spec["queue"], "q-vision");
+        assert_eq!(spec["priorityClassName"], "meridian-high");
+        assert_eq!(spec["tasks"].as_array().unwrap().len(), 1);
+        let task = &spec["tasks"][0];
+        assert_eq!(task["replicas"], 2);
+        let pod = &task["template"]["spec"];
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["activeDeadlineSeconds"], 7200);
+        assert_eq!(pod["priorityClassName"], "meridian-high");
+        assert_eq!(pod["nodeSelector"][PRODUCT_LABEL], "NVIDIA-A100-SXM4-80GB");
+        let container = &pod["containers"][0];
+        assert_eq!(container["image"], "registry.example/train:1");
+        assert_eq!(container["command"], json!(["python", "train.py"]));
+        assert_eq!(container["env"], json!([{"name": "EPOCHS", "value": "3"}]));
+        assert_eq!(container["resources"]["limits"]["nvidia.com/gpu"], "4");
+        assert_eq!(container["resources"]["requests"]["cpu"], "16");
+        assert_eq!(container["resources"]["requests"]["memory"], "128Gi");
+    }
+
+    #[test]
+    fn a_kueue_job_is_suspended_in_the_tenants_local_queue() {
+        let mut job = job();
+        job.spec.tenant = "nlp".into();
+        let object = kueue_job(&job, &config(Mode::Kueue), &a100());
+        assert_eq!(object["apiVersion"], "batch/v1");
+        assert_eq!(object["kind"], "Job");
+        assert_eq!(object["metadata"]["labels"][KUEUE_QUEUE_LABEL], "default");
+        assert_eq!(object["metadata"]["annotations"][TOKEN_KEY], "7");
+        let spec = &object["spec"];
+        assert_eq!(spec["suspend"], true);
+        assert_eq!(spec["parallelism"], 2);
+        assert_eq!(spec["completions"], 2);
+        assert_eq!(spec["backoffLimit"], 0);
+        let pod = &spec["template"]["spec"];
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "4");
+        assert_eq!(pod["nodeSelector"][PRODUCT_LABEL], "NVIDIA-A100-SXM4-80GB");
+    }
+
+    #[test]
+    fn a_mig_type_asks_for_its_profile_and_several_products_use_affinity() {
+        let gpu = GpuPlacement::for_type(Some("a100-80g.1g.10gb"), vec!["A".into(), "B".into()]);
+        assert_eq!(gpu.resource, "nvidia.com/mig-1g.10gb");
+        let object = volcano_job(&job(), &config(Mode::Volcano), &gpu);
+        let pod = &object["spec"]["tasks"][0]["template"]["spec"];
+        assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"], "4");
+        assert!(pod.get("nodeSelector").is_none());
+        let term =
+            &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+        assert_eq!(term["matchExpressions"][0]["values"], json!(["A", "B"]));
+    }
+
+    #[test]
+    fn names_are_dns_safe_and_distinct_for_ids_that_sanitize_alike() {
+        let a = object_name("Job_1/x", 3);
+        let b = object_name("job-1-x", 3);
+        assert_ne!(a, b);
+        for name in [&a, &b, &object_name(&"x".repeat(200), u64::MAX)] {
+            assert!(super::super::config::is_dns_label(name), "{name}");
+            assert!(name.len() <= 52, "{name}");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Object status → [`JobPhase`]: Volcano Job `status.state.phase`, batch Job conditions (a
+//! suspended Job waits for Kueue), with the reasons a gang waits (PodGroup conditions, Kueue
+//! Workload conditions, pods' `PodScheduled=False`) and the exit codes of failed pods.
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::backend::JobPhase;
+
+/// The phase of a Volcano Job, given its pods and PodGroup.
+pub fn volcano_phase(job: &Value, pods: &[Pod], pod_group: Option<&Value>) -> JobPhase {
+    let state = &job["status"]["state"];
+    let phase = state["phase"].as_str().unwrap_or("Pending");
+    let said = |default: &str| {
+        let message = state["message"].as_str().or_else(|| state["reason"].as_str()).unwrap_or_default();
+        if message.is_empty() { default.to_string() } else { format!("{default}: {message}") }
+    };
+    match phase {
+        "Running" => JobPhase::Running { nodes: nodes_of(pods) },
+        "Completing" | "Completed" => JobPhase::Succeeded { message: "Volcano job completed".into() },
+        "Aborting" | "Aborted" | "Terminating" | "Terminated" | "Failed" => {
+            JobPhase::Failed { message: failure_message(&said(&format!("Volcano job {}", phase.to_lowercase())), pods) }
+        }
+        "Restarting" => JobPhase::Pending { reason: said("Volcano is restarting the job") },
+        _ => {
+            let queue = job["spec"]["queue"].as_str().unwrap_or("default");
+            JobPhase::Pending { reason: volcano_wait_reason(queue, pods, pod_group) }
+        }
+    }
+}
+
+/// Why a Volcano gang waits: the PodGroup's `Unschedulable` condition, else a pod's scheduling
+/// failure, else that it is queued.
+fn volcano_wait_reason(queue: &str, pods: &[Pod], pod_group: Option<&Value>) -> String {
+    if let Some(group) = pod_group {
+        let unschedulable = conditions(group).find(|c| c["type"] == "Unschedulable" && c["status"] == "True");
+        if let Some(condition) = unschedulable {
+            return format!("waiting in Volcano queue `{queue}`: {}", condition_text(condition));
+        }
+    }
+    if let Some(reason) = pod_wait_reason(pods) {
+        return format!("waiting in Volcano queue `{queue}`: {reason}");
+    }
+    format!("waiting in Volcano queue `{queue}` for the gang to be scheduled")
+}
+
+/// The phase of a `batch/v1` Job run through Kueue, given its pods and Workload.
+pub fn batch_phase(job: &Value, pods: &[Pod], workload: Option<&Value>) -> JobPhase {
+    let condition_true = |kind: &str| conditions(job).find(|c| c["type"] == kind && c["status"] == "True");
+    if condition_true("Complete").is_some() || condition_true("SuccessCriteriaMet").is_some() {
+        return JobPhase::Succeeded { message: "Kubernetes job completed".into() };
+    }
+    if let Some(failed) = condition_true("Failed").or_else(|| condition_true("FailureTarget")) {
+        let base = format!("Kubernetes job failed: {}", condition_text(failed));
+        return JobPhase::Failed { message: failure_message(&base, pods) };
+    }
+    let queue = job["metadata"]["labels"][super::objects::KUEUE_QUEUE_LABEL].as_str().unwrap_or("default");
+    if job["spec"]["suspend"] == Value::Bool(true) {
+        let reason = workload
+            .and_then(|w| {
+                conditions(w)
+                    .find(|c| (c["type"] == "QuotaReserved" || c["type"] == "Admitted") && c["status"] == "False")
+                    .map(condition_text)
+            })
+            .unwrap_or_else(|| "waiting for Kueue admission".into());
+        return JobPhase::Pending { reason: format!("suspended in Kueue queue `{queue}`: {reason}") };
+    }
+    let wanted = job["spec"]["parallelism"].as_u64().unwrap_or(1);
+    let running = pods.iter().filter(|p| pod_phase(p) == "Running").count() as u64;
+    if running >= wanted {
+        return JobPhase::Running { nodes: nodes_of(pods) };
+    }
+    let reason = pod_wait_reason(pods).unwrap_or_else(|| format!("{running} of {wanted} pods running"));
+    JobPhase::Pending { reason: format!("admitted by Kueue queue `{queue}`; starting: {reason}") }
+}
+
+fn conditions(object: &Value) -> impl Iterator<Item = &Value> {
+    object["status"]["conditions"].as_array().into_iter().flatten()
+}
+
+/// `Reason: message` of a condition, whichever parts it has.
+fn condition_text(condition: &Value) -> String {
+    let reason = condition["reason"].as_str().unwrap_or_default();
+    let message = condition["message"].as_str().unwrap_or_default();
+    match (reason.is_empty(), message.is_empty()) {
+        (false, false) => format!("{reason}: {message}"),
+        (true, false) => message.into(),
+        (false, true) => reason.into(),
+        (true, true) => "no reason given".into(),
+    }
+}
+
+fn pod_phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+/// The first pod's `PodScheduled=False` reason and message.
+fn pod_wait_reason(pods: &[Pod]) -> Option<String> {
+    pods.iter().find_map(|pod| {
+        let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+        let c = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        Some(format!(
+            "{}: {}",
+            c.reason.as_deref().unwrap_or("Unschedulable"),
+            c.message.as_deref().unwrap_or("no message")
+        ))
+    })
+}
+
+/// Nodes of the job's pods, sorted (one entry per replica).
+pub fn nodes_of(pods: &[Pod]) -> Vec<String> {
+    let mut nodes: Vec<String> = pods
+        .iter()
+        .filter(|p| pod_phase(p) != "Pending" || p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// `base`, plus the exit codes of containers that ended with one other than 0.
+fn failure_message(base: &str, pods: &[Pod]) -> String {
+    let mut exits = Vec::new();
+    for pod in pods {
+        let name = pod.metadata.name.as_deref().unwrap_or("pod");
+        for status in pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten()) {
+            let Some(terminated) = status.state.as_ref().and_then(|s| s.terminated.as_ref()) else { continue };
+            if terminated.exit_code != 0 {
+                let why = terminated.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+                exits.push(format!("pod `{name}` exited with code {}{why}", terminated.exit_code));
+            }
+        }
+        let reason = pod.status.as_ref().and_then(|s| s.reason.as_deref());
+        if let Some(reason) = reason.filter(|_| exits.is_empty() && pod_phase(pod) == "Failed") {
+            exits.push(format!("pod `{name}` failed: {reason}"));
+        }
+    }
+    if exits.is_empty() { base.to_string() } else { format!("{base}; {}", exits.join("; ")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn running_pod(name: &str, node: &str) -> Pod {
+        pod(
+            json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running"}}),
+        )
+    }
+
+    fn failed_pod(name: &str, code: i32) -> Pod {
+        pod(json!({"metadata": {"name": name}, "spec": {"nodeName": "n1", "containers": []}, "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]
+        }}))
+    }
+
+    fn vcjob(phase: &str) -> Value {
+        json!({"spec": {"queue": "team"}, "status": {"state": {"phase": phase}}})
+    }
+
+    #[test]
+    fn volcano_phases_map_to_job_phases() {
+        let pods = [running_pod("p-1", "gpu-b"), running_pod("p-0", "gpu-a")];
+        assert_eq!(
+            volcano_phase(&vcjob("Running"), &pods, None),
+            JobPhase::Running { nodes: vec!["gpu-a".into(), "gpu-b".into()] }
+        );
+        assert!(matches!(volcano_phase(&vcjob("Completed"), &[], None), JobPhase::Succeeded { .. }));
+        for phase in ["Aborted", "Terminated", "Failed", "Terminating"] {
+            assert!(matches!(volcano_phase(&vcjob(phase), &[], None), JobPhase::Failed { .. }), "{phase}");
+        }
+        assert!(matches!(volcano_phase(&json!({}), &[], None), JobPhase::Pending { .. }));
+    }
+
+    #[test]
+    fn a_failed_volcano_job_names_the_exit_code() {
+        let JobPhase::Failed { message } = volcano_phase(&vcjob("Terminated"), &[failed_pod("p-0", 3)], None) else {
+            panic!("expected failed")
+        };
+        assert!(message.contains("exited with code 3"), "{message}");
+        assert!(message.contains("p-0"), "{message}");
+    }
+
+    #[test]
+    fn a_pending_gang_says_why_from_the_pod_group_or_its_pods() {
+        let group = json!({"status": {"phase": "Pending", "conditions": [{"type": "Unschedulable", "status": "True",
+            "reason": "NotEnoughResources", "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]}});
+        let JobPhase::Pending { reason } = volcano_phase(&vcjob("Pending"), &[], Some(&group)) else { panic!() };
+        assert!(reason.contains("queue `team`") && reason.contains("2 Insufficient nvidia.com/gpu"), "{reason}");
+        let waiting = pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "node(s) didn't match selector"}]}}));
+        let JobPhase::Pending { reason } = volcano_phase(&vcjob("Pending"), &[waiting], None) else { panic!() };
+        assert!(reason.contains("Unschedulable: node(s) didn't match selector"), "{reason}");
+    }
+
+    #[test]
+    fn batch_job_conditions_and_suspension_map_to_job_phases() {
+        let complete = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+        assert!(matches!(batch_phase(&complete, &[], None), JobPhase::Succeeded { .. }));
+        let failed =
+            json!({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}});
+        let JobPhase::Failed { message } = batch_phase(&failed, &[failed_pod("p", 3)], None) else { panic!() };
+        assert!(message.contains("BackoffLimitExceeded") && message.contains("code 3"), "{message}");
+
+        let suspended = json!({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq"}}, "spec": {"suspend": true, "parallelism": 2}});
+        let workload = json!({"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+            "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"}]}});
+        let JobPhase::Pending { reason } = batch_phase(&suspended, &[], Some(&workload)) else { panic!() };
+        assert!(reason.contains("`lq`") && reason.contains("insufficient quota"), "{reason}");
+
+        let resumed = json!({"spec": {"suspend": false, "parallelism": 2}});
+        assert!(matches!(batch_phase(&resumed, &[running_pod("a", "n1")], None), JobPhase::Pending { .. }));
+        assert_eq!(
+            batch_phase(&resumed, &[running_pod("a", "n1"), running_pod("b", "n2")], None),
+            JobPhase::Running { nodes: vec!["n1".into(), "n2".into()] }
+        );
+    }
+}

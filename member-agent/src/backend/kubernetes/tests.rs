@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use super::fake::{self, FakeApi};
 use super::inventory::{GpuTypeMapper, scan};
 use super::*;
-use crate::backend::conformance;
+use crate::backend::conformance::{self, Reopened};
 use crate::backend::{JobEventReceiver, JobPhase};
 
 /// A job of `replicas` × `gpus` for `tenant`, with an image.
@@ -308,11 +308,6 @@ impl Fixture {
     }
 }
 
-/// What `reopen` answers (the extended conformance `Reopened`).
-pub(crate) type Reopened = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (Arc<dyn LocalBackend>, Arc<dyn InventorySource>, JobEventReceiver)> + Send>,
->;
-
 fn reopener(api: &Arc<FakeApi>, mode: Mode) -> Box<dyn Fn() -> Reopened + Send + Sync> {
     let api = Arc::clone(api);
     Box::new(move || {
@@ -325,19 +320,22 @@ fn reopener(api: &Arc<FakeApi>, mode: Mode) -> Box<dyn Fn() -> Reopened + Send +
     })
 }
 
-/// The current suite runs without the stand-in controller: it checks submit, cancel and list
-/// semantics, and a repeated submit must answer like the first (a gang starting between the two
-/// would turn `Queued` into `Started`, which a real cluster may do).
+/// The shared suite, against the fake API with its stand-in controller.
 async fn conformance_in(mode: Mode) {
-    let mut fixture = Fixture::new(mode).await;
-    let (api, backend, events) = member(mode, false).await;
-    (fixture.api, fixture.backend, fixture.events) = (api, Arc::new(backend), events);
+    let f = Fixture::new(mode).await;
     conformance::run(conformance::Subject {
-        backend: fixture.backend.clone(),
-        inventory: fixture.backend.clone(),
-        events: fixture.events,
-        fits: fixture.runs.clone(),
-        never_fits: fixture.never_fits.clone(),
+        backend: f.backend.clone(),
+        inventory: f.backend.clone(),
+        events: f.events,
+        runs: f.runs,
+        fills: f.fills,
+        succeeds: f.succeeds,
+        fails: f.fails,
+        never_fits: f.never_fits,
+        reopen: f.reopen,
+        adopts: f.adopts,
+        keeps_logs: f.keeps_logs,
+        patience: f.patience,
     })
     .await;
 }

@@ -24,6 +24,9 @@ pub enum BuildError {
     /// The builtin scheduler refused the declared nodes or queues.
     #[error("builtin scheduler: {0}")]
     Scheduler(#[from] builtin::Error),
+    /// The process runner found no GPUs to schedule.
+    #[error("process runner: {0}")]
+    Discovery(#[from] backend::process::discovery::DiscoveryError),
     /// The backend could not start.
     #[error("backend: {0}")]
     Backend(#[from] backend::BackendError),
@@ -31,11 +34,30 @@ pub enum BuildError {
 
 /// Builds an agent (with its builtin backend) from a checked configuration.
 ///
-/// Must be called inside a Tokio runtime: the builtin backend starts its driver task here.
+/// Must be called inside a Tokio runtime: the builtin backend starts its driver task here. With
+/// the process runner this also reads this host's GPUs from NVML (see
+/// [`backend::process::discovery::host_nodes`]).
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
-    let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
+    let (nodes, runner) = match config.runner {
+        config::RunnerKind::Simulated => {
+            (config.node_specs(), backend::Runner::Simulated { time_scale: config.time_scale })
+        }
+        config::RunnerKind::Process => {
+            let process = config.process_config();
+            let hosts = backend::process::discovery::host_nodes(&process, config.node_specs(), || {
+                backend::nvml::NvmlProbe::init().map(|probe| Box::new(probe) as Box<dyn backend::nvml::GpuProbe>)
+            })?;
+            let settings = backend::process::ProcessSettings {
+                kill_grace: process.kill_grace.0,
+                log_bytes: process.log_bytes,
+                devices: backend::process::discovery::device_table(&hosts),
+            };
+            (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
+        }
+    };
+    let scheduler = builtin::BuiltinScheduler::new(nodes, config.queue_specs())?;
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let backend = Arc::new(backend::BuiltinBackend::new(scheduler, config.time_scale, events_tx)?);
+    let backend = Arc::new(backend::BuiltinBackend::with_runner(scheduler, runner, events_tx)?);
     let settings = agent::Settings {
         info: config.cluster_info(),
         gateway: config.gateway.clone(),

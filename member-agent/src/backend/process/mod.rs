@@ -27,6 +27,7 @@ use crate::backend::{BackendError, LogChunk};
 
 pub mod config;
 pub mod devices;
+pub mod discovery;
 pub mod group;
 pub mod output;
 pub mod supervisor;

@@ -324,7 +324,8 @@ mod tests {
 
     #[test]
     fn the_process_runner_refuses_containers_and_a_time_scale() {
-        let text = "cluster: east\nregion: us-east\nsupportsContainers: true\ntimeScale: 0.001\nprocess: {logBytes: 0}\n";
+        let text =
+            "cluster: east\nregion: us-east\nsupportsContainers: true\ntimeScale: 0.001\nprocess: {logBytes: 0}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => {
                 assert_eq!(problems.len(), 3, "{problems:?}");

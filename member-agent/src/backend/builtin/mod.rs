@@ -109,7 +109,11 @@ impl BuiltinBackend {
     ///
     /// Must be called inside a Tokio runtime (the driver task is spawned on it); outside one it
     /// returns a permanent error.
-    pub fn with_runner(scheduler: BuiltinScheduler, runner: Runner, events: JobEventSender) -> Result<Self, BackendError> {
+    pub fn with_runner(
+        scheduler: BuiltinScheduler,
+        runner: Runner,
+        events: JobEventSender,
+    ) -> Result<Self, BackendError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| BackendError::Permanent {
             message: "the builtin backend must be started inside a Tokio runtime".into(),
             source: Some(Box::new(e)),
@@ -254,7 +258,13 @@ impl BuiltinBackend {
         pressure
     }
 
-    fn logs_now(&self, job_id: &str, fencing_token: u64, from: Option<u64>, max_bytes: usize) -> Result<LogChunk, BackendError> {
+    fn logs_now(
+        &self,
+        job_id: &str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> Result<LogChunk, BackendError> {
         let state = self.shared.lock();
         let RunnerState::Process(runner) = &state.runner else {
             return Err(BackendError::permanent(format!(
@@ -262,7 +272,8 @@ impl BuiltinBackend {
                 backend_name(BackendKind::Builtin)
             )));
         };
-        let waiting = state.bindings.get(job_id).is_some_and(|b| b.fencing_token == fencing_token && b.run_id.is_none());
+        let waiting =
+            state.bindings.get(job_id).is_some_and(|b| b.fencing_token == fencing_token && b.run_id.is_none());
         if waiting {
             // Held but not started: no output yet, more to come.
             return Ok(LogChunk { data: String::new(), offset: 0, next_offset: 0, complete: false });
@@ -299,8 +310,13 @@ impl LocalBackend for BuiltinBackend {
         Box::pin(std::future::ready(Ok(self.list_now())))
     }
 
-    fn logs<'a>(&'a self, job_id: &'a str, fencing_token: u64, from: Option<u64>, max_bytes: usize)
-    -> BackendFuture<'a, LogChunk> {
+    fn logs<'a>(
+        &'a self,
+        job_id: &'a str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> BackendFuture<'a, LogChunk> {
         Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, from, max_bytes)))
     }
 }
@@ -414,8 +430,7 @@ impl State {
         let Some(binding) = self.bindings.get_mut(&started.job_id) else { return false };
         binding.started_at = Some(now);
         if let RunnerState::Process(runner) = &mut self.runner {
-            binding.run_id =
-                Some(runner.start(&started.job_id, binding.fencing_token, &binding.spec, &started.nodes));
+            binding.run_id = Some(runner.start(&started.job_id, binding.fencing_token, &binding.spec, &started.nodes));
         }
         true
     }
@@ -489,6 +504,6 @@ fn refused(error: &SchedulerError) -> Admission {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod process_tests;
+#[cfg(test)]
+mod tests;

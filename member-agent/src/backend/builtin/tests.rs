@@ -96,11 +96,7 @@ async fn a_job_queues_locally_when_the_cluster_is_busy_and_starts_when_capacity_
     let started = next_change(&mut events).await;
     assert_eq!(
         started,
-        JobEvent {
-            job_id: "next".into(),
-            fencing_token: 2,
-            phase: JobPhase::Running { nodes: vec!["n-0".into()] }
-        }
+        JobEvent { job_id: "next".into(), fencing_token: 2, phase: JobPhase::Running { nodes: vec!["n-0".into()] } }
     );
 }
 
@@ -120,10 +116,7 @@ async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() 
     assert_eq!(next_change(&mut events).await.job_id, "a-1");
     // `a` has used the cluster for 100 s, `b` not at all: `b` goes first though it came later.
     let started = next_change(&mut events).await;
-    assert_eq!(
-        (started.job_id.as_str(), &started.phase),
-        ("b-1", &JobPhase::Running { nodes: vec!["n-0".into()] })
-    );
+    assert_eq!((started.job_id.as_str(), &started.phase), ("b-1", &JobPhase::Running { nodes: vec!["n-0".into()] }));
     assert_eq!(next_change(&mut events).await.job_id, "b-1");
     assert_eq!(next_change(&mut events).await.job_id, "a-2");
 }
@@ -143,10 +136,7 @@ async fn a_second_binding_of_a_held_job_is_refused_until_the_first_is_cancelled(
     let admission = backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap();
     assert!(matches!(admission, Admission::Refused { permanent: false, .. }), "{admission:?}");
     backend.cancel("j", 1).await.unwrap();
-    assert!(matches!(
-        backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap(),
-        Admission::Started { .. }
-    ));
+    assert!(matches!(backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap(), Admission::Started { .. }));
 }
 
 #[tokio::test(start_paused = true)]

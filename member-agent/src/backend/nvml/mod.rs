@@ -164,7 +164,9 @@ fn mem_total_gib(meminfo: &str) -> Option<u32> {
 pub fn log_utilization(gpus: &[GpuReading]) {
     for gpu in gpus {
         match gpu.utilization_percent {
-            Some(percent) => tracing::debug!(index = gpu.index, name = %gpu.name, utilization_percent = percent, "GPU utilisation"),
+            Some(percent) => {
+                tracing::debug!(index = gpu.index, name = %gpu.name, utilization_percent = percent, "GPU utilisation")
+            }
             None => tracing::debug!(index = gpu.index, name = %gpu.name, "GPU utilisation not available"),
         }
     }

@@ -60,7 +60,9 @@ impl DeviceTable {
                 Some(ids) => allocation.replicas.push((node.clone(), ids)),
                 None => {
                     self.release(&allocation);
-                    return Err(format!("node `{node}` has fewer than {per_replica} free GPUs known to the process runner"));
+                    return Err(format!(
+                        "node `{node}` has fewer than {per_replica} free GPUs known to the process runner"
+                    ));
                 }
             }
         }

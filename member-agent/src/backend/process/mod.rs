@@ -170,10 +170,8 @@ impl ProcessRunner {
     /// Stops the live run of a binding: SIGTERM now, SIGKILL after the grace; its devices are
     /// free at once. Its ending is not reported.
     pub fn cancel(&mut self, job_id: &str, fencing_token: u64) {
-        let Some(run) = self
-            .runs
-            .values_mut()
-            .find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some())
+        let Some(run) =
+            self.runs.values_mut().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some())
         else {
             return;
         };
@@ -194,7 +192,13 @@ impl ProcessRunner {
     }
 
     /// Output of a binding this runner ran; see [`crate::backend::LocalBackend::logs`].
-    pub fn logs(&self, job_id: &str, fencing_token: u64, from: Option<u64>, max_bytes: usize) -> Result<LogChunk, BackendError> {
+    pub fn logs(
+        &self,
+        job_id: &str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> Result<LogChunk, BackendError> {
         match self.logs.get(job_id, fencing_token) {
             Some(log) => Ok(log.read(from, max_bytes)),
             None => Err(BackendError::permanent(format!(
@@ -205,11 +209,7 @@ impl ProcessRunner {
 
     /// The devices each live run holds, by job id (for tests and diagnostics).
     pub fn allocations(&self) -> BTreeMap<String, Allocation> {
-        self.runs
-            .values()
-            .filter(|r| r.stop.is_some())
-            .map(|r| (r.job_id.clone(), r.allocation.clone()))
-            .collect()
+        self.runs.values().filter(|r| r.stop.is_some()).map(|r| (r.job_id.clone(), r.allocation.clone())).collect()
     }
 }
 

@@ -38,9 +38,7 @@ pub struct LogStore {
 impl OutputLog {
     /// An empty log that keeps at most `capacity` bytes (at least 1).
     pub fn new(capacity: usize) -> Self {
-        Self {
-            ring: Mutex::new(Ring { bytes: VecDeque::new(), start: 0, capacity: capacity.max(1), ended: false }),
-        }
+        Self { ring: Mutex::new(Ring { bytes: VecDeque::new(), start: 0, capacity: capacity.max(1), ended: false }) }
     }
 
     /// Appends `data`, dropping the oldest bytes beyond the capacity.

@@ -170,11 +170,7 @@ fn finish(launch: &Launch, outcome: Outcome) -> Outcome {
 }
 
 /// Stops every replica still running: SIGTERM to each group, SIGKILL after `grace`.
-async fn stop_all(
-    groups: &[ProcessGroup],
-    waits: &mut JoinSet<(usize, std::io::Result<ExitStatus>)>,
-    grace: Duration,
-) {
+async fn stop_all(groups: &[ProcessGroup], waits: &mut JoinSet<(usize, std::io::Result<ExitStatus>)>, grace: Duration) {
     if waits.is_empty() {
         return;
     }

@@ -342,6 +342,18 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configs_parse_and_simulate() {
+        for (file, text) in [
+            ("onprem-east.yaml", include_str!("../../deploy/examples/local/onprem-east.yaml")),
+            ("onprem-west.yaml", include_str!("../../deploy/examples/local/onprem-west.yaml")),
+            ("cloud-burst.yaml", include_str!("../../deploy/examples/local/cloud-burst.yaml")),
+        ] {
+            let config = AgentConfig::parse(text, Path::new(file)).unwrap();
+            assert_eq!(config.runner, RunnerKind::Simulated, "{file}");
+        }
+    }
+
+    #[test]
     fn unknown_fields_are_named() {
         let err = AgentConfig::parse(&format!("{GOOD}colour: red\n"), Path::new("a.yaml")).unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");

@@ -504,6 +504,8 @@ fn refused(error: &SchedulerError) -> Admission {
 }
 
 #[cfg(test)]
+mod fixture;
+#[cfg(test)]
 mod process_tests;
 #[cfg(test)]
 mod tests;

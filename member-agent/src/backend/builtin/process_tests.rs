@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use meridian_proto::spec::{GangSpec, Payload, PlacementRules, Resources, RuntimeSpec};
 use tokio::sync::mpsc;
 
+use super::fixture::Fixture;
 use super::*;
 use crate::backend::JobEventReceiver;
 use crate::backend::process::discovery::{declared_host_nodes, device_table};
@@ -304,21 +305,6 @@ async fn dropping_the_backend_kills_its_processes() {
     wait_dead(pid).await;
 }
 
-/// Everything the extended conformance suite asks of a subject, for the process runner.
-struct Fixture {
-    backend: Arc<BuiltinBackend>,
-    events: JobEventReceiver,
-    runs: Assignment,
-    fills: Assignment,
-    succeeds: Assignment,
-    fails: Assignment,
-    never_fits: Assignment,
-    reopen: Box<dyn Fn() -> (Arc<BuiltinBackend>, JobEventReceiver) + Send + Sync>,
-    adopts: bool,
-    keeps_logs: bool,
-    patience: Duration,
-}
-
 fn fixture() -> Fixture {
     let (first, events) = backend();
     Fixture {
@@ -341,54 +327,11 @@ fn fixture() -> Fixture {
 
 #[tokio::test]
 async fn the_process_runner_passes_the_conformance_suite() {
-    let f = fixture();
-    let fits = Assignment { job_id: "fits".into(), ..f.runs.clone() };
-    crate::backend::conformance::run(crate::backend::conformance::Subject {
-        backend: f.backend.clone(),
-        inventory: f.backend.clone(),
-        events: f.events,
-        fits,
-        never_fits: f.never_fits.clone(),
-    })
-    .await;
+    crate::backend::conformance::run(fixture().subject()).await;
 }
 
 /// The checks the extended suite adds, run here until it lands.
 #[tokio::test]
 async fn the_process_runner_meets_the_extended_conformance_checks() {
-    let mut f = fixture();
-    let backend = f.backend.clone();
-    assert!(matches!(backend.submit(&f.fills).await.unwrap(), Admission::Started { .. }));
-    let Admission::Queued { reason } = backend.submit(&f.runs).await.unwrap() else { panic!("runs must wait") };
-    assert!(!reason.is_empty());
-    assert_eq!(backend.pressure().await.unwrap().pending_gpus(), 2);
-    backend.cancel(&f.fills.job_id, f.fills.fencing_token).await.unwrap();
-    let started = tokio::time::timeout(f.patience, async {
-        loop {
-            let event = f.events.recv().await.unwrap();
-            if event.job_id == "runs" && matches!(event.phase, JobPhase::Running { .. }) {
-                return event;
-            }
-        }
-    })
-    .await;
-    assert!(started.is_ok(), "runs starts once fills is cancelled");
-    backend.cancel(&f.runs.job_id, f.runs.fencing_token).await.unwrap();
-
-    backend.submit(&f.succeeds).await.unwrap();
-    assert!(matches!(terminal(&mut f.events, "succeeds").await, JobPhase::Succeeded { .. }));
-    if f.keeps_logs {
-        assert!(backend.logs("succeeds", 1, Some(0), 1000).await.unwrap().data.contains("hello"));
-    }
-    backend.submit(&f.fails).await.unwrap();
-    let failed = terminal(&mut f.events, "fails").await;
-    assert!(matches!(&failed, JobPhase::Failed { message } if message.contains("code 3")), "{failed:?}");
-
-    backend.submit(&f.runs).await.unwrap();
-    drop(backend);
-    drop(f.backend);
-    let (reopened, _events) = (f.reopen)();
-    let held = reopened.list().await.unwrap();
-    assert_eq!(held.is_empty(), !f.adopts, "{held:?}");
-    reopened.cancel(&f.runs.job_id, f.runs.fencing_token).await.unwrap();
+    super::fixture::check(fixture(), "exited with code 3").await;
 }

@@ -158,16 +158,36 @@ async fn dropping_the_backend_stops_its_driver() {
     assert_eq!(tokio::time::timeout(Duration::from_secs(1000), events.recv()).await.unwrap(), None);
 }
 
+/// The simulated runner's fixture: nothing runs, so `succeeds` is a short estimate and `fails`
+/// a runtime limit shorter than its estimate.
+fn fixture() -> super::fixture::Fixture {
+    let (first, events) = backend();
+    let mut fails = assignment("fails", 3, spec("a", 1, 600));
+    fails.spec.runtime.limit = Some(HumanDuration::from_secs(30));
+    super::fixture::Fixture {
+        backend: Arc::new(first),
+        events,
+        runs: assignment("runs", 3, spec("a", 2, 86_400)),
+        fills: assignment("fills", 3, spec("a", 8, 86_400)),
+        succeeds: assignment("succeeds", 3, spec("a", 1, 5)),
+        fails,
+        never_fits: assignment("never", 3, spec("a", 64, 60)),
+        reopen: Box::new(|| {
+            let (again, events) = backend();
+            (Arc::new(again), events)
+        }),
+        adopts: false,
+        keeps_logs: false,
+        patience: Duration::from_secs(86_400),
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_builtin_backend_passes_the_conformance_suite() {
-    let (backend, events) = backend();
-    let backend = Arc::new(backend);
-    crate::backend::conformance::run(crate::backend::conformance::Subject {
-        backend: backend.clone(),
-        inventory: backend,
-        events,
-        fits: assignment("fits", 3, spec("a", 2, 60)),
-        never_fits: assignment("never", 3, spec("a", 64, 60)),
-    })
-    .await;
+    crate::backend::conformance::run(fixture().subject()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_simulated_runner_meets_the_extended_conformance_checks() {
+    super::fixture::check(fixture(), "runtime limit").await;
 }

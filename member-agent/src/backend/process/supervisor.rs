@@ -199,8 +199,9 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Copies one pipe into the log line by line, each line prefixed with `prefix` (the replica
-/// index when the job has several), so lines of different replicas never interleave.
+/// Copies one pipe into the log line by line (a line ends at `\n` or `\r`, or after
+/// [`MAX_LINE`] bytes), each line prefixed with `prefix` (the replica index when the job has
+/// several), so lines of different replicas and streams never interleave.
 async fn copy_lines(mut pipe: impl AsyncRead + Unpin, prefix: Option<String>, log: Arc<OutputLog>) {
     let mut buffer = [0_u8; 8192];
     let mut line: Vec<u8> = Vec::new();
@@ -220,7 +221,8 @@ async fn copy_lines(mut pipe: impl AsyncRead + Unpin, prefix: Option<String>, lo
         };
         for &byte in &buffer[..read] {
             line.push(byte);
-            if byte == b'\n' || line.len() >= MAX_LINE {
+            // `\r` ends a line too, so progress bars show up as they advance.
+            if byte == b'\n' || byte == b'\r' || line.len() >= MAX_LINE {
                 write(&line);
                 line.clear();
             }

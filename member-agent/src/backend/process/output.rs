@@ -8,6 +8,9 @@ use crate::backend::LogChunk;
 
 /// How many ended jobs' output the store keeps, oldest dropped first.
 pub const ENDED_JOBS_KEPT: usize = 256;
+/// How many bytes of ended jobs' output the store keeps in all, oldest jobs dropped first, so
+/// 256 jobs of 1 MiB each do not pin 256 MiB.
+pub const ENDED_BYTES_KEPT: usize = 64 << 20;
 
 /// The output of one job run: the last `capacity` bytes of everything its replicas wrote.
 ///
@@ -53,6 +56,11 @@ impl OutputLog {
             ring.bytes.drain(..excess);
             ring.start += excess as u64;
         }
+    }
+
+    /// Bytes kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.lock().bytes.len()
     }
 
     /// Marks the log complete: the job ended and every byte it wrote was appended.
@@ -110,16 +118,19 @@ impl LogStore {
         log
     }
 
-    /// Notes that a binding ended; keeps its log among the last [`ENDED_JOBS_KEPT`].
+    /// Notes that a binding ended; keeps its log among the last [`ENDED_JOBS_KEPT`] ended jobs
+    /// (and [`ENDED_BYTES_KEPT`] bytes; the newest ended job is always kept).
     pub fn ended(&mut self, job_id: &str, fencing_token: u64) {
         let key = (job_id.to_string(), fencing_token);
         if !self.logs.contains_key(&key) || self.ended.contains(&key) {
             return;
         }
         self.ended.push_back(key);
-        while self.ended.len() > ENDED_JOBS_KEPT {
-            if let Some(oldest) = self.ended.pop_front() {
-                self.logs.remove(&oldest);
+        let mut kept: usize = self.ended.iter().filter_map(|k| self.logs.get(k)).map(|log| log.kept_bytes()).sum();
+        while self.ended.len() > 1 && (self.ended.len() > ENDED_JOBS_KEPT || kept > ENDED_BYTES_KEPT) {
+            let Some(oldest) = self.ended.pop_front() else { break };
+            if let Some(log) = self.logs.remove(&oldest) {
+                kept = kept.saturating_sub(log.kept_bytes());
             }
         }
     }
@@ -180,5 +191,17 @@ mod tests {
         assert!(store.get("j-1", 1).is_none());
         assert!(store.get("j-2", 1).is_some());
         assert!(store.get(&format!("j-{}", ENDED_JOBS_KEPT + 1), 1).is_some());
+    }
+
+    #[test]
+    fn the_store_bounds_the_bytes_of_ended_jobs() {
+        let mut store = LogStore::default();
+        let chunk = vec![b'x'; ENDED_BYTES_KEPT / 2];
+        for i in 0..3 {
+            store.open(&format!("j-{i}"), 1, ENDED_BYTES_KEPT).append(&chunk);
+            store.ended(&format!("j-{i}"), 1);
+        }
+        assert!(store.get("j-0", 1).is_none(), "three halves are more than the whole");
+        assert!(store.get("j-1", 1).is_some() && store.get("j-2", 1).is_some());
     }
 }

@@ -11,6 +11,7 @@ use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::kubernetes::KubernetesConfig;
+use crate::backend::process::{GpuDiscovery, ProcessConfig};
 use crate::builtin::{NodeSpec, QueueSpec};
 
 pub use meridian_proto::config_file::ConfigError as Error;
@@ -38,9 +39,10 @@ pub struct AgentConfig {
     /// Local scheduler; only `builtin` runs jobs in this release.
     #[serde(default = "default_backend")]
     pub backend: BackendKind,
-    /// Whether payloads with container images can run here.
-    #[serde(default = "yes")]
-    pub supports_containers: bool,
+    /// Whether payloads with container images can run here. Default: true, except with the
+    /// process runner, which runs no containers (setting it true there is an error).
+    #[serde(default)]
+    pub supports_containers: Option<bool>,
     /// Whether payloads with only a command can run here.
     #[serde(default = "yes")]
     pub supports_bare_commands: bool,
@@ -51,15 +53,40 @@ pub struct AgentConfig {
     /// Node groups (builtin backend).
     #[serde(default)]
     pub nodes: Vec<NodeGroup>,
-    /// Builtin backend: a job runs for `runtime.estimate × timeScale` (1 = real time).
+    /// Builtin backend: how jobs run. `process` (the default) runs `payload.command` on this
+    /// host, one process per replica; `simulated` runs nothing and ends each job after
+    /// `runtime.estimate × timeScale` (demos, tests). `process` is the default because an agent
+    /// on a GPU host without a scheduler should run jobs; configs written for the simulation set
+    /// `timeScale`, which the process runner refuses, so they fail loudly instead of running
+    /// commands by surprise.
+    #[serde(default)]
+    pub runner: RunnerKind,
+    /// Builtin backend, simulated runner: a job runs for `runtime.estimate × timeScale`
+    /// (1 = real time). Any other value with the process runner is an error (processes run in
+    /// real time).
     #[serde(default = "one")]
     pub time_scale: f64,
+    /// Builtin backend, process runner: signals, output and GPU discovery (see
+    /// [`ProcessConfig`]; all defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessConfig>,
     /// Inventory and queue pressure are sent on change and at least this often.
     #[serde(default = "default_report_interval")]
     pub report_interval: HumanDuration,
     /// The Kubernetes backend (`backend: kubernetes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// How the builtin backend runs jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunnerKind {
+    /// Run `payload.command` on this host.
+    #[default]
+    Process,
+    /// Pretend: each job ends after `runtime.estimate × timeScale`.
+    Simulated,
 }
 
 /// A local queue.
@@ -165,8 +192,39 @@ impl AgentConfig {
                 problems.push(format!("queues[{i}].weight: {} must be a positive number", q.weight));
             }
         }
-        if self.nodes.is_empty() && self.backend == BackendKind::Builtin {
+        let discovers = self.runner == RunnerKind::Process
+            && self.process.as_ref().is_none_or(|p| p.gpu_discovery == GpuDiscovery::Nvml);
+        if self.backend == BackendKind::Builtin && self.nodes.is_empty() && !discovers {
             problems.push("nodes: the builtin backend needs at least one node group".to_string());
+        }
+        match self.runner {
+            // The runner belongs to the builtin backend; other schedulers run jobs themselves.
+            _ if self.backend != BackendKind::Builtin => {
+                if self.process.is_some() {
+                    problems.push("process: only applies to `backend: builtin`".to_string());
+                }
+            }
+            RunnerKind::Process => {
+                if self.supports_containers == Some(true) {
+                    problems.push(
+                        "supportsContainers: the process runner runs commands as plain processes, not containers; remove it or set `runner: simulated`".to_string(),
+                    );
+                }
+                if self.time_scale != 1.0 {
+                    problems.push(format!(
+                        "timeScale: {} only applies to `runner: simulated`; the process runner runs commands in real time (set `runner: simulated` or remove timeScale)",
+                        self.time_scale
+                    ));
+                }
+                if let Some(process) = &self.process {
+                    process.check(&mut problems);
+                }
+            }
+            RunnerKind::Simulated => {
+                if self.process.is_some() {
+                    problems.push("process: only applies to `runner: process`".to_string());
+                }
+            }
         }
         for (i, n) in self.nodes.iter().enumerate() {
             if n.count == 0 {
@@ -200,10 +258,22 @@ impl AgentConfig {
             tier: self.tier,
             backend: self.backend,
             prices: self.prices.clone(),
-            supports_containers: self.supports_containers,
+            supports_containers: self.supports_containers(),
             // Kubernetes runs containers only.
             supports_bare_commands: self.supports_bare_commands && self.backend != BackendKind::Kubernetes,
         }
+    }
+
+    /// Whether container payloads can run here: as configured, else true except with the
+    /// builtin backend's process runner.
+    pub fn supports_containers(&self) -> bool {
+        let process_runner = self.backend == BackendKind::Builtin && self.runner == RunnerKind::Process;
+        self.supports_containers.unwrap_or(!process_runner)
+    }
+
+    /// The process runner's settings (defaults when the section is absent).
+    pub fn process_config(&self) -> ProcessConfig {
+        self.process.clone().unwrap_or_default()
     }
 
     /// Declared nodes, expanded from their groups.
@@ -236,7 +306,7 @@ impl AgentConfig {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "cluster: east\nregion: us-east\nnodes:\n  - {shape: dgx, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+    const GOOD: &str = "cluster: east\nregion: us-east\nrunner: simulated\nnodes:\n  - {shape: dgx, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 
     #[test]
     fn a_minimal_config_gets_defaults_and_expands_nodes() {
@@ -250,7 +320,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed() {
-        let text = "cluster: ''\nregion: r\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
+        let text = "cluster: ''\nregion: r\nrunner: simulated\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 5, "{problems:?}"),
             other => panic!("expected invalid, got {other:?}"),
@@ -280,6 +350,50 @@ mod tests {
         )
         .unwrap();
         assert!(!config.cluster_info().supports_bare_commands);
+    }
+
+    #[test]
+    fn the_process_runner_is_the_default_and_needs_no_nodes_when_it_discovers_gpus() {
+        let config = AgentConfig::parse("cluster: east\nregion: us-east\n", Path::new("a.yaml")).unwrap();
+        assert_eq!(config.runner, RunnerKind::Process);
+        assert!(!config.supports_containers(), "the process runner runs no containers");
+        assert_eq!(config.process_config().kill_grace, HumanDuration::from_secs(10));
+        assert_eq!(config.process_config().log_bytes, 1 << 20);
+
+        let without_discovery = "cluster: east\nregion: us-east\nprocess: {gpuDiscovery: none}\n";
+        let err = AgentConfig::parse(without_discovery, Path::new("a.yaml")).unwrap_err();
+        assert!(err.to_string().contains("nodes:"), "{err}");
+    }
+
+    #[test]
+    fn the_process_runner_refuses_containers_and_a_time_scale() {
+        let text =
+            "cluster: east\nregion: us-east\nsupportsContainers: true\ntimeScale: 0.001\nprocess: {logBytes: 0}\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert_eq!(problems.len(), 3, "{problems:?}");
+                assert!(problems[0].starts_with("supportsContainers:"), "{problems:?}");
+                assert!(problems[1].starts_with("timeScale:") && problems[1].contains("runner: simulated"));
+                assert!(problems[2].starts_with("process.logBytes:"), "{problems:?}");
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        let simulated = format!("{GOOD}process: {{killGrace: 1s}}\n");
+        let err = AgentConfig::parse(&simulated, Path::new("a.yaml")).unwrap_err();
+        assert!(err.to_string().contains("process: only applies to `runner: process`"), "{err}");
+        assert!(AgentConfig::parse(GOOD, Path::new("a.yaml")).unwrap().supports_containers());
+    }
+
+    #[test]
+    fn the_example_configs_parse_and_simulate() {
+        for (file, text) in [
+            ("onprem-east.yaml", include_str!("../../deploy/examples/local/onprem-east.yaml")),
+            ("onprem-west.yaml", include_str!("../../deploy/examples/local/onprem-west.yaml")),
+            ("cloud-burst.yaml", include_str!("../../deploy/examples/local/cloud-burst.yaml")),
+        ] {
+            let config = AgentConfig::parse(text, Path::new(file)).unwrap();
+            assert_eq!(config.runner, RunnerKind::Simulated, "{file}");
+        }
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub enum BuildError {
     /// The builtin scheduler refused the declared nodes or queues.
     #[error("builtin scheduler: {0}")]
     Scheduler(#[from] builtin::Error),
+    /// The process runner found no GPUs to schedule.
+    #[error("process runner: {0}")]
+    Discovery(#[from] backend::process::discovery::DiscoveryError),
     /// The backend could not start.
     #[error("backend: {0}")]
     Backend(#[from] backend::BackendError),
@@ -33,7 +36,9 @@ pub enum BuildError {
 /// Builds an agent with the builtin backend from a checked configuration (see [`build_agent`]
 /// for every backend).
 ///
-/// Must be called inside a Tokio runtime: the builtin backend starts its driver task here.
+/// Must be called inside a Tokio runtime: the builtin backend starts its driver task here. With
+/// the process runner this also reads this host's GPUs from NVML (see
+/// [`backend::process::discovery::host_nodes`]).
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
     if config.backend != BackendKind::Builtin {
         return Err(BuildError::Backend(backend::BackendError::permanent(format!(
@@ -41,9 +46,26 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
             backend::backend_name(config.backend)
         ))));
     }
-    let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
+    let (nodes, runner) = match config.runner {
+        config::RunnerKind::Simulated => {
+            (config.node_specs(), backend::Runner::Simulated { time_scale: config.time_scale })
+        }
+        config::RunnerKind::Process => {
+            let process = config.process_config();
+            let hosts = backend::process::discovery::host_nodes(&process, config.node_specs(), || {
+                backend::nvml::NvmlProbe::init().map(|probe| Box::new(probe) as Box<dyn backend::nvml::GpuProbe>)
+            })?;
+            let settings = backend::process::ProcessSettings {
+                kill_grace: process.kill_grace.0,
+                log_bytes: process.log_bytes,
+                devices: backend::process::discovery::device_table(&hosts),
+            };
+            (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
+        }
+    };
+    let scheduler = builtin::BuiltinScheduler::new(nodes, config.queue_specs())?;
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let backend = Arc::new(backend::BuiltinBackend::new(scheduler, config.time_scale, events_tx)?);
+    let backend = Arc::new(backend::BuiltinBackend::with_runner(scheduler, runner, events_tx)?);
     Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
 }
 

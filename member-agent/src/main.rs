@@ -16,7 +16,8 @@ struct Args {
     /// Gateway gRPC address; overrides the config's `gateway`.
     #[arg(long, env = "MERIDIAN_GATEWAY_GRPC")]
     gateway: Option<String>,
-    /// Builtin backend: jobs run for `runtime.estimate × SCALE`; overrides `timeScale`.
+    /// Builtin backend, simulated runner: jobs run for `runtime.estimate × SCALE`; overrides
+    /// `timeScale`.
     #[arg(long, value_name = "SCALE")]
     time_scale: Option<f64>,
 }

@@ -240,10 +240,10 @@ async fn wait_for_file(path: &Path, proc: &mut Proc) -> Result<String> {
     }
 }
 
-/// An agent config for a builtin cluster. `nodes` is YAML list items (without the `nodes:` key).
+/// An agent config for a builtin cluster with the simulated runner. `nodes` is YAML list items (without the `nodes:` key).
 pub fn agent_config(cluster: &str, region: &str, tier: &str, prices: &str, nodes: &str, time_scale: f64) -> String {
     format!(
-        "cluster: {cluster}\nregion: {region}\ntier: {tier}\nprices: {prices}\nbackend: builtin\n\
+        "cluster: {cluster}\nregion: {region}\ntier: {tier}\nprices: {prices}\nbackend: builtin\nrunner: simulated\n\
          queues: [{{name: default, weight: 1}}]\nnodes:\n{nodes}\ntimeScale: {time_scale}\nreportInterval: 300ms\n"
     )
 }

@@ -15,7 +15,9 @@
 //! `Arc<dyn …>` and runs every call as a task of its own: a scheduler that hangs never stops the
 //! agent's heartbeats.
 //!
-//! [`BuiltinBackend`] implements both over the builtin gang + fair-share scheduler.
+//! [`BuiltinBackend`] implements both over the builtin gang + fair-share scheduler, with a
+//! simulated runner or a [`process`] runner that runs commands on this host; [`nvml`] finds this
+//! host's GPUs for it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,8 +30,10 @@ mod builtin;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod kubernetes;
+pub mod nvml;
+pub mod process;
 
-pub use builtin::BuiltinBackend;
+pub use builtin::{BuiltinBackend, Runner};
 pub use kubernetes::KubernetesBackend;
 
 /// What a backend call returns: a boxed, sendable future, so the traits stay object safe without

@@ -1,12 +1,18 @@
-//! The builtin backend: Meridian's own gang + fair-share scheduler over the nodes declared in the
-//! agent's config, run in real (tokio) time.
+//! The builtin backend: Meridian's own gang + fair-share scheduler over this cluster's nodes,
+//! run in real (tokio) time, with one of two runners:
+//!
+//! - **simulated** ([`Runner::Simulated`]): a job "runs" for `runtime.estimate × time_scale` and
+//!   then succeeds; a job whose `runtime.limit` is shorter than its estimate is stopped at the
+//!   limit and fails. For demos and tests; nothing is executed.
+//! - **process** ([`Runner::Process`]): a job runs its `payload.command` on this host, one child
+//!   process per replica ([`crate::backend::process`]); exit codes decide how it ends, and its
+//!   end frees its GPUs for waiting jobs.
 //!
 //! Jobs queue locally: [`submit`](LocalBackend::submit) hands the job to the scheduler's queue and
 //! then runs a scheduling pass, so fair share between queues and priority inside a queue decide
 //! what starts, exactly as in the simulator. A driver task owned by the backend wakes when the
-//! next running job is due, completes it, schedules waiting jobs and reports each change as a
-//! [`JobEvent`]. A job "runs" for `runtime.estimate × time_scale` and then succeeds; a job whose
-//! `runtime.limit` is shorter than its estimate is stopped at the limit and fails.
+//! next simulated job is due or a process run ends, completes it, schedules waiting jobs and
+//! reports each change as a [`JobEvent`].
 //!
 //! The scheduler lives behind a `std` mutex that is never held across an `.await`: every call
 //! answers at once, so the futures the traits return are ready immediately.
@@ -23,14 +29,29 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::process::{Exit, ExitReceiver, Outcome, ProcessRunner, ProcessSettings};
 use super::{
     Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
+    LogChunk, backend_name,
 };
-use crate::builtin::{BuiltinScheduler, Error as SchedulerError, LocalJob};
+use crate::builtin::{BuiltinScheduler, Error as SchedulerError, LocalJob, Started};
+
+/// How the builtin backend runs the jobs its scheduler starts.
+#[derive(Debug, Clone)]
+pub enum Runner {
+    /// Pretend: a job takes `runtime.estimate × time_scale` and succeeds.
+    Simulated {
+        /// Multiplies every run time (1 = real time).
+        time_scale: f64,
+    },
+    /// Run `payload.command` as processes on this host.
+    Process(ProcessSettings),
+}
 
 /// The builtin gang + fair-share scheduler as a [`LocalBackend`] and an [`InventorySource`].
 ///
-/// Owns a driver task that advances time; dropping the backend stops it.
+/// Owns a driver task that advances time; dropping the backend stops it and kills every process
+/// the process runner started.
 pub struct BuiltinBackend {
     shared: Arc<Shared>,
     driver: JoinHandle<()>,
@@ -48,50 +69,89 @@ struct Shared {
 
 struct State {
     scheduler: BuiltinScheduler,
-    time_scale: f64,
+    runner: RunnerState,
     /// Every binding the scheduler holds (pending or running), by job id.
     bindings: BTreeMap<String, Binding>,
+}
+
+enum RunnerState {
+    Simulated { time_scale: f64 },
+    Process(ProcessRunner),
 }
 
 /// One binding the scheduler holds.
 struct Binding {
     fencing_token: u64,
+    /// The job, for the process runner to start it.
+    spec: JobSpec,
     /// When it started, in scheduler time; None while it waits.
     started_at: Option<Duration>,
-    /// Its runtime limit when that is shorter than its estimate: it fails when it ends.
+    /// Simulated runner: its runtime limit when that is shorter than its estimate, so it fails
+    /// when it ends.
     stopped_at_limit: Option<Duration>,
+    /// Process runner: the run started for it.
+    run_id: Option<u64>,
     /// The reason last reported while it waits, so the driver reports only changes.
     reason: String,
 }
 
 impl BuiltinBackend {
-    /// Starts the backend over `scheduler`; job run times are multiplied by `time_scale`. Job
-    /// events go to `events`.
+    /// Starts the backend over `scheduler` with the simulated runner: job run times are
+    /// multiplied by `time_scale`. Job events go to `events`.
     ///
     /// Must be called inside a Tokio runtime (the driver task is spawned on it); outside one it
     /// returns a permanent error.
     pub fn new(scheduler: BuiltinScheduler, time_scale: f64, events: JobEventSender) -> Result<Self, BackendError> {
+        Self::with_runner(scheduler, Runner::Simulated { time_scale }, events)
+    }
+
+    /// Starts the backend over `scheduler` with `runner`. Job events go to `events`.
+    ///
+    /// Must be called inside a Tokio runtime (the driver task is spawned on it); outside one it
+    /// returns a permanent error.
+    pub fn with_runner(
+        scheduler: BuiltinScheduler,
+        runner: Runner,
+        events: JobEventSender,
+    ) -> Result<Self, BackendError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| BackendError::Permanent {
             message: "the builtin backend must be started inside a Tokio runtime".into(),
             source: Some(Box::new(e)),
         })?;
+        let (runner, exits) = match runner {
+            Runner::Simulated { time_scale } => (RunnerState::Simulated { time_scale }, None),
+            Runner::Process(settings) => {
+                let (runner, exits) = ProcessRunner::new(settings, runtime.clone());
+                (RunnerState::Process(runner), Some(exits))
+            }
+        };
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { scheduler, time_scale, bindings: BTreeMap::new() }),
+            state: Mutex::new(State { scheduler, runner, bindings: BTreeMap::new() }),
             wake: Notify::new(),
             epoch: Instant::now(),
             events,
         });
-        let driver = runtime.spawn(drive(Arc::clone(&shared)));
+        let driver = runtime.spawn(drive(Arc::clone(&shared), exits));
         Ok(Self { shared, driver })
     }
 
-    /// How long `spec` runs here, and whether it ends at its runtime limit (and so fails).
+    /// How long `spec` runs here under the simulated runner, and whether it ends at its runtime
+    /// limit (and so fails). Under the process runner: its estimate, and whether it has a limit.
     pub fn run_time(&self, spec: &JobSpec) -> (Duration, bool) {
-        run_time(spec, self.shared.lock().time_scale)
+        run_time(spec, self.shared.lock().time_scale())
+    }
+
+    /// The devices each running job holds under the process runner (empty when simulated).
+    pub fn allocations(&self) -> BTreeMap<String, super::process::Allocation> {
+        match &self.shared.lock().runner {
+            RunnerState::Process(runner) => runner.allocations(),
+            RunnerState::Simulated { .. } => BTreeMap::new(),
+        }
     }
 
     fn submit_now(&self, job: &Assignment) -> Admission {
-        let mut state = self.shared.lock();
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
         let now = self.shared.now();
         if let Some(binding) = state.bindings.get(&job.job_id) {
             if binding.fencing_token != job.fencing_token {
@@ -105,8 +165,12 @@ impl BuiltinBackend {
             }
             return state.admission_of(&job.job_id);
         }
+        let process = matches!(state.runner, RunnerState::Process(_));
+        if process && let Some(reason) = ProcessRunner::refuse(&job.spec) {
+            return Admission::Refused { reason: format!("job `{}`: {reason}", job.job_id), permanent: true };
+        }
         let queue = state.scheduler.queue_for(&job.spec.tenant).to_string();
-        let (run_for, at_limit) = run_time(&job.spec, state.time_scale);
+        let (run_for, at_limit) = run_time(&job.spec, state.time_scale());
         let local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
         if let Err(e) = state.scheduler.submit(local, now) {
             return refused(&e);
@@ -115,8 +179,10 @@ impl BuiltinBackend {
             job.job_id.clone(),
             Binding {
                 fencing_token: job.fencing_token,
+                spec: job.spec.clone(),
                 started_at: None,
-                stopped_at_limit: at_limit.then_some(run_for),
+                stopped_at_limit: (at_limit && !process).then_some(run_for),
+                run_id: None,
                 reason: String::new(),
             },
         );
@@ -124,11 +190,12 @@ impl BuiltinBackend {
         // instead.
         let mut admission = None;
         for started in state.scheduler.schedule(now) {
-            let Some(binding) = state.bindings.get_mut(&started.job_id) else { continue };
-            binding.started_at = Some(now);
+            if !state.start(&started, now) {
+                continue;
+            }
             if started.job_id == job.job_id {
                 admission = Some(Admission::Started { nodes: started.nodes });
-            } else {
+            } else if let Some(binding) = state.bindings.get(&started.job_id) {
                 self.shared.emit(&started.job_id, binding.fencing_token, JobPhase::Running { nodes: started.nodes });
             }
         }
@@ -139,7 +206,7 @@ impl BuiltinBackend {
             }
             Admission::Queued { reason }
         });
-        drop(state);
+        drop(guard);
         self.shared.wake.notify_one();
         admission
     }
@@ -151,6 +218,9 @@ impl BuiltinBackend {
         }
         state.bindings.remove(job_id);
         state.scheduler.cancel(job_id);
+        if let RunnerState::Process(runner) = &mut state.runner {
+            runner.cancel(job_id, fencing_token);
+        }
         drop(state);
         // Freed GPUs may let a waiting job start.
         self.shared.wake.notify_one();
@@ -179,18 +249,46 @@ impl BuiltinBackend {
         // The scheduler counts in shrunk time; the gateway compares waits with job-time rules
         // such as `burst.after`, so report in job time.
         let mut pressure = state.scheduler.pressure(self.shared.now());
-        let unscale = |secs: u64| (secs as f64 / state.time_scale).round() as u64;
+        let time_scale = state.time_scale();
+        let unscale = |secs: u64| (secs as f64 / time_scale).round() as u64;
         for release in &mut pressure.releases {
             release.after_secs = unscale(release.after_secs);
         }
         pressure.estimated_wait_secs = unscale(pressure.estimated_wait_secs);
         pressure
     }
+
+    fn logs_now(
+        &self,
+        job_id: &str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> Result<LogChunk, BackendError> {
+        let state = self.shared.lock();
+        let RunnerState::Process(runner) = &state.runner else {
+            return Err(BackendError::permanent(format!(
+                "job `{job_id}`: the {} backend's simulated runner runs no commands and keeps no job output",
+                backend_name(BackendKind::Builtin)
+            )));
+        };
+        let waiting =
+            state.bindings.get(job_id).is_some_and(|b| b.fencing_token == fencing_token && b.run_id.is_none());
+        if waiting {
+            // Held but not started: no output yet, more to come.
+            return Ok(LogChunk { data: String::new(), offset: 0, next_offset: 0, complete: false });
+        }
+        runner.logs(job_id, fencing_token, from, max_bytes)
+    }
 }
 
 impl Drop for BuiltinBackend {
     fn drop(&mut self) {
         self.driver.abort();
+        // The runner kills its processes when dropped; replace it now rather than when the
+        // last reference to the shared state goes, which may be a task that is still winding down.
+        let mut state = self.shared.lock();
+        state.runner = RunnerState::Simulated { time_scale: 1.0 };
     }
 }
 
@@ -210,6 +308,16 @@ impl LocalBackend for BuiltinBackend {
 
     fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {
         Box::pin(std::future::ready(Ok(self.list_now())))
+    }
+
+    fn logs<'a>(
+        &'a self,
+        job_id: &'a str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> BackendFuture<'a, LogChunk> {
+        Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, from, max_bytes)))
     }
 }
 
@@ -239,17 +347,45 @@ impl Shared {
         let _ = self.events.send(JobEvent { job_id: job_id.to_string(), fencing_token, phase });
     }
 
-    /// When the next running job is due, as an instant.
+    /// When the next simulated job is due, as an instant (never under the process runner:
+    /// processes end when they exit).
     fn next_due(&self) -> Option<Instant> {
-        let due = self.lock().scheduler.next_completion()?;
+        let state = self.lock();
+        if !matches!(state.runner, RunnerState::Simulated { .. }) {
+            return None;
+        }
+        let due = state.scheduler.next_completion()?;
         self.epoch.checked_add(due)
     }
 
-    /// Completes due jobs, starts what may start, and reports every change.
-    fn advance(&self) {
+    /// Records the end of a process run, frees what it held and reports it.
+    fn finish(&self, exit: Exit) {
         let mut state = self.lock();
+        let RunnerState::Process(runner) = &mut state.runner else { return };
+        let Some((job_id, fencing_token, outcome)) = runner.finished(exit) else { return };
+        if state.bindings.get(&job_id).is_none_or(|b| b.fencing_token != fencing_token) {
+            return;
+        }
+        state.bindings.remove(&job_id);
+        state.scheduler.cancel(&job_id);
+        let phase = match outcome {
+            Outcome::Succeeded(message) => JobPhase::Succeeded { message },
+            Outcome::Failed(message) => JobPhase::Failed { message },
+            Outcome::Cancelled => return,
+        };
+        self.emit(&job_id, fencing_token, phase);
+    }
+
+    /// Completes due simulated jobs, starts what may start, and reports every change.
+    fn advance(&self) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let now = self.now();
-        for job_id in state.scheduler.complete_due(now) {
+        let due = match state.runner {
+            RunnerState::Simulated { .. } => state.scheduler.complete_due(now),
+            RunnerState::Process(_) => Vec::new(),
+        };
+        for job_id in due {
             let Some(binding) = state.bindings.remove(&job_id) else { continue };
             let ran = binding.started_at.map(|at| now.saturating_sub(at)).unwrap_or_default();
             let phase = match binding.stopped_at_limit {
@@ -261,8 +397,10 @@ impl Shared {
             self.emit(&job_id, binding.fencing_token, phase);
         }
         for started in state.scheduler.schedule(now) {
-            let Some(binding) = state.bindings.get_mut(&started.job_id) else { continue };
-            binding.started_at = Some(now);
+            if !state.start(&started, now) {
+                continue;
+            }
+            let Some(binding) = state.bindings.get(&started.job_id) else { continue };
             self.emit(&started.job_id, binding.fencing_token, JobPhase::Running { nodes: started.nodes });
         }
         let waiting: Vec<String> = state.scheduler.pending().map(|p| p.job.id.clone()).collect();
@@ -278,6 +416,25 @@ impl Shared {
 }
 
 impl State {
+    /// Run times are scaled by this (1 under the process runner).
+    fn time_scale(&self) -> f64 {
+        match self.runner {
+            RunnerState::Simulated { time_scale } => time_scale,
+            RunnerState::Process(_) => 1.0,
+        }
+    }
+
+    /// Records that the scheduler started a job and, under the process runner, starts its
+    /// processes. False when the job has no binding (nothing to report).
+    fn start(&mut self, started: &Started, now: Duration) -> bool {
+        let Some(binding) = self.bindings.get_mut(&started.job_id) else { return false };
+        binding.started_at = Some(now);
+        if let RunnerState::Process(runner) = &mut self.runner {
+            binding.run_id = Some(runner.start(&started.job_id, binding.fencing_token, &binding.spec, &started.nodes));
+        }
+        true
+    }
+
     /// The current admission of a binding the scheduler holds.
     fn admission_of(&self, job_id: &str) -> Admission {
         match self.scheduler.running().find(|r| r.job.id == job_id) {
@@ -305,16 +462,25 @@ impl State {
     }
 }
 
-/// Sleeps until the next job is due or a submit/cancel wakes it, then advances; forever (the
-/// backend aborts it when dropped).
-async fn drive(shared: Arc<Shared>) {
+/// Sleeps until the next simulated job is due, a process run ends, or a submit/cancel wakes it,
+/// then advances; forever (the backend aborts it when dropped).
+async fn drive(shared: Arc<Shared>, mut exits: Option<ExitReceiver>) {
     loop {
         let due = shared.next_due();
         tokio::select! {
             () = crate::sleep_until_opt(due) => {}
             () = shared.wake.notified() => {}
+            Some(exit) = next_exit(&mut exits) => shared.finish(exit),
         }
         shared.advance();
+    }
+}
+
+/// The next process run ending; never when there is no process runner.
+async fn next_exit(exits: &mut Option<ExitReceiver>) -> Option<Exit> {
+    match exits {
+        Some(exits) => exits.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -338,204 +504,8 @@ fn refused(error: &SchedulerError) -> Admission {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use meridian_proto::spec::{GangSpec, Payload, PlacementRules, Resources, RuntimeSpec};
-    use tokio::sync::mpsc;
-
-    use super::*;
-    use crate::backend::JobEventReceiver;
-    use crate::builtin::{NodeSpec, QueueSpec};
-
-    fn node(name: &str, gpus: u32) -> NodeSpec {
-        NodeSpec {
-            name: name.into(),
-            shape: "h100x8".into(),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus,
-            cpu: 64,
-            memory_gib: 512,
-        }
-    }
-
-    fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
-        JobSpec {
-            name: "train".into(),
-            tenant: tenant.into(),
-            priority: 50,
-            labels: BTreeMap::new(),
-            idempotency_key: None,
-            gang: GangSpec {
-                replicas: 1,
-                resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
-            },
-            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None },
-            data: Vec::new(),
-            placement: PlacementRules::default(),
-            payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
-        }
-    }
-
-    fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
-        Assignment { job_id: job_id.into(), fencing_token: token, spec }
-    }
-
-    /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
-    fn backend() -> (BuiltinBackend, JobEventReceiver) {
-        let scheduler = BuiltinScheduler::new(
-            vec![node("n-0", 8)],
-            vec![QueueSpec { name: "a".into(), weight: 1.0 }, QueueSpec { name: "b".into(), weight: 1.0 }],
-        )
-        .unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        (BuiltinBackend::new(scheduler, 1.0, tx).unwrap(), rx)
-    }
-
-    async fn next_event(events: &mut JobEventReceiver) -> JobEvent {
-        tokio::time::timeout(Duration::from_secs(3600), events.recv()).await.unwrap().unwrap()
-    }
-
-    /// The next event that is not a pending job's new reason.
-    async fn next_change(events: &mut JobEventReceiver) -> JobEvent {
-        loop {
-            let event = next_event(events).await;
-            if !matches!(event.phase, JobPhase::Pending { .. }) {
-                return event;
-            }
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_job_that_fits_starts_at_once_and_succeeds_after_its_estimate() {
-        let (backend, mut events) = backend();
-        let started = Instant::now();
-        let admission = backend.submit(&assignment("j-1", 7, spec("a", 4, 60))).await.unwrap();
-        assert_eq!(admission, Admission::Started { nodes: vec!["n-0".into()] });
-        assert_eq!(backend.inventory().await.unwrap().gpus_free(), 4, "inventory shows the GPUs taken at once");
-        let event = next_event(&mut events).await;
-        assert_eq!(event.job_id, "j-1");
-        assert_eq!(event.fencing_token, 7);
-        assert!(matches!(event.phase, JobPhase::Succeeded { .. }), "{event:?}");
-        assert_eq!(started.elapsed(), Duration::from_secs(60));
-        assert_eq!(backend.inventory().await.unwrap().gpus_free(), 8);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_job_queues_locally_when_the_cluster_is_busy_and_starts_when_capacity_frees() {
-        let (backend, mut events) = backend();
-        backend.submit(&assignment("big", 1, spec("a", 8, 100))).await.unwrap();
-        let admission = backend.submit(&assignment("next", 2, spec("a", 8, 10))).await.unwrap();
-        let Admission::Queued { reason } = admission else { panic!("expected queued, got {admission:?}") };
-        assert!(reason.contains("local queue `a`") && reason.contains("0 of 8 free"), "{reason}");
-        assert_eq!(backend.pressure().await.unwrap().pending_gpus(), 8);
-
-        let done = next_change(&mut events).await;
-        assert_eq!((done.job_id.as_str(), done.phase.is_terminal()), ("big", true));
-        let started = next_change(&mut events).await;
-        assert_eq!(
-            started,
-            JobEvent {
-                job_id: "next".into(),
-                fencing_token: 2,
-                phase: JobPhase::Running { nodes: vec!["n-0".into()] }
-            }
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() {
-        let (backend, mut events) = backend();
-        // Queue `a` holds the whole node; `a` and then `b` queue one job each behind it.
-        backend.submit(&assignment("a-1", 1, spec("a", 8, 100))).await.unwrap();
-        assert!(matches!(
-            backend.submit(&assignment("a-2", 1, spec("a", 8, 100))).await.unwrap(),
-            Admission::Queued { .. }
-        ));
-        assert!(matches!(
-            backend.submit(&assignment("b-1", 1, spec("b", 8, 100))).await.unwrap(),
-            Admission::Queued { .. }
-        ));
-        assert_eq!(next_change(&mut events).await.job_id, "a-1");
-        // `a` has used the cluster for 100 s, `b` not at all: `b` goes first though it came later.
-        let started = next_change(&mut events).await;
-        assert_eq!(
-            (started.job_id.as_str(), &started.phase),
-            ("b-1", &JobPhase::Running { nodes: vec!["n-0".into()] })
-        );
-        assert_eq!(next_change(&mut events).await.job_id, "b-1");
-        assert_eq!(next_change(&mut events).await.job_id, "a-2");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_job_that_can_never_fit_is_refused_permanently() {
-        let (backend, _events) = backend();
-        let admission = backend.submit(&assignment("huge", 1, spec("a", 16, 10))).await.unwrap();
-        assert!(matches!(admission, Admission::Refused { permanent: true, .. }), "{admission:?}");
-        assert!(backend.list().await.unwrap().is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_second_binding_of_a_held_job_is_refused_until_the_first_is_cancelled() {
-        let (backend, _events) = backend();
-        backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
-        let admission = backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap();
-        assert!(matches!(admission, Admission::Refused { permanent: false, .. }), "{admission:?}");
-        backend.cancel("j", 1).await.unwrap();
-        assert!(matches!(
-            backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap(),
-            Admission::Started { .. }
-        ));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_job_cut_at_its_runtime_limit_fails() {
-        let (backend, mut events) = backend();
-        let mut limited = spec("a", 1, 100);
-        limited.runtime.limit = Some(HumanDuration::from_secs(30));
-        backend.submit(&assignment("j", 1, limited)).await.unwrap();
-        let event = next_event(&mut events).await;
-        assert!(matches!(&event.phase, JobPhase::Failed { message } if message.contains("runtime limit")), "{event:?}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn dropping_the_backend_stops_its_driver() {
-        let (backend, mut events) = backend();
-        backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
-        drop(backend);
-        // The driver held the only other sender; once it is stopped the channel closes.
-        assert_eq!(tokio::time::timeout(Duration::from_secs(1000), events.recv()).await.unwrap(), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_builtin_backend_passes_the_conformance_suite() {
-        fn fresh() -> (Arc<BuiltinBackend>, JobEventReceiver) {
-            let (backend, events) = backend();
-            (Arc::new(backend), events)
-        }
-        let (backend, events) = fresh();
-        let mut fails = spec("a", 1, 600);
-        fails.runtime.limit = Some(HumanDuration::from_secs(30));
-        crate::backend::conformance::run(crate::backend::conformance::Subject {
-            backend: backend.clone(),
-            inventory: backend,
-            events,
-            runs: assignment("runs", 3, spec("a", 2, 86_400)),
-            fills: assignment("fills", 3, spec("b", 8, 86_400)),
-            succeeds: assignment("succeeds", 3, spec("a", 1, 10)),
-            fails: assignment("fails", 3, fails),
-            never_fits: assignment("never", 3, spec("a", 64, 60)),
-            reopen: Box::new(|| {
-                Box::pin(async {
-                    let (backend, events) = fresh();
-                    (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, events)
-                })
-            }),
-            adopts: false,
-            keeps_logs: false,
-            patience: Duration::from_secs(3600),
-        })
-        .await;
-    }
-}
+mod fixture;
+#[cfg(test)]
+mod process_tests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! The builtin backend with the simulated runner.
+use std::collections::BTreeMap;
+
+use meridian_proto::spec::{GangSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::backend::JobEventReceiver;
+use crate::builtin::{NodeSpec, QueueSpec};
+
+fn node(name: &str, gpus: u32) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        shape: "h100x8".into(),
+        gpu_type: "h100".into(),
+        gpu_memory_gib: 80,
+        gpus,
+        cpu: 64,
+        memory_gib: 512,
+    }
+}
+
+fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
+    JobSpec {
+        name: "train".into(),
+        tenant: tenant.into(),
+        priority: 50,
+        labels: BTreeMap::new(),
+        idempotency_key: None,
+        gang: GangSpec {
+            replicas: 1,
+            resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
+        },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None },
+        data: Vec::new(),
+        placement: PlacementRules::default(),
+        payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
+    }
+}
+
+fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
+    Assignment { job_id: job_id.into(), fencing_token: token, spec }
+}
+
+/// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
+fn backend() -> (BuiltinBackend, JobEventReceiver) {
+    let scheduler = BuiltinScheduler::new(
+        vec![node("n-0", 8)],
+        vec![QueueSpec { name: "a".into(), weight: 1.0 }, QueueSpec { name: "b".into(), weight: 1.0 }],
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    (BuiltinBackend::new(scheduler, 1.0, tx).unwrap(), rx)
+}
+
+async fn next_event(events: &mut JobEventReceiver) -> JobEvent {
+    tokio::time::timeout(Duration::from_secs(3600), events.recv()).await.unwrap().unwrap()
+}
+
+/// The next event that is not a pending job's new reason.
+async fn next_change(events: &mut JobEventReceiver) -> JobEvent {
+    loop {
+        let event = next_event(events).await;
+        if !matches!(event.phase, JobPhase::Pending { .. }) {
+            return event;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_fits_starts_at_once_and_succeeds_after_its_estimate() {
+    let (backend, mut events) = backend();
+    let started = Instant::now();
+    let admission = backend.submit(&assignment("j-1", 7, spec("a", 4, 60))).await.unwrap();
+    assert_eq!(admission, Admission::Started { nodes: vec!["n-0".into()] });
+    assert_eq!(backend.inventory().await.unwrap().gpus_free(), 4, "inventory shows the GPUs taken at once");
+    let event = next_event(&mut events).await;
+    assert_eq!(event.job_id, "j-1");
+    assert_eq!(event.fencing_token, 7);
+    assert!(matches!(event.phase, JobPhase::Succeeded { .. }), "{event:?}");
+    assert_eq!(started.elapsed(), Duration::from_secs(60));
+    assert_eq!(backend.inventory().await.unwrap().gpus_free(), 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_queues_locally_when_the_cluster_is_busy_and_starts_when_capacity_frees() {
+    let (backend, mut events) = backend();
+    backend.submit(&assignment("big", 1, spec("a", 8, 100))).await.unwrap();
+    let admission = backend.submit(&assignment("next", 2, spec("a", 8, 10))).await.unwrap();
+    let Admission::Queued { reason } = admission else { panic!("expected queued, got {admission:?}") };
+    assert!(reason.contains("local queue `a`") && reason.contains("0 of 8 free"), "{reason}");
+    assert_eq!(backend.pressure().await.unwrap().pending_gpus(), 8);
+
+    let done = next_change(&mut events).await;
+    assert_eq!((done.job_id.as_str(), done.phase.is_terminal()), ("big", true));
+    let started = next_change(&mut events).await;
+    assert_eq!(
+        started,
+        JobEvent { job_id: "next".into(), fencing_token: 2, phase: JobPhase::Running { nodes: vec!["n-0".into()] } }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() {
+    let (backend, mut events) = backend();
+    // Queue `a` holds the whole node; `a` and then `b` queue one job each behind it.
+    backend.submit(&assignment("a-1", 1, spec("a", 8, 100))).await.unwrap();
+    assert!(matches!(
+        backend.submit(&assignment("a-2", 1, spec("a", 8, 100))).await.unwrap(),
+        Admission::Queued { .. }
+    ));
+    assert!(matches!(
+        backend.submit(&assignment("b-1", 1, spec("b", 8, 100))).await.unwrap(),
+        Admission::Queued { .. }
+    ));
+    assert_eq!(next_change(&mut events).await.job_id, "a-1");
+    // `a` has used the cluster for 100 s, `b` not at all: `b` goes first though it came later.
+    let started = next_change(&mut events).await;
+    assert_eq!((started.job_id.as_str(), &started.phase), ("b-1", &JobPhase::Running { nodes: vec!["n-0".into()] }));
+    assert_eq!(next_change(&mut events).await.job_id, "b-1");
+    assert_eq!(next_change(&mut events).await.job_id, "a-2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_can_never_fit_is_refused_permanently() {
+    let (backend, _events) = backend();
+    let admission = backend.submit(&assignment("huge", 1, spec("a", 16, 10))).await.unwrap();
+    assert!(matches!(admission, Admission::Refused { permanent: true, .. }), "{admission:?}");
+    assert!(backend.list().await.unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_binding_of_a_held_job_is_refused_until_the_first_is_cancelled() {
+    let (backend, _events) = backend();
+    backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
+    let admission = backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap();
+    assert!(matches!(admission, Admission::Refused { permanent: false, .. }), "{admission:?}");
+    backend.cancel("j", 1).await.unwrap();
+    assert!(matches!(backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap(), Admission::Started { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_cut_at_its_runtime_limit_fails() {
+    let (backend, mut events) = backend();
+    let mut limited = spec("a", 1, 100);
+    limited.runtime.limit = Some(HumanDuration::from_secs(30));
+    backend.submit(&assignment("j", 1, limited)).await.unwrap();
+    let event = next_event(&mut events).await;
+    assert!(matches!(&event.phase, JobPhase::Failed { message } if message.contains("runtime limit")), "{event:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_backend_stops_its_driver() {
+    let (backend, mut events) = backend();
+    backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
+    drop(backend);
+    // The driver held the only other sender; once it is stopped the channel closes.
+    assert_eq!(tokio::time::timeout(Duration::from_secs(1000), events.recv()).await.unwrap(), None);
+}
+
+/// The simulated runner's fixture: nothing runs, so `succeeds` is a short estimate and `fails`
+/// a runtime limit shorter than its estimate.
+fn fixture() -> super::fixture::Fixture {
+    let (first, events) = backend();
+    let mut fails = assignment("fails", 3, spec("a", 1, 600));
+    fails.spec.runtime.limit = Some(HumanDuration::from_secs(30));
+    super::fixture::Fixture {
+        backend: Arc::new(first),
+        events,
+        runs: assignment("runs", 3, spec("a", 2, 86_400)),
+        fills: assignment("fills", 3, spec("a", 8, 86_400)),
+        succeeds: assignment("succeeds", 3, spec("a", 1, 5)),
+        fails,
+        never_fits: assignment("never", 3, spec("a", 64, 60)),
+        reopen: Arc::new(|| {
+            let (again, events) = backend();
+            (Arc::new(again), events)
+        }),
+        adopts: false,
+        keeps_logs: false,
+        patience: Duration::from_secs(86_400),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_builtin_backend_passes_the_conformance_suite() {
+    crate::backend::conformance::run(fixture().subject()).await;
+}

@@ -1,0 +1,226 @@
+//! The builtin backend's process runner: runs each started job's `payload.command` on this host,
+//! one child process per replica, and ends the job by their exit codes.
+//!
+//! - Each replica runs `payload.command` directly (no shell) in a process group of its own, with
+//!   the agent's environment, the payload's `env`, and `CUDA_VISIBLE_DEVICES` (the devices
+//!   [`DeviceTable`] gave it), `MERIDIAN_JOB_ID`, `MERIDIAN_REPLICA`, `MERIDIAN_REPLICAS`.
+//! - All replicas exit 0: Succeeded. One exits non-zero or is killed: Failed with the code or
+//!   signal, and the others are stopped (gang). The runtime limit stops the job: Failed.
+//! - Stopping is SIGTERM to each process group, then SIGKILL after `killGrace`. Dropping the
+//!   runner kills every group at once, so no job outlives the agent.
+//! - stdout and stderr go to a bounded ring per job ([`output`]); the terminal message repeats
+//!   the last lines.
+//!
+//! Known limit: a cancelled job's devices are handed out again at once (the scheduler's
+//! inventory must reflect a cancel when it returns), while its processes may take up to
+//! `killGrace` to exit.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use meridian_proto::spec::JobSpec;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::backend::{BackendError, LogChunk};
+
+pub mod config;
+pub mod devices;
+pub mod discovery;
+pub mod group;
+pub mod output;
+pub mod supervisor;
+
+pub use config::{GpuDiscovery, ProcessConfig};
+pub use devices::{Allocation, DeviceTable};
+use group::ProcessGroup;
+use output::LogStore;
+pub use supervisor::Outcome;
+use supervisor::{Launch, supervise};
+
+/// How the process runner runs jobs.
+#[derive(Debug, Clone)]
+pub struct ProcessSettings {
+    /// Time between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// Output bytes kept per job.
+    pub log_bytes: usize,
+    /// This host's devices per scheduler node.
+    pub devices: DeviceTable,
+}
+
+/// A run that ended, as the supervisor reports it to the backend's driver.
+#[derive(Debug)]
+pub struct Exit {
+    /// Which run.
+    pub run_id: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// The receiving half of run endings; the backend's driver owns it.
+pub type ExitReceiver = mpsc::UnboundedReceiver<Exit>;
+
+/// The running jobs' processes, devices and output.
+pub struct ProcessRunner {
+    settings: ProcessSettings,
+    logs: LogStore,
+    runs: BTreeMap<u64, Run>,
+    next_run: u64,
+    exits: mpsc::UnboundedSender<Exit>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// One run of a job: its supervisor task and what it holds.
+struct Run {
+    job_id: String,
+    fencing_token: u64,
+    /// Devices held; empty once given back.
+    allocation: Allocation,
+    /// Fires to cancel; None once cancelled.
+    stop: Option<oneshot::Sender<()>>,
+    groups: Arc<Mutex<Vec<ProcessGroup>>>,
+    task: JoinHandle<()>,
+}
+
+impl ProcessRunner {
+    /// A runner with nothing running, and the receiver of its run endings. Supervisor tasks are
+    /// spawned on `runtime`.
+    pub fn new(settings: ProcessSettings, runtime: tokio::runtime::Handle) -> (Self, ExitReceiver) {
+        let (exits, receiver) = mpsc::unbounded_channel();
+        let runner = Self { settings, logs: LogStore::default(), runs: BTreeMap::new(), next_run: 0, exits, runtime };
+        (runner, receiver)
+    }
+
+    /// Why this runner can never run `spec`, if it cannot.
+    pub fn refuse(spec: &JobSpec) -> Option<String> {
+        if spec.payload.image.is_some() {
+            return Some(
+                "payload.image: this cluster runs commands as plain processes, not containers (runner: process)".into(),
+            );
+        }
+        if spec.payload.command.first().is_none_or(|program| program.is_empty()) {
+            return Some("payload.command: the process runner needs a command to run; this payload has none".into());
+        }
+        None
+    }
+
+    /// Starts `spec` with one replica on each of `nodes`; returns the run's id. Every ending
+    /// (including a failure to start) arrives later as an [`Exit`].
+    pub fn start(&mut self, job_id: &str, fencing_token: u64, spec: &JobSpec, nodes: &[String]) -> u64 {
+        let run_id = self.next_run;
+        self.next_run += 1;
+        let log = self.logs.open(job_id, fencing_token, self.settings.log_bytes);
+        let groups = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = oneshot::channel();
+        let replicas = nodes.len();
+        let allocation = self.settings.devices.allocate(nodes, spec.gang.resources.gpus);
+        let exits = self.exits.clone();
+        let task = match &allocation {
+            Ok(allocation) => {
+                let envs = allocation
+                    .replicas
+                    .iter()
+                    .enumerate()
+                    .map(|(index, (_, devices))| {
+                        let mut env: Vec<(String, String)> =
+                            spec.payload.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                        env.push(("CUDA_VISIBLE_DEVICES".into(), devices.join(",")));
+                        env.push(("MERIDIAN_JOB_ID".into(), job_id.to_string()));
+                        env.push(("MERIDIAN_REPLICA".into(), index.to_string()));
+                        env.push(("MERIDIAN_REPLICAS".into(), replicas.to_string()));
+                        env
+                    })
+                    .collect();
+                let launch = Launch {
+                    argv: spec.payload.command.clone(),
+                    replicas: envs,
+                    limit: spec.runtime.limit.map(|limit| limit.0),
+                    kill_grace: self.settings.kill_grace,
+                    log,
+                    groups: Arc::clone(&groups),
+                };
+                self.runtime.spawn(async move {
+                    let outcome = supervise(launch, stopped).await;
+                    let _ = exits.send(Exit { run_id, outcome });
+                })
+            }
+            Err(reason) => {
+                let message = format!("could not assign GPUs: {reason}");
+                log.append(format!("{message}\n").as_bytes());
+                log.end();
+                self.runtime.spawn(async move {
+                    let _ = exits.send(Exit { run_id, outcome: Outcome::Failed(message) });
+                })
+            }
+        };
+        let run = Run {
+            job_id: job_id.to_string(),
+            fencing_token,
+            allocation: allocation.unwrap_or_default(),
+            stop: Some(stop),
+            groups,
+            task,
+        };
+        self.runs.insert(run_id, run);
+        run_id
+    }
+
+    /// Stops the live run of a binding: SIGTERM now, SIGKILL after the grace; its devices are
+    /// free at once. Its ending is not reported.
+    pub fn cancel(&mut self, job_id: &str, fencing_token: u64) {
+        let Some(run) =
+            self.runs.values_mut().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some())
+        else {
+            return;
+        };
+        if let Some(stop) = run.stop.take() {
+            let _ = stop.send(());
+        }
+        self.settings.devices.release(&std::mem::take(&mut run.allocation));
+        self.logs.ended(job_id, fencing_token);
+    }
+
+    /// Records the end of a run. Returns the binding and outcome when the run was live (not
+    /// cancelled), so the backend reports it.
+    pub fn finished(&mut self, exit: Exit) -> Option<(String, u64, Outcome)> {
+        let run = self.runs.remove(&exit.run_id)?;
+        self.settings.devices.release(&run.allocation);
+        self.logs.ended(&run.job_id, run.fencing_token);
+        run.stop.is_some().then_some((run.job_id, run.fencing_token, exit.outcome))
+    }
+
+    /// Output of a binding this runner ran; see [`crate::backend::LocalBackend::logs`].
+    pub fn logs(
+        &self,
+        job_id: &str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> Result<LogChunk, BackendError> {
+        match self.logs.get(job_id, fencing_token) {
+            Some(log) => Ok(log.read(from, max_bytes)),
+            None => Err(BackendError::permanent(format!(
+                "job `{job_id}` (binding {fencing_token}): no output kept here; it never started on this agent or ended long ago"
+            ))),
+        }
+    }
+
+    /// The devices each live run holds, by job id (for tests and diagnostics).
+    pub fn allocations(&self) -> BTreeMap<String, Allocation> {
+        self.runs.values().filter(|r| r.stop.is_some()).map(|r| (r.job_id.clone(), r.allocation.clone())).collect()
+    }
+}
+
+impl Drop for ProcessRunner {
+    /// Kills every process group at once (no orphans) and stops the supervisors.
+    fn drop(&mut self) {
+        for run in self.runs.values() {
+            for group in run.groups.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+                group.kill();
+            }
+            run.task.abort();
+        }
+    }
+}

@@ -56,6 +56,9 @@ pub struct AgentConfig {
     /// Inventory and queue pressure are sent on change and at least this often.
     #[serde(default = "default_report_interval")]
     pub report_interval: HumanDuration,
+    /// Slurm backend settings (`backend: slurm`); defaults when left out.
+    #[serde(default)]
+    pub slurm: Option<crate::backend::SlurmConfig>,
 }
 
 /// A local queue.
@@ -144,8 +147,11 @@ impl AgentConfig {
                 problems.push(format!("prices.{gpu}: {price} must be a non-negative number of US$ per GPU-hour"));
             }
         }
-        if self.backend != BackendKind::Builtin {
-            problems.push("backend: only `builtin` is available in this release".to_string());
+        if !matches!(self.backend, BackendKind::Builtin | BackendKind::Slurm) {
+            problems.push("backend: only `builtin` and `slurm` are available in this release".to_string());
+        }
+        if self.backend == BackendKind::Slurm {
+            self.slurm.clone().unwrap_or_default().check(&mut problems);
         }
         if self.queues.is_empty() {
             problems.push("queues: at least one queue is needed".to_string());
@@ -155,7 +161,7 @@ impl AgentConfig {
                 problems.push(format!("queues[{i}].weight: {} must be a positive number", q.weight));
             }
         }
-        if self.nodes.is_empty() {
+        if self.nodes.is_empty() && self.backend == BackendKind::Builtin {
             problems.push("nodes: the builtin backend needs at least one node group".to_string());
         }
         for (i, n) in self.nodes.iter().enumerate() {

@@ -33,9 +33,33 @@ pub enum BuildError {
 ///
 /// Must be called inside a Tokio runtime: the builtin backend starts its driver task here.
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    if config.backend == meridian_proto::inventory::BackendKind::Slurm {
+        return slurm_agent_from_config(config);
+    }
     let scheduler = builtin::BuiltinScheduler::new(config.node_specs(), config.queue_specs())?;
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = Arc::new(backend::BuiltinBackend::new(scheduler, config.time_scale, events_tx)?);
+    let settings = agent::Settings {
+        info: config.cluster_info(),
+        gateway: config.gateway.clone(),
+        report_interval: config.report_interval.0,
+    };
+    Ok(agent::Agent::new(settings, backend.clone(), backend, events_rx))
+}
+
+/// Builds an agent over Slurm. The backend checks Slurm once before the agent starts, which
+/// needs a multi-threaded Tokio runtime (the agent binary's).
+fn slurm_agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let slurm = config.slurm.clone().unwrap_or_default();
+    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let handle = Handle::try_current()
+        .map_err(|_| backend::BackendError::permanent("the Slurm backend must be started inside a Tokio runtime"))?;
+    if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return Err(backend::BackendError::permanent("the Slurm backend needs a multi-threaded Tokio runtime").into());
+    }
+    let backend =
+        Arc::new(tokio::task::block_in_place(|| handle.block_on(backend::SlurmBackend::new(slurm, events_tx)))?);
     let settings = agent::Settings {
         info: config.cluster_info(),
         gateway: config.gateway.clone(),

@@ -26,8 +26,10 @@ use meridian_proto::protocol::Assignment;
 mod builtin;
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod slurm;
 
 pub use builtin::BuiltinBackend;
+pub use slurm::{SlurmBackend, SlurmConfig};
 
 /// What a backend call returns: a boxed, sendable future, so the traits stay object safe without
 /// extra crates.
@@ -80,8 +82,13 @@ pub trait LocalBackend: Send + Sync {
     /// business, say so in `docs/backends.md`); asking for bytes it no longer keeps answers
     /// from the oldest byte it has, with [`LogChunk::offset`] saying where that is. A binding
     /// it never held is a [`BackendError::Permanent`] naming the job.
-    fn logs<'a>(&'a self, job_id: &'a str, fencing_token: u64, from: Option<u64>, max_bytes: usize)
-    -> BackendFuture<'a, LogChunk> {
+    fn logs<'a>(
+        &'a self,
+        job_id: &'a str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> BackendFuture<'a, LogChunk> {
         let _ = (fencing_token, from, max_bytes);
         Box::pin(std::future::ready(Err(BackendError::permanent(format!(
             "job `{job_id}`: the {} backend keeps no job output",

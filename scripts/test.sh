@@ -12,5 +12,14 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# The Slurm backend's tests run against a real Slurm on this host (scripts/slurm/up.sh; installs
+# Debian's slurm packages when missing). MERIDIAN_SKIP_SLURM=1 skips them instead.
+if [ "${MERIDIAN_SKIP_SLURM:-}" != 1 ] && [ -z "${MERIDIAN_SLURM_ENV:-}" ]; then
+    slurm_dir=${MERIDIAN_SLURM_DIR:-${TMPDIR:-/tmp}/meridian-slurm}
+    echo "== starting a test Slurm under $slurm_dir"
+    scripts/slurm/up.sh "$slurm_dir"
+    export MERIDIAN_SLURM_ENV="$slurm_dir/env"
+fi
+
 echo "== unit, property and end-to-end tests"
 cargo test --workspace --locked "$@"

@@ -313,3 +313,29 @@ async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     assert!(lines.iter().all(|l| l.starts_with("it's a gang on n")), "{lines:?}");
     assert_ne!(lines[0], lines[1], "two different nodes");
 }
+
+/// Overhead with many held jobs: submit them first, e.g.
+/// `for i in $(seq 1000); do sbatch -Q --hold --comment=meridian:bench$i:1 --mem=100 --gres=gpu:1 --wrap=true; done`,
+/// then `MERIDIAN_SLURM_ENV=… cargo test -p meridian-agent --lib slurm_sync_figures -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, not a test: prints figures"]
+async fn slurm_sync_figures() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = SlurmConfig { job_tag: "meridian".into(), ..config(&env) };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let backend = SlurmBackend::new(config, tx).await.unwrap();
+    let started = std::time::Instant::now();
+    let held = backend.list().await.unwrap();
+    let listed = started.elapsed();
+    let started = std::time::Instant::now();
+    let sent = backend.sync_status().await.unwrap();
+    let synced = started.elapsed();
+    let started = std::time::Instant::now();
+    backend.pressure().await.unwrap();
+    eprintln!(
+        "held {} bindings: list {listed:?}, one status sync {synced:?} ({sent} events), pressure {:?}",
+        held.len(),
+        started.elapsed()
+    );
+}

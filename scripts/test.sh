@@ -30,12 +30,13 @@ trap stop_services EXIT
 
 if [ "${MERIDIAN_SKIP_SLURM:-}" = "1" ]; then
     echo "== Slurm: skipped (MERIDIAN_SKIP_SLURM=1); the Slurm tests will say so"
+elif [ -n "${MERIDIAN_SLURM_ENV:-}" ]; then
+    echo "== Slurm: using the running test cluster described by $MERIDIAN_SLURM_ENV"
 else
-    echo "== Slurm: starting a private test cluster"
     slurm_dir="$(mktemp -d /tmp/meridian-slurm.XXXXXX)"
+    echo "== Slurm: starting a private test cluster under $slurm_dir"
     scripts/slurm/up.sh "$slurm_dir"
-    # shellcheck disable=SC1091
-    source "$slurm_dir/env"
+    export MERIDIAN_SLURM_ENV="$slurm_dir/env"
 fi
 
 echo "== unit, property and end-to-end tests"

@@ -76,6 +76,9 @@ pub struct AgentConfig {
     /// The Kubernetes backend (`backend: kubernetes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesConfig>,
+    /// Slurm backend settings (`backend: slurm`); defaults when left out.
+    #[serde(default)]
+    pub slurm: Option<crate::backend::SlurmConfig>,
 }
 
 /// How the builtin backend runs jobs.
@@ -182,7 +185,7 @@ impl AgentConfig {
                 "kubernetes: the kubernetes backend needs this section (at least `mode: volcano` or `mode: kueue`)"
                     .into(),
             ),
-            (BackendKind::Slurm, _) => problems.push("backend: `slurm` is not available in this release".to_string()),
+            (BackendKind::Slurm, _) => self.slurm.clone().unwrap_or_default().check(&mut problems),
         }
         if self.queues.is_empty() {
             problems.push("queues: at least one queue is needed".to_string());

@@ -70,7 +70,8 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
 }
 
 /// Builds an agent for whichever backend the configuration selects; the Kubernetes backend
-/// connects to its API server (and checks the nodes) here.
+/// connects to its API server and the Slurm backend checks its controller (and both read the
+/// nodes once) here.
 ///
 /// Must be called inside a Tokio runtime.
 pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
@@ -78,6 +79,12 @@ pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, B
         (BackendKind::Kubernetes, Some(kubernetes)) => {
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
             let backend = Arc::new(backend::KubernetesBackend::connect(kubernetes.clone(), events_tx).await?);
+            Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+        }
+        (BackendKind::Slurm, _) => {
+            let slurm = config.slurm.clone().unwrap_or_default();
+            let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+            let backend = Arc::new(backend::SlurmBackend::new(slurm, events_tx).await?);
             Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
         }
         _ => agent_from_config(config),

@@ -32,9 +32,11 @@ pub(crate) mod conformance;
 pub mod kubernetes;
 pub mod nvml;
 pub mod process;
+pub mod slurm;
 
 pub use builtin::{BuiltinBackend, Runner};
 pub use kubernetes::KubernetesBackend;
+pub use slurm::{SlurmBackend, SlurmConfig};
 
 /// What a backend call returns: a boxed, sendable future, so the traits stay object safe without
 /// extra crates.

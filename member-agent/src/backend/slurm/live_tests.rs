@@ -1,0 +1,340 @@
+//! Tests against a real Slurm, started by `scripts/slurm/up.sh DIR` (which `scripts/test.sh`
+//! runs). They read the file named by `MERIDIAN_SLURM_ENV` (`DIR/env`, written by up.sh); when
+//! it is not set they fail, unless `MERIDIAN_SKIP_SLURM=1` says to skip them. They share one
+//! cluster, so they run one at a time (a static lock) and cancel their leftovers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_proto::duration::HumanDuration;
+use meridian_proto::protocol::Assignment;
+use meridian_proto::spec::JobSpec;
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::backend::JobEventReceiver;
+use crate::backend::conformance;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// The test cluster's facts from `MERIDIAN_SLURM_ENV`, or None when the tests are skipped.
+fn cluster() -> Option<BTreeMap<String, String>> {
+    if std::env::var("MERIDIAN_SKIP_SLURM").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: MERIDIAN_SKIP_SLURM=1 (no real Slurm)");
+        return None;
+    }
+    let Ok(path) = std::env::var("MERIDIAN_SLURM_ENV") else {
+        panic!(
+            "these tests need a real Slurm: run `scripts/test.sh` (it starts one with scripts/slurm/up.sh and \
+             sets MERIDIAN_SLURM_ENV), or run `scripts/slurm/up.sh DIR` and set MERIDIAN_SLURM_ENV=DIR/env, \
+             or set MERIDIAN_SKIP_SLURM=1 to skip them"
+        )
+    };
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}"));
+    Some(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn config(env: &BTreeMap<String, String>) -> SlurmConfig {
+    SlurmConfig {
+        partition: Some("gpu".into()),
+        gpu_types: [("a100".to_string(), "a100-80g".to_string())].into(),
+        work_dir: PathBuf::from(&env["MERIDIAN_SLURM_DIR"]).join("work"),
+        bin_dir: env.get("MERIDIAN_SLURM_BIN_DIR").map(PathBuf::from),
+        slurm_conf: Some(PathBuf::from(&env["SLURM_CONF"])),
+        poll_interval: HumanDuration::from_secs(1),
+        // Each test its own tag: finished jobs of earlier tests stay visible for MinJobAge.
+        job_tag: unique("mt").replace('-', "x"),
+        ..SlurmConfig::default()
+    }
+}
+
+/// Cancels every live job on the test cluster and waits until none is left.
+async fn clean(config: &SlurmConfig) {
+    let runner = Runner { bin_dir: config.bin_dir.clone(), slurm_conf: config.slurm_conf.clone(), timeout: PATIENCE };
+    runner.run("scancel", &args(&["--user=root"]), None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let rows = poll::squeue_all(&runner).await.unwrap();
+        if !rows.iter().any(|r| poll::is_live(&r.state)) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "leftover jobs did not end: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A job id no earlier run used (finished jobs stay visible for MinJobAge).
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn assignment(name: &str, replicas: u32, gpus: u32, command: &[&str]) -> Assignment {
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": name, "tenant": "team",
+        "gang": {"replicas": replicas, "resources": {"gpus": gpus, "gpuTypes": ["a100-80g"], "cpu": 1, "memoryGiB": 1}},
+        "payload": {"command": command}
+    }))
+    .unwrap();
+    Assignment { job_id: unique(name), fencing_token: 3, spec }
+}
+
+/// Every field of the conformance suite's (extended) Subject, for the real Slurm.
+struct Fixture {
+    backend: Arc<SlurmBackend>,
+    events: JobEventReceiver,
+    runs: Assignment,
+    fills: Assignment,
+    succeeds: Assignment,
+    fails: Assignment,
+    never_fits: Assignment,
+    reopen: Box<dyn Fn() -> conformance::Reopened + Send + Sync>,
+    adopts: bool,
+    keeps_logs: bool,
+    patience: Duration,
+}
+
+async fn fixture(config: SlurmConfig) -> Fixture {
+    let (tx, events) = mpsc::unbounded_channel();
+    let backend = Arc::new(SlurmBackend::new(config.clone(), tx).await.unwrap());
+    let reopen_config = config.clone();
+    Fixture {
+        backend,
+        events,
+        runs: assignment("runs", 1, 1, &["sleep", "600"]),
+        fills: assignment("fills", 4, 4, &["sleep", "600"]),
+        succeeds: assignment("succeeds", 1, 1, &["sh", "-c", "echo hello; exit 0"]),
+        fails: assignment("fails", 1, 1, &["sh", "-c", "echo oops >&2; exit 3"]),
+        never_fits: assignment("never", 1, 5, &["true"]),
+        reopen: Box::new(move || {
+            let config = reopen_config.clone();
+            Box::pin(async move {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let backend = Arc::new(SlurmBackend::new(config, tx).await.unwrap());
+                (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, rx)
+            })
+        }),
+        adopts: true,
+        keeps_logs: true,
+        patience: PATIENCE,
+    }
+}
+
+/// The next event of `job_id` that satisfies `wanted`, within `patience`.
+async fn event_where(
+    events: &mut JobEventReceiver,
+    job_id: &str,
+    patience: Duration,
+    wanted: impl Fn(&JobPhase) -> bool,
+) -> JobPhase {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no wanted event for `{job_id}` within {patience:?}"))
+            .expect("event channel open");
+        if event.job_id == job_id && wanted(&event.phase) {
+            return event.phase;
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_slurm_backend_passes_the_conformance_suite() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let f = fixture(config.clone()).await;
+    conformance::run(conformance::Subject {
+        backend: f.backend.clone(),
+        inventory: f.backend.clone(),
+        events: f.events,
+        runs: f.runs,
+        fills: f.fills,
+        succeeds: f.succeeds,
+        fails: f.fails,
+        never_fits: f.never_fits,
+        reopen: f.reopen,
+        adopts: f.adopts,
+        keeps_logs: f.keeps_logs,
+        patience: f.patience,
+    })
+    .await;
+    clean(&config).await;
+}
+
+#[tokio::test]
+async fn the_empty_cluster_reports_four_a100_nodes_in_two_feature_shapes() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let f = fixture(config.clone()).await;
+    let inventory = f.backend.inventory().await.unwrap();
+    let names: Vec<&str> = inventory.shapes.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, vec!["a100-80gx4-8c-15g-eth", "a100-80gx4-8c-15g-ib"], "{inventory:?}");
+    assert_eq!((inventory.gpus_total(), inventory.gpus_free()), (16, 16));
+    assert!(inventory.shapes.iter().all(|s| s.gpu_type == "a100-80g" && s.gpu_memory_gib == 80));
+    let labels = f.backend.node_labels().await.unwrap();
+    assert_eq!(labels["n1"].get("ib").map(String::as_str), Some("true"));
+    assert_eq!(labels["n4"].get("eth").map(String::as_str), Some("true"));
+    let pressure = f.backend.pressure().await.unwrap();
+    assert_eq!(pressure.pending_jobs(), 0, "{pressure:?}");
+}
+
+#[tokio::test]
+async fn an_unmapped_gres_type_stops_the_backend_at_start_naming_the_key() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = SlurmConfig { gpu_types: BTreeMap::new(), ..config(&env) };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let err = SlurmBackend::new(config, tx).await.err().expect("a100 is not a Meridian GPU type");
+    assert!(!err.is_transient());
+    assert!(err.to_string().contains("`a100`") && err.to_string().contains("slurm.gpuTypes"), "{err}");
+}
+
+#[tokio::test]
+async fn fills_queues_runs_with_slurms_reason_until_it_is_cancelled() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let mut f = fixture(config.clone()).await;
+    let backend = f.backend.clone();
+    let filled = backend.submit(&f.fills).await.unwrap();
+    if !matches!(filled, Admission::Started { .. }) {
+        event_where(
+            &mut f.events,
+            &f.fills.job_id,
+            f.patience,
+            |p| matches!(p, JobPhase::Running { nodes } if nodes.len() == 4),
+        )
+        .await;
+    }
+    assert_eq!(backend.inventory().await.unwrap().gpus_free(), 0);
+    let queued = backend.submit(&f.runs).await.unwrap();
+    assert!(matches!(queued, Admission::Queued { .. }), "{queued:?}");
+    let reason = event_where(
+        &mut f.events,
+        &f.runs.job_id,
+        f.patience,
+        |p| matches!(p, JobPhase::Pending { reason } if reason == "Slurm: Resources"),
+    )
+    .await;
+    assert!(matches!(reason, JobPhase::Pending { .. }));
+    let pressure = backend.pressure().await.unwrap();
+    assert_eq!((pressure.pending_jobs(), pressure.pending_gpus()), (1, 1), "{pressure:?}");
+    backend.cancel(&f.fills.job_id, f.fills.fencing_token).await.unwrap();
+    let started =
+        event_where(&mut f.events, &f.runs.job_id, f.patience, |p| matches!(p, JobPhase::Running { .. })).await;
+    assert!(matches!(started, JobPhase::Running { nodes } if nodes.len() == 1));
+    clean(&config).await;
+}
+
+#[tokio::test]
+async fn succeeds_keeps_its_logs_and_fails_names_exit_code_3() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let mut f = fixture(config.clone()).await;
+    let backend = f.backend.clone();
+    backend.submit(&f.succeeds).await.unwrap();
+    backend.submit(&f.fails).await.unwrap();
+    let mut ends = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + f.patience;
+    while ends.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, f.events.recv()).await.expect("both jobs end").unwrap();
+        if event.phase.is_terminal() {
+            ends.insert(event.job_id, event.phase);
+        }
+    }
+    let ok = &ends[&f.succeeds.job_id];
+    assert!(matches!(ok, JobPhase::Succeeded { .. }), "{ok:?}");
+    let bad = &ends[&f.fails.job_id];
+    assert!(matches!(&bad, JobPhase::Failed { message } if message.contains("exit code 3")), "{bad:?}");
+    assert!(f.keeps_logs);
+    let logs = backend.logs(&f.succeeds.job_id, f.succeeds.fencing_token, None, 4096).await.unwrap();
+    assert!(logs.data.contains("hello") && logs.complete, "{logs:?}");
+    let err = backend.logs("never-held", 1, None, 10).await.unwrap_err();
+    assert!(!err.is_transient() && err.to_string().contains("never-held"), "{err}");
+}
+
+#[tokio::test]
+async fn a_reopened_backend_adopts_a_running_binding_and_can_cancel_it() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let mut f = fixture(config.clone()).await;
+    // Started at once, or a Running event follows.
+    if !matches!(f.backend.submit(&f.runs).await.unwrap(), Admission::Started { .. }) {
+        event_where(&mut f.events, &f.runs.job_id, f.patience, |p| matches!(p, JobPhase::Running { .. })).await;
+    }
+    drop(f.backend);
+    assert!(f.adopts);
+    let (backend, _inventory, _events) = (f.reopen)().await;
+    let held = backend.list().await.unwrap();
+    let adopted = held.iter().find(|h| h.job_id == f.runs.job_id).expect("the running binding is listed");
+    assert_eq!(adopted.fencing_token, f.runs.fencing_token);
+    assert!(matches!(adopted.phase, JobPhase::Running { .. }), "{adopted:?}");
+    backend.cancel(&f.runs.job_id, f.runs.fencing_token).await.unwrap();
+    assert!(!backend.list().await.unwrap().iter().any(|h| h.job_id == f.runs.job_id), "cancelled: not listed");
+}
+
+#[tokio::test]
+async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let backend = SlurmBackend::new(config.clone(), tx).await.unwrap();
+    let out = config.work_dir.join(unique("gang-out"));
+    let script = format!("echo \"$GREETING on $SLURMD_NODENAME\" >> '{}'", out.display());
+    let mut job = assignment("gang", 2, 2, &["sh", "-c", &script]);
+    job.spec.payload.env.insert("GREETING".into(), "it's a gang".into());
+    backend.submit(&job).await.unwrap();
+    let end = event_where(&mut events, &job.job_id, PATIENCE, JobPhase::is_terminal).await;
+    assert!(matches!(end, JobPhase::Succeeded { .. }), "{end:?}");
+    let mut lines: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().all(|l| l.starts_with("it's a gang on n")), "{lines:?}");
+    assert_ne!(lines[0], lines[1], "two different nodes");
+}
+
+/// Overhead with many held jobs: submit them first, e.g.
+/// `for i in $(seq 1000); do sbatch -Q --hold --comment=meridian:bench$i:1 --mem=100 --gres=gpu:1 --wrap=true; done`,
+/// then `MERIDIAN_SLURM_ENV=… cargo test -p meridian-agent --lib slurm_sync_figures -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, not a test: prints figures"]
+async fn slurm_sync_figures() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = SlurmConfig { job_tag: "meridian".into(), ..config(&env) };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let backend = SlurmBackend::new(config, tx).await.unwrap();
+    let started = std::time::Instant::now();
+    let held = backend.list().await.unwrap();
+    let listed = started.elapsed();
+    let started = std::time::Instant::now();
+    let sent = backend.sync_status().await.unwrap();
+    let synced = started.elapsed();
+    let started = std::time::Instant::now();
+    backend.pressure().await.unwrap();
+    eprintln!(
+        "held {} bindings: list {listed:?}, one status sync {synced:?} ({sent} events), pressure {:?}",
+        held.len(),
+        started.elapsed()
+    );
+}

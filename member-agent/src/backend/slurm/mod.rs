@@ -1,0 +1,434 @@
+//! The Slurm backend: Meridian jobs as Slurm batch jobs, driven through Slurm's own tools
+//! (`sbatch`, `squeue`, `scontrol`, `scancel`), each run with a deadline.
+//!
+//! - A job is one `sbatch` (`--nodes=replicas --ntasks-per-node=1 --gres=gpu:TYPE:N`) whose
+//!   script runs the payload's command once per replica with `srun` ([`script`]).
+//! - The binding lives in Slurm: `--comment=meridian:<job>:<token>`. `submit` looks for it
+//!   before submitting (idempotent per binding, also after an `sbatch` that timed out), and
+//!   `list` finds every binding again after an agent restart. A cancelled binding's comment is
+//!   rewritten to `meridian-cancelled:…` before `scancel`, so nobody adopts or reports it.
+//! - Inventory comes from `scontrol -o -d show node` ([`parse`]), grouped into node shapes;
+//!   pressure from `squeue`, per partition (and account, when a job has one).
+//! - A status loop owned by the backend ([`poll`]) turns `squeue` changes into job events.
+//!
+//! Node features have no place in [`NodeShape`] yet: each feature `f` becomes part of the shape
+//! name (`a100-80gx4-ib`) and is kept as label `f = "true"` in [`SlurmBackend::node_labels`],
+//! so nodes with different features never share a shape.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use meridian_proto::gpu::GpuCatalog;
+use meridian_proto::inventory::{BackendKind, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure};
+use meridian_proto::protocol::Assignment;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::task::JoinHandle;
+
+use super::{
+    Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEventSender, JobPhase, LocalBackend, LogChunk,
+};
+
+mod command;
+mod config;
+#[cfg(test)]
+mod live_tests;
+mod parse;
+mod poll;
+mod script;
+
+pub use config::{QosRule, SlurmConfig};
+
+use command::{Runner, args};
+use parse::{SlurmNode, cancelled_comment_for, parse_nodes};
+
+/// Slurm as a [`LocalBackend`] and an [`InventorySource`]. Owns its status loop; dropping the
+/// backend stops it (the Slurm jobs keep running, for the next agent to adopt).
+pub struct SlurmBackend {
+    shared: Arc<Shared>,
+    poller: JoinHandle<()>,
+}
+
+/// What the backend and its status loop share.
+pub(crate) struct Shared {
+    config: SlurmConfig,
+    runner: Runner,
+    events: JobEventSender,
+    /// Bindings whose changes are reported as events, by job id.
+    tracked: Mutex<BTreeMap<String, Tracked>>,
+    /// One submit or cancel at a time, so "look, then sbatch" cannot race itself.
+    submit_lock: tokio::sync::Mutex<()>,
+}
+
+/// A binding the status loop watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tracked {
+    fencing_token: u64,
+    slurm_id: String,
+    /// What was last reported (by `submit`, `list` or an event).
+    phase: JobPhase,
+}
+
+impl SlurmBackend {
+    /// Starts the backend: checks that Slurm answers and that every GRES type of its nodes maps
+    /// to a Meridian GPU type (a permanent error names the type and `slurm.gpuTypes`), then
+    /// starts the status loop. Job events go to `events`.
+    pub async fn new(config: SlurmConfig, events: JobEventSender) -> Result<Self, BackendError> {
+        let runner = Runner {
+            bin_dir: config.bin_dir.clone(),
+            slurm_conf: config.slurm_conf.clone(),
+            timeout: config.command_timeout.0,
+        };
+        tokio::fs::create_dir_all(&config.work_dir).await.map_err(|e| BackendError::Permanent {
+            message: format!("slurm.workDir: cannot create `{}`", config.work_dir.display()),
+            source: Some(Box::new(e)),
+        })?;
+        let shared = Arc::new(Shared {
+            config,
+            runner,
+            events,
+            tracked: Mutex::new(BTreeMap::new()),
+            submit_lock: tokio::sync::Mutex::new(()),
+        });
+        shared.inventory_now().await?;
+        let poller = tokio::spawn(poll::run(Arc::downgrade(&shared)));
+        Ok(Self { shared, poller })
+    }
+
+    /// Labels of each node (by name): every Slurm feature `f` as `f = "true"`.
+    pub async fn node_labels(&self) -> Result<BTreeMap<String, BTreeMap<String, String>>, BackendError> {
+        let nodes = self.shared.nodes().await?;
+        Ok(nodes
+            .into_iter()
+            .map(|n| (n.name, n.features.into_iter().map(|f| (f, "true".to_string())).collect()))
+            .collect())
+    }
+
+    /// Runs one status sync now (what the loop does every `pollInterval`); returns how many
+    /// events it sent. For benchmarks and tests.
+    pub async fn sync_status(&self) -> Result<usize, BackendError> {
+        poll::sync(&self.shared).await
+    }
+}
+
+impl Drop for SlurmBackend {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
+impl Shared {
+    fn lock_tracked(&self) -> MutexGuard<'_, BTreeMap<String, Tracked>> {
+        self.tracked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn track(&self, job_id: &str, fencing_token: u64, slurm_id: &str, phase: &JobPhase) {
+        if phase.is_terminal() {
+            return;
+        }
+        self.lock_tracked().insert(
+            job_id.to_string(),
+            Tracked { fencing_token, slurm_id: slurm_id.to_string(), phase: phase.clone() },
+        );
+    }
+
+    async fn nodes(&self) -> Result<Vec<SlurmNode>, BackendError> {
+        let text = self.runner.query("scontrol", &args(&["-o", "-d", "show", "node"])).await?;
+        let partition = self.config.partition.as_deref();
+        Ok(parse_nodes(&text)
+            .into_iter()
+            .filter(|n| partition.is_none_or(|p| n.partitions.iter().any(|q| q == p)))
+            .collect())
+    }
+
+    async fn submit_now(&self, job: &Assignment) -> Result<Admission, BackendError> {
+        let _one_at_a_time = self.submit_lock.lock().await;
+        let rows = poll::squeue_all(&self.runner).await?;
+        if let Some((token, row)) = poll::meridian_rows(&rows, &self.config.job_tag).remove(&job.job_id) {
+            if token == job.fencing_token {
+                let phase = poll::phase_of(&self.runner, &row).await;
+                self.track(&job.job_id, token, &row.slurm_id, &phase);
+                return Ok(admission_of(phase));
+            }
+            if poll::is_live(&row.state) {
+                return Ok(Admission::Refused {
+                    reason: format!(
+                        "binding {token} of job `{}` is still held here (Slurm job {}); it must be cancelled first",
+                        job.job_id, row.slurm_id
+                    ),
+                    permanent: false,
+                });
+            }
+        }
+        let batch = match script::batch_job(job, &self.config) {
+            Ok(batch) => batch,
+            Err(e) => return Ok(Admission::Refused { reason: e.to_string(), permanent: true }),
+        };
+        let out = self.runner.run("sbatch", &batch.args, Some(&batch.script)).await?;
+        if !out.success() {
+            if out.is_transient() {
+                return Err(BackendError::transient(format!("sbatch: {}", out.message())));
+            }
+            return Ok(Admission::Refused { reason: format!("Slurm: {}", out.message()), permanent: true });
+        }
+        let slurm_id = out.stdout.trim().split(';').next().unwrap_or("").trim().to_string();
+        if slurm_id.is_empty() {
+            return Err(BackendError::transient(format!("sbatch printed no job id: {:?}", out.stdout)));
+        }
+        let phase = match self.runner.query("squeue", &args(&["-h", "-j", &slurm_id, "-o", parse::SQUEUE_FORMAT])).await
+        {
+            Ok(text) => match parse::parse_squeue(&text).into_iter().next() {
+                Some(row) => poll::phase_of(&self.runner, &row).await,
+                None => JobPhase::Pending { reason: format!("Slurm: submitted as job {slurm_id}") },
+            },
+            Err(_) => JobPhase::Pending { reason: format!("Slurm: submitted as job {slurm_id}") },
+        };
+        if phase.is_terminal() {
+            // Over before we looked: nothing will track it, so report its end now.
+            let _ = self.events.send(super::JobEvent {
+                job_id: job.job_id.clone(),
+                fencing_token: job.fencing_token,
+                phase: phase.clone(),
+            });
+        }
+        self.track(&job.job_id, job.fencing_token, &slurm_id, &phase);
+        Ok(admission_of(phase))
+    }
+
+    async fn cancel_now(&self, job_id: &str, fencing_token: u64) -> Result<(), BackendError> {
+        let _one_at_a_time = self.submit_lock.lock().await;
+        let rows = poll::squeue_all(&self.runner).await?;
+        let targets: Vec<String> = rows
+            .iter()
+            .filter(|r| {
+                r.binding(&self.config.job_tag) == Some((job_id.to_string(), fencing_token)) && poll::is_live(&r.state)
+            })
+            .map(|r| r.slurm_id.clone())
+            .collect();
+        {
+            let mut tracked = self.lock_tracked();
+            if tracked.get(job_id).is_some_and(|t| t.fencing_token == fencing_token) {
+                tracked.remove(job_id);
+            }
+        }
+        for id in &targets {
+            let comment = format!("Comment={}", cancelled_comment_for(&self.config.job_tag, job_id, fencing_token));
+            // Rewrite the comment first: a restarted agent must not adopt or report it.
+            let _ = self.runner.run("scontrol", &args(&["update", &format!("JobId={id}"), &comment]), None).await?;
+            let out = self.runner.run("scancel", &args(&[id]), None).await?;
+            if !out.success() {
+                return Err(BackendError::transient(format!("scancel {id}: {}", out.message())));
+            }
+            // scancel exits 0 for ids it does not know: check that the job really stops.
+            let state = self.runner.query("squeue", &args(&["-h", "-j", id, "-o", "%T"])).await.unwrap_or_default();
+            let state = state.trim();
+            if state == "PENDING" || state == "RUNNING" {
+                return Err(BackendError::transient(format!("scancel {id}: the job is still {state}")));
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_now(&self) -> Result<Vec<HeldJob>, BackendError> {
+        let rows = poll::squeue_all(&self.runner).await?;
+        let mut held = Vec::new();
+        for (job_id, (token, row)) in poll::meridian_rows(&rows, &self.config.job_tag) {
+            let phase = poll::phase_of(&self.runner, &row).await;
+            self.track(&job_id, token, &row.slurm_id, &phase);
+            held.push(HeldJob { job_id, fencing_token: token, phase });
+        }
+        Ok(held)
+    }
+
+    async fn inventory_now(&self) -> Result<Inventory, BackendError> {
+        let nodes = self.nodes().await?;
+        let catalog = GpuCatalog::default();
+        let mut shapes: BTreeMap<String, NodeShape> = BTreeMap::new();
+        for node in nodes {
+            // A node without GPUs cannot run a Meridian job; it is not reported.
+            let Some((gres_type, &gpus)) = node.gpus.iter().max_by_key(|(_, count)| **count) else { continue };
+            let key = if gres_type.is_empty() { "gpu" } else { gres_type.as_str() };
+            let gpu_type = self.config.meridian_gpu_type(key).ok_or_else(|| {
+                BackendError::permanent(format!(
+                    "Slurm node `{}` has GRES type `{key}`, which is no known Meridian GPU type; map it in \
+                     slurm.gpuTypes (e.g. `{key}: a100-80g`)",
+                    node.name
+                ))
+            })?;
+            let cpu = node.cpu_total;
+            let memory_gib = u32::try_from(node.memory_mb / 1024).unwrap_or(u32::MAX);
+            let mut features = node.features.clone();
+            features.sort();
+            let mut name = format!("{gpu_type}x{gpus}-{cpu}c-{memory_gib}g");
+            for feature in &features {
+                name.push('-');
+                name.push_str(feature);
+            }
+            let free = if node.usable() {
+                let used = node.gpus_used.get(gres_type).copied().unwrap_or(0);
+                NodeFree {
+                    gpus: gpus.saturating_sub(used),
+                    cpu: cpu.saturating_sub(node.cpu_alloc),
+                    memory_gib: u32::try_from(node.memory_mb.saturating_sub(node.alloc_memory_mb) / 1024)
+                        .unwrap_or(u32::MAX),
+                }
+            } else {
+                NodeFree::default()
+            };
+            let gpu_memory_gib = catalog.memory_gib(&gpu_type).unwrap_or(0);
+            shapes
+                .entry(name.clone())
+                .or_insert_with(|| NodeShape {
+                    name,
+                    gpu_type,
+                    gpu_memory_gib,
+                    gpus_per_node: gpus,
+                    cpu_per_node: cpu,
+                    memory_gib_per_node: memory_gib,
+                    free: Vec::new(),
+                })
+                .free
+                .push(free);
+        }
+        Ok(Inventory { shapes: shapes.into_values().collect() })
+    }
+
+    async fn pressure_now(&self) -> Result<QueuePressure, BackendError> {
+        let rows = poll::squeue_all(&self.runner).await?;
+        let partition = self.config.partition.as_deref();
+        let mut queues: BTreeMap<String, QueueLoad> = BTreeMap::new();
+        let mut releases: BTreeMap<u64, u32> = BTreeMap::new();
+        for row in rows.iter().filter(|r| poll::is_live(&r.state)) {
+            if partition.is_some_and(|p| p != row.partition) {
+                continue;
+            }
+            let queue = match &row.account {
+                Some(account) => format!("{}/{account}", row.partition),
+                None => row.partition.clone(),
+            };
+            let load = queues.entry(queue.clone()).or_insert(QueueLoad {
+                queue,
+                weight: 1.0,
+                pending_jobs: 0,
+                pending_gpus: 0,
+                running_gpus: 0,
+            });
+            let gpus = row.gpus_per_node.saturating_mul(row.nodes);
+            if row.state == "PENDING" {
+                load.pending_jobs += 1;
+                load.pending_gpus = load.pending_gpus.saturating_add(gpus);
+            } else {
+                load.running_gpus = load.running_gpus.saturating_add(gpus);
+                if let Some(left) = row.time_left_secs.filter(|_| gpus > 0) {
+                    *releases.entry(left).or_insert(0) += gpus;
+                }
+            }
+        }
+        let queues: Vec<QueueLoad> = queues.into_values().collect();
+        let waiting = queues.iter().any(|q| q.pending_jobs > 0);
+        let releases: Vec<GpuRelease> =
+            releases.into_iter().map(|(after_secs, gpus)| GpuRelease { after_secs, gpus }).collect();
+        let estimated_wait_secs = if waiting { releases.first().map_or(0, |r| r.after_secs) } else { 0 };
+        Ok(QueuePressure { queues, releases, estimated_wait_secs })
+    }
+
+    async fn logs_now(
+        &self,
+        job_id: &str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> Result<LogChunk, BackendError> {
+        let rows = poll::squeue_all(&self.runner).await?;
+        let row = rows.iter().find(|r| r.binding(&self.config.job_tag) == Some((job_id.to_string(), fencing_token)));
+        let path: PathBuf = script::output_path(&self.config.work_dir, job_id, fencing_token);
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(_) if row.is_some() => {
+                // Submitted, but it has not written anything yet.
+                let live = row.is_some_and(|r| poll::is_live(&r.state));
+                return Ok(LogChunk { data: String::new(), offset: 0, next_offset: 0, complete: !live });
+            }
+            Err(e) => {
+                return Err(BackendError::Permanent {
+                    message: format!(
+                        "job `{job_id}` (binding {fencing_token}) is not held here: no output at `{}`",
+                        path.display()
+                    ),
+                    source: Some(Box::new(e)),
+                });
+            }
+        };
+        read_chunk(file, from, max_bytes, row.is_none_or(|r| !poll::is_live(&r.state))).await.map_err(|e| {
+            BackendError::Transient { message: format!("reading `{}`", path.display()), source: Some(Box::new(e)) }
+        })
+    }
+}
+
+async fn read_chunk(
+    mut file: tokio::fs::File,
+    from: Option<u64>,
+    max_bytes: usize,
+    ended: bool,
+) -> std::io::Result<LogChunk> {
+    let len = file.metadata().await?.len();
+    let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+    let offset = from.unwrap_or(len.saturating_sub(max)).min(len);
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes).await?;
+    let next_offset = offset + u64::try_from(bytes.len()).unwrap_or(0);
+    Ok(LogChunk {
+        data: String::from_utf8_lossy(&bytes).into_owned(),
+        offset,
+        next_offset,
+        complete: ended && next_offset >= len,
+    })
+}
+
+fn admission_of(phase: JobPhase) -> Admission {
+    match phase {
+        JobPhase::Pending { reason } => Admission::Queued { reason },
+        JobPhase::Running { nodes } => Admission::Started { nodes },
+        // Already over: it did start; its end was or will be reported.
+        JobPhase::Succeeded { .. } | JobPhase::Failed { .. } => Admission::Started { nodes: Vec::new() },
+    }
+}
+
+impl LocalBackend for SlurmBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Slurm
+    }
+
+    fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission> {
+        Box::pin(self.shared.submit_now(job))
+    }
+
+    fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()> {
+        Box::pin(self.shared.cancel_now(job_id, fencing_token))
+    }
+
+    fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {
+        Box::pin(self.shared.list_now())
+    }
+
+    fn logs<'a>(
+        &'a self,
+        job_id: &'a str,
+        fencing_token: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) -> BackendFuture<'a, LogChunk> {
+        Box::pin(self.shared.logs_now(job_id, fencing_token, from, max_bytes))
+    }
+}
+
+impl InventorySource for SlurmBackend {
+    fn inventory(&self) -> BackendFuture<'_, Inventory> {
+        Box::pin(self.shared.inventory_now())
+    }
+
+    fn pressure(&self) -> BackendFuture<'_, QueuePressure> {
+        Box::pin(self.shared.pressure_now())
+    }
+}

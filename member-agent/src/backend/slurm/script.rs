@@ -1,0 +1,209 @@
+//! One Meridian job as one `sbatch` call: the command-line options (gang shape, GPUs, account,
+//! QOS, limit, the comment that carries the binding) and the batch script fed on stdin, which
+//! exports the payload's env and runs its command once per replica with `srun`.
+
+use std::path::{Path, PathBuf};
+
+use meridian_proto::protocol::Assignment;
+
+use super::config::SlurmConfig;
+use super::parse::comment_for;
+
+/// Why a job cannot be expressed as a Slurm batch job (a permanent refusal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ScriptError {
+    /// The payload has only a container image; this backend runs commands on the hosts.
+    #[error("payload.image: the Slurm backend runs commands, not container images; give payload.command")]
+    ImageOnly,
+    /// Nothing to run.
+    #[error("payload.command: empty; the Slurm backend needs a command to run")]
+    NoCommand,
+    /// An env name a shell cannot export.
+    #[error("payload.env.{0}: not a valid environment variable name")]
+    BadEnvName(String),
+}
+
+/// What to hand to `sbatch`: options and the script for its stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BatchJob {
+    /// `sbatch` arguments.
+    pub(crate) args: Vec<String>,
+    /// The script.
+    pub(crate) script: String,
+    /// Where its output goes.
+    pub(crate) output: PathBuf,
+}
+
+/// The file a binding's output is written to.
+pub(crate) fn output_path(work_dir: &Path, job_id: &str, fencing_token: u64) -> PathBuf {
+    let safe: String =
+        job_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    work_dir.join(format!("meridian-{safe}-{fencing_token}.out"))
+}
+
+/// Builds the `sbatch` call for `job`.
+pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig) -> Result<BatchJob, ScriptError> {
+    let spec = &job.spec;
+    let payload = &spec.payload;
+    if payload.command.is_empty() {
+        return Err(if payload.image.is_some() { ScriptError::ImageOnly } else { ScriptError::NoCommand });
+    }
+    if payload.image.is_some() {
+        return Err(ScriptError::ImageOnly);
+    }
+    let resources = &spec.gang.resources;
+    let output = output_path(&config.work_dir, &job.job_id, job.fencing_token);
+    let mut args = vec![
+        "--parsable".to_string(),
+        format!("--job-name=meridian-{}", job.job_id),
+        format!("--comment={}", comment_for(&config.job_tag, &job.job_id, job.fencing_token)),
+        format!("--nodes={}", spec.gang.replicas.max(1)),
+        "--ntasks-per-node=1".to_string(),
+        format!("--output={}", output.display()),
+        format!("--chdir={}", config.work_dir.display()),
+    ];
+    if resources.gpus > 0 {
+        match resources.gpu_types.as_slice() {
+            [one] => args.push(format!("--gres=gpu:{}:{}", config.slurm_gres_type(one), resources.gpus)),
+            _ => args.push(format!("--gres=gpu:{}", resources.gpus)),
+        }
+    }
+    if resources.cpu > 0 {
+        args.push(format!("--cpus-per-task={}", resources.cpu));
+    }
+    if resources.memory_gib > 0 {
+        args.push(format!("--mem={}M", u64::from(resources.memory_gib) * 1024));
+    }
+    if let Some(limit) = spec.runtime.limit {
+        // Slurm counts in minutes; round up so a job is never cut before its limit.
+        let minutes = limit.0.as_secs().div_ceil(60).max(1);
+        args.push(format!("--time={minutes}"));
+    }
+    if let Some(partition) = &config.partition {
+        args.push(format!("--partition={partition}"));
+    }
+    if let Some(account) = config.account_for(&spec.tenant) {
+        args.push(format!("--account={account}"));
+    }
+    if let Some(qos) = config.qos_for(spec.priority) {
+        args.push(format!("--qos={qos}"));
+    }
+    if config.nice {
+        args.push(format!("--nice={}", 100u32.saturating_sub(spec.priority)));
+    }
+
+    let mut script = String::from("#!/bin/sh\n# Written by the Meridian agent for job ");
+    script.push_str(&shell_quote(&job.job_id));
+    script.push('\n');
+    for (name, value) in &payload.env {
+        if !is_env_name(name) {
+            return Err(ScriptError::BadEnvName(name.clone()));
+        }
+        script.push_str(&format!("export {name}={}\n", shell_quote(value)));
+    }
+    script.push_str("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --");
+    for word in &payload.command {
+        script.push(' ');
+        script.push_str(&shell_quote(word));
+    }
+    script.push('\n');
+    Ok(BatchJob { args, script, output })
+}
+
+/// `word` quoted for a POSIX shell: single quotes, with each `'` written as `'\''`.
+pub(crate) fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::slurm::config::QosRule;
+    use meridian_proto::duration::HumanDuration;
+    use meridian_proto::spec::JobSpec;
+
+    fn assignment(command: &[&str]) -> Assignment {
+        let mut spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "t", "tenant": "vision", "priority": 90,
+            "gang": {"replicas": 2, "resources": {"gpus": 4, "gpuTypes": ["a100-80g"], "cpu": 8, "memoryGiB": 2}},
+            "payload": {"command": command}
+        }))
+        .unwrap();
+        spec.runtime.limit = Some(HumanDuration::from_secs(90));
+        Assignment { job_id: "j-1".into(), fencing_token: 3, spec }
+    }
+
+    fn config() -> SlurmConfig {
+        SlurmConfig {
+            partition: Some("gpu".into()),
+            accounts: [("vision".to_string(), "acct-v".to_string())].into(),
+            qos: vec![QosRule { min_priority: 80, qos: "high".into() }],
+            gpu_types: [("a100".to_string(), "a100-80g".to_string())].into(),
+            work_dir: "/scratch/meridian".into(),
+            ..SlurmConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_gang_becomes_one_sbatch_with_every_option() {
+        let batch = batch_job(&assignment(&["python", "train.py"]), &config()).unwrap();
+        for expected in [
+            "--job-name=meridian-j-1",
+            "--comment=meridian:j-1:3",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--gres=gpu:a100:4",
+            "--cpus-per-task=8",
+            "--mem=2048M",
+            "--time=2",
+            "--partition=gpu",
+            "--account=acct-v",
+            "--qos=high",
+            "--output=/scratch/meridian/meridian-j-1-3.out",
+        ] {
+            assert!(batch.args.iter().any(|a| a == expected), "{expected} missing from {:?}", batch.args);
+        }
+        assert!(batch.script.ends_with("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 -- 'python' 'train.py'\n"));
+    }
+
+    #[test]
+    fn any_gpu_type_omits_the_type_and_zero_gpus_omit_gres() {
+        let mut job = assignment(&["true"]);
+        job.spec.gang.resources.gpu_types.clear();
+        assert!(batch_job(&job, &config()).unwrap().args.contains(&"--gres=gpu:4".to_string()));
+        job.spec.gang.resources.gpus = 0;
+        assert!(!batch_job(&job, &config()).unwrap().args.iter().any(|a| a.starts_with("--gres")));
+    }
+
+    #[test]
+    fn quoting_survives_a_real_shell() {
+        let nasty = "it's $HOME `id` \"q\" \\ ; echo pwned";
+        let mut job = assignment(&["printf", "%s|%s", nasty, "two words"]);
+        job.spec.payload.env.insert("NASTY".into(), nasty.into());
+        let batch = batch_job(&job, &config()).unwrap();
+        // Run the script's lines with `srun` replaced by a function that prints its arguments.
+        let script = batch.script.replace("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --", "");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{script}\nprintf '|%s' \"$NASTY\""))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|two words|{nasty}"));
+    }
+
+    #[test]
+    fn image_only_payloads_and_bad_env_names_are_refused() {
+        let mut job = assignment(&[]);
+        job.spec.payload.image = Some("nvcr.io/pytorch".into());
+        assert_eq!(batch_job(&job, &config()), Err(ScriptError::ImageOnly));
+        let mut job = assignment(&["true"]);
+        job.spec.payload.env.insert("BAD-NAME".into(), "x".into());
+        assert_eq!(batch_job(&job, &config()), Err(ScriptError::BadEnvName("BAD-NAME".into())));
+    }
+}

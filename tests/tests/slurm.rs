@@ -1,0 +1,185 @@
+//! End to end over a real Slurm: the real `meridian gateway` and one `meridian-agent` with
+//! `backend: slurm` in front of the test cluster of `scripts/slurm/up.sh` (4 nodes × 4 a100).
+//!
+//! Needs `MERIDIAN_SLURM_ENV` (the `env` file up.sh writes; `scripts/test.sh` sets it), or
+//! `MERIDIAN_SKIP_SLURM=1` to skip. Tests share the cluster: one at a time, each with its own
+//! job tag so earlier tests' finished jobs (kept for MinJobAge) are not adopted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+const WAIT: Duration = Duration::from_secs(90);
+
+fn cluster() -> Option<BTreeMap<String, String>> {
+    if std::env::var("MERIDIAN_SKIP_SLURM").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: MERIDIAN_SKIP_SLURM=1 (no real Slurm)");
+        return None;
+    }
+    let path = std::env::var("MERIDIAN_SLURM_ENV").unwrap_or_else(|_| {
+        panic!(
+            "this test needs a real Slurm: run `scripts/test.sh`, or `scripts/slurm/up.sh DIR` with \
+             MERIDIAN_SLURM_ENV=DIR/env, or set MERIDIAN_SKIP_SLURM=1 to skip it"
+        )
+    });
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}"));
+    Some(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+struct Setup {
+    env: BTreeMap<String, String>,
+    tag: String,
+    work: PathBuf,
+    gateway: Gateway,
+    agent: Option<Agent>,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn agent_config(&self) -> String {
+        let bin = self.env.get("MERIDIAN_SLURM_BIN_DIR").cloned().unwrap_or_else(|| "/usr/bin".into());
+        format!(
+            "cluster: hpc\nregion: us-east\nbackend: slurm\nsupportsContainers: false\nreportInterval: 300ms\n\
+             slurm:\n  partition: gpu\n  gpuTypes: {{a100: a100-80g}}\n  workDir: {}\n  binDir: {bin}\n  \
+             slurmConf: {}\n  pollInterval: 1s\n  jobTag: {}\n",
+            self.work.display(),
+            self.env["SLURM_CONF"],
+            self.tag
+        )
+    }
+
+    fn start_agent(&mut self) {
+        let config = self.agent_config();
+        self.agent = Some(Agent::start(self.dir.path(), "hpc", &config, &self.gateway).unwrap());
+    }
+
+    /// squeue lines (`id|state|comment`) of this test's jobs.
+    fn squeue(&self) -> Vec<String> {
+        let out = slurm(&self.env, "squeue", &["-h", "-a", "-t", "all", "-o", "%i|%T|%k"]);
+        out.lines().filter(|l| l.contains(&format!("|{}", self.tag))).map(String::from).collect()
+    }
+}
+
+fn slurm(env: &BTreeMap<String, String>, tool: &str, args: &[&str]) -> String {
+    let bin = env.get("MERIDIAN_SLURM_BIN_DIR").map_or(PathBuf::from(tool), |d| Path::new(d).join(tool));
+    let out = Command::new(bin).args(args).env("SLURM_CONF", &env["SLURM_CONF"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn setup(env: BTreeMap<String, String>) -> Setup {
+    slurm(&env, "scancel", &["--user=root"]);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let tag = format!("e2e{nanos}");
+    let work = PathBuf::from(&env["MERIDIAN_SLURM_DIR"]).join("work-e2e");
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
+    let mut setup = Setup { env, tag, work, gateway, agent: None, dir };
+    setup.start_agent();
+    setup.gateway.wait_for_clusters(1).await.unwrap();
+    setup
+}
+
+fn job(name: &str, replicas: u32, gpus: u32, command: &str) -> String {
+    let command = serde_json::to_string(command).unwrap();
+    format!(
+        "name: {name}\ntenant: team-a\ngang: {{replicas: {replicas}, resources: {{gpus: {gpus}, cpu: 1, memoryGiB: 1}}}}\n\
+         runtime: {{estimate: 10m}}\npayload: {{command: [sh, -c, {command}]}}\n"
+    )
+}
+
+async fn submit(gateway: &Gateway, spec: &str) -> String {
+    let (job, created) = gateway.client().submit(spec).await.unwrap();
+    assert!(created);
+    job["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_node_gang_runs_on_slurm_and_succeeds() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    let out = s.work.join(format!("{}-gang.txt", s.tag));
+    let id = submit(&s.gateway, &job("gang", 2, 2, &format!("echo $SLURMD_NODENAME >> {}", out.display()))).await;
+    let done = s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    assert_eq!(done["cluster"], "hpc");
+    let mut nodes: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(String::from).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 2, "one replica on each of two nodes: {nodes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_command_ends_failed_with_its_exit_code() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    let id = submit(&s.gateway, &job("fails", 1, 1, "echo oops >&2; exit 3")).await;
+    let failed = s.gateway.wait_for_state(&id, "Failed", WAIT).await.unwrap();
+    assert!(failed.to_string().contains("exit code 3"), "{failed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_a_job_stops_it_in_slurm() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    let id = submit(&s.gateway, &job("long", 1, 1, "sleep 600")).await;
+    s.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    assert!(s.squeue().iter().any(|l| l.contains("|RUNNING|")), "{:?}", s.squeue());
+    s.gateway.client().cancel(&id).await.unwrap();
+    s.gateway.wait_for_state(&id, "Cancelled", WAIT).await.unwrap();
+    let stopped = meridian_e2e::poll(WAIT, || async {
+        let slurm = slurm(&s.env, "squeue", &["-h", "-t", "PENDING,RUNNING", "-o", "%k"]);
+        (!slurm.lines().any(|l| l.contains(&s.tag))).then_some(())
+    })
+    .await;
+    assert!(stopped.is_ok(), "the Slurm job still runs: {:?}", s.squeue());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_bigger_than_any_slurm_node_is_refused_at_submit_with_the_reason() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    // The Slurm inventory (4 GPUs per node) already tells the gateway: it never offers the job.
+    match s.gateway.client().submit(&job("huge", 1, 5, "true")).await {
+        Err(meridian_gateway::client::ClientError::Api { status, code, message, .. }) => {
+            assert_eq!((status, code.as_str()), (422, "never_fits"), "{message}");
+            assert!(message.contains("hpc") && message.contains("largest node: 4 GPUs"), "{message}");
+        }
+        other => panic!("a 5-GPU replica must be refused: {other:?}"),
+    }
+    assert!(s.squeue().is_empty(), "nothing reached Slurm: {:?}", s.squeue());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_agent_adopts_the_running_slurm_job_which_then_succeeds() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut s = setup(env).await;
+    let marker = s.work.join(format!("{}-go", s.tag));
+    let command = format!("while [ ! -e {} ]; do sleep 0.2; done", marker.display());
+    let id = submit(&s.gateway, &job("adopt", 1, 1, &command)).await;
+    s.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    if let Some(mut agent) = s.agent.take() {
+        agent.proc.kill();
+    }
+    assert!(s.squeue().iter().any(|l| l.contains("|RUNNING|")), "the job outlives its agent: {:?}", s.squeue());
+    s.start_agent();
+    s.gateway.wait_for_clusters(1).await.unwrap();
+    std::fs::write(&marker, "go").unwrap();
+    let done = s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    assert_eq!(done["cluster"], "hpc");
+    assert_eq!(s.squeue().len(), 1, "one Slurm job, not resubmitted: {:?}", s.squeue());
+}

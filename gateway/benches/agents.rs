@@ -389,6 +389,7 @@ impl FakeAgent {
             prices: [("h100".to_string(), 2.0)].into_iter().collect(),
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         };
         let hello =
             AgentHello { info, instance_id: format!("bench-{index:04}"), agent_version: "bench-fake".to_string() };

@@ -27,6 +27,7 @@ fn info(name: &str) -> ClusterInfo {
         prices: BTreeMap::from([("h100".to_string(), 2.0)]),
         supports_containers: true,
         supports_bare_commands: true,
+        labels: Default::default(),
     }
 }
 

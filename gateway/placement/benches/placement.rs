@@ -101,6 +101,7 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
         prices,
         supports_containers: backend != BackendKind::Slurm || rng.random_bool(0.5),
         supports_bare_commands: backend != BackendKind::Kubernetes,
+        labels: Default::default(),
     };
     ClusterSnapshot::new(info, Inventory { shapes }, pressure, rng.random_bool(0.97))
 }

@@ -39,6 +39,7 @@ fn info(name: &str, region: &str, tier: Tier) -> ClusterInfo {
         prices: prices.iter().map(|(t, p)| ((*t).to_owned(), if tier == Tier::Cloud { *p } else { 0.0 })).collect(),
         supports_containers: true,
         supports_bare_commands: true,
+        labels: Default::default(),
     }
 }
 

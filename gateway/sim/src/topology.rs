@@ -289,6 +289,7 @@ impl ClusterFile {
             prices: self.prices,
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         };
         SimCluster { info, nodes }
     }

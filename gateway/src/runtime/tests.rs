@@ -85,6 +85,7 @@ fn hello() -> AgentHello {
             prices: BTreeMap::new(),
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         },
         instance_id: "a1".into(),
         agent_version: "test".into(),

@@ -556,6 +556,7 @@ impl FakeAgent {
                 cpu_per_node: NODE_CPU,
                 memory_gib_per_node: NODE_MEMORY_GIB,
                 free: self.free.iter().map(|&gpus| node(gpus)).collect(),
+                labels: Default::default(),
             }],
         }
     }

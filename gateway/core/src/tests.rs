@@ -41,6 +41,7 @@ fn inventory(free_gpus: &[u32]) -> AgentEvent {
             cpu_per_node: 96,
             memory_gib_per_node: 1024,
             free: free_gpus.iter().map(|&gpus| NodeFree { gpus, cpu: 96, memory_gib: 1024 }).collect(),
+            labels: Default::default(),
         }],
     })
 }

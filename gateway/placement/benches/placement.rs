@@ -74,6 +74,7 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
             cpu_per_node: cpu,
             memory_gib_per_node: mem,
             free,
+            labels: Default::default(),
         });
         let price = if tier == Tier::Cloud { rng.random_range(lo..hi) } else { owned };
         prices.insert(gpu_type.to_owned(), price);

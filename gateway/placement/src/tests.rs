@@ -26,6 +26,7 @@ fn shape(gpu_type: &str, gpus_per_node: u32, free_gpus: &[u32]) -> NodeShape {
         cpu_per_node: 16 * gpus_per_node,
         memory_gib_per_node: 128 * gpus_per_node,
         free: free_gpus.iter().map(|&g| NodeFree { gpus: g, cpu: 16 * g, memory_gib: 128 * g }).collect(),
+        labels: Default::default(),
     }
 }
 

@@ -102,6 +102,7 @@ fn inventory() -> AgentEvent {
             cpu_per_node: 96,
             memory_gib_per_node: 1024,
             free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
+            labels: Default::default(),
         }],
     })
 }

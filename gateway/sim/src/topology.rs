@@ -279,6 +279,7 @@ impl ClusterFile {
                 gpus: group.gpus_per_node,
                 cpu: group.cpu_per_node,
                 memory_gib: group.memory_gib_per_node,
+                labels: Default::default(),
             }));
         }
         let info = ClusterInfo {

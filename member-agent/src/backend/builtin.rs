@@ -357,6 +357,7 @@ mod tests {
             gpus,
             cpu: 64,
             memory_gib: 512,
+            labels: Default::default(),
         }
     }
 

@@ -80,13 +80,8 @@ pub trait LocalBackend: Send + Sync {
     /// business, say so in `docs/backends.md`); asking for bytes it no longer keeps answers
     /// from the oldest byte it has, with [`LogChunk::offset`] saying where that is. A binding
     /// it never held is a [`BackendError::Permanent`] naming the job.
-    fn logs<'a>(
-        &'a self,
-        job_id: &'a str,
-        fencing_token: u64,
-        from: Option<u64>,
-        max_bytes: usize,
-    ) -> BackendFuture<'a, LogChunk> {
+    fn logs<'a>(&'a self, job_id: &'a str, fencing_token: u64, from: Option<u64>, max_bytes: usize)
+    -> BackendFuture<'a, LogChunk> {
         let _ = (fencing_token, from, max_bytes);
         Box::pin(std::future::ready(Err(BackendError::permanent(format!(
             "job `{job_id}`: the {} backend keeps no job output",

@@ -774,6 +774,24 @@ mod tests {
     }
 
     #[test]
+    fn the_slice_and_selector_examples_parse_and_round_trip() {
+        let catalog = GpuCatalog::default();
+        let yaml = doc_blocks("yaml");
+        let slice = yaml.iter().find(|b| b.contains("name: notebook-eval")).unwrap();
+        let spec = parse_job_spec(slice, &catalog).unwrap();
+        assert_eq!(spec.gang.resources.gpu_types, vec!["a100-80g.1g.10gb".to_string()]);
+        assert_eq!(round_trip(&spec), spec);
+        let selectors = yaml.iter().find(|b| b.contains("name: allreduce-bench")).unwrap();
+        let spec = parse_job_spec(selectors, &catalog).unwrap();
+        assert_eq!(spec.placement.node_selector().to_string(), "rack,!preemptible");
+        assert_eq!(round_trip(&spec), spec);
+        let snippet = yaml.iter().find(|b| b.starts_with("placement:\n  clusterSelector")).unwrap();
+        let spec = parse_job_spec(&format!("{}{snippet}", yaml[1]), &catalog).unwrap();
+        assert_eq!(spec.placement.cluster_selector().to_string(), "gpu-fabric=ib,meridian.io/tier!=cloud");
+        assert_eq!(spec.placement.node_selector().to_string(), "rack=r1");
+    }
+
+    #[test]
     fn optional_fields_round_trip_as_empty_values() {
         let mut spec = example();
         spec.idempotency_key = None;

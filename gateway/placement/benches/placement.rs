@@ -151,7 +151,7 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
         },
         runtime: RuntimeSpec { estimate: HumanDuration::from_secs(rng.random_range(60..36_000)), limit: None },
         data,
-        placement: PlacementRules { regions, clusters: ClusterRules::default(), burst },
+        placement: PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() },
         payload: Payload { image: Some("registry.example/train:1".into()), command: vec![], env: BTreeMap::new() },
     }
 }

@@ -8,7 +8,6 @@
 use std::cell::OnceCell;
 use std::fmt;
 
-use meridian_proto::gpu;
 use meridian_proto::inventory::{BackendKind, NodeShape, Tier};
 use meridian_proto::selector::Selector;
 use meridian_proto::spec::{BurstPolicy, JobSpec};
@@ -199,7 +198,7 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     let index = cluster.index();
     for (type_id, first) in shapes.iter().enumerate() {
         // Visit each GPU type once, at its first shape (whose index is the type's id).
-        if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type) {
+        if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type, index.is_slice(type_id)) {
             continue;
         }
         any_type = true;
@@ -290,10 +289,11 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     options
 }
 
-/// Whether a job listing `wanted` GPU types may use `gpu_type`. A job that lists none takes any
-/// whole GPU but never a slice (`a100-80g.1g.10gb`): slices go only to jobs that name them.
-pub(crate) fn accepts_type(wanted: &[String], gpu_type: &str) -> bool {
-    if wanted.is_empty() { !gpu::is_slice(gpu_type) } else { wanted.iter().any(|t| t == gpu_type) }
+/// Whether a job listing `wanted` GPU types may use `gpu_type` (`slice`: whether it is a slice
+/// type). A job that lists none takes any whole GPU but never a slice (`a100-80g.1g.10gb`):
+/// slices go only to jobs that name them.
+fn accepts_type(wanted: &[String], gpu_type: &str, slice: bool) -> bool {
+    if wanted.is_empty() { !slice } else { wanted.iter().any(|t| t == gpu_type) }
 }
 
 /// The GPU types the job may use on `cluster`, or None when the cluster may never run it.

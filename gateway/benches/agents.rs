@@ -389,6 +389,7 @@ impl FakeAgent {
             prices: [("h100".to_string(), 2.0)].into_iter().collect(),
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         };
         let hello =
             AgentHello { info, instance_id: format!("bench-{index:04}"), agent_version: "bench-fake".to_string() };
@@ -568,6 +569,7 @@ impl FakeAgent {
                 cpu_per_node: NODE_CPU,
                 memory_gib_per_node: NODE_MEMORY_GIB,
                 free: self.free.iter().map(|&gpus| node(gpus)).collect(),
+                labels: Default::default(),
             }],
         }
     }

@@ -8,6 +8,7 @@ use meridian_proto::config_file;
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
+use meridian_proto::validate::member_label_errors;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::kubernetes::KubernetesConfig;
@@ -79,6 +80,11 @@ pub struct AgentConfig {
     /// Slurm backend settings (`backend: slurm`); defaults when left out.
     #[serde(default)]
     pub slurm: Option<crate::backend::SlurmConfig>,
+    /// Labels of the cluster (`gpu-fabric: ib`), matched by jobs' `placement.clusterSelector`.
+    /// The `meridian.io/` prefix is reserved: every cluster has `meridian.io/cluster`, `/region`,
+    /// `/tier` and `/backend` without configuring them.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// How the builtin backend runs jobs.
@@ -123,6 +129,9 @@ pub struct NodeGroup {
     /// Host memory per node in GiB.
     #[serde(rename = "memoryGiB")]
     pub memory_gib: u32,
+    /// Labels of every node of the group, matched by jobs' `placement.nodeSelector`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn default_tier() -> Tier {
@@ -238,11 +247,15 @@ impl AgentConfig {
             }
             if n.gpu_memory_gib.is_none() && !catalog.contains(&n.gpu_type) {
                 problems.push(format!(
-                    "nodes[{i}].gpuType: unknown GPU type `{}`; set gpuMemoryGiB or use one of {}",
-                    n.gpu_type,
-                    catalog.names().collect::<Vec<_>>().join(", ")
+                    "nodes[{i}].gpuType: {}; or set gpuMemoryGiB for a type the catalog does not know",
+                    catalog.unknown_reason(&n.gpu_type)
                 ));
             }
+        }
+        problems.extend(member_label_errors("labels", &self.labels).iter().map(ToString::to_string));
+        for (i, n) in self.nodes.iter().enumerate() {
+            problems
+                .extend(member_label_errors(&format!("nodes[{i}].labels"), &n.labels).iter().map(ToString::to_string));
         }
         if !self.time_scale.is_finite() || self.time_scale <= 0.0 {
             problems.push(format!("timeScale: {} must be a positive number", self.time_scale));
@@ -264,6 +277,7 @@ impl AgentConfig {
             supports_containers: self.supports_containers(),
             // Kubernetes runs containers only.
             supports_bare_commands: self.supports_bare_commands && self.backend != BackendKind::Kubernetes,
+            labels: self.labels.clone(),
         }
     }
 
@@ -294,6 +308,7 @@ impl AgentConfig {
                     gpus: group.gpus,
                     cpu: group.cpu,
                     memory_gib: group.memory_gib,
+                    labels: group.labels.clone(),
                 })
             })
             .collect()
@@ -403,5 +418,35 @@ mod tests {
     fn unknown_fields_are_named() {
         let err = AgentConfig::parse(&format!("{GOOD}colour: red\n"), Path::new("a.yaml")).unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn cluster_and_node_labels_reach_the_hello_and_the_nodes() {
+        let text = "cluster: east\nregion: us-east\nlabels: {gpu-fabric: ib}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {rack: r1}}\n  - {shape: mig, count: 1, gpuType: a100-80g.1g.10gb, gpus: 56, cpu: 96, memoryGiB: 1024}\n";
+        let config = AgentConfig::parse(text, Path::new("a.yaml")).unwrap();
+        assert_eq!(config.cluster_info().labels.get("gpu-fabric").map(String::as_str), Some("ib"));
+        let nodes = config.node_specs();
+        assert_eq!(nodes[0].labels.get("rack").map(String::as_str), Some("r1"));
+        assert!(nodes[1].labels.is_empty());
+        assert_eq!(nodes[1].gpu_memory_gib, 10, "a slice type's memory comes from its profile");
+    }
+
+    #[test]
+    fn bad_labels_are_each_named_by_path() {
+        let text = "cluster: east\nregion: us-east\nlabels: {meridian.io/tier: gold, ok: 'a b'}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {'bad key': x}}\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert_eq!(problems.len(), 3, "{problems:?}");
+                assert!(problems.iter().any(|p| p.starts_with("labels.ok: label values")), "{problems:?}");
+                assert!(
+                    problems
+                        .iter()
+                        .any(|p| p.starts_with("labels.meridian.io/tier: the `meridian.io/` prefix is reserved")),
+                    "{problems:?}"
+                );
+                assert!(problems.iter().any(|p| p.starts_with("nodes[0].labels.bad key: label keys")), "{problems:?}");
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
     }
 }

@@ -32,8 +32,9 @@ use crate::inventory::{
 };
 use crate::job::JobState;
 use crate::pb;
+use crate::selector::Selector;
 use crate::spec::{self, BurstPolicy, JobSpec};
-use crate::validate::{self, SpecError};
+use crate::validate::{self, FieldError, SpecError};
 
 /// Why a wire message could not become a domain value. Every variant names the field path.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -80,6 +81,15 @@ pub enum ConvertError {
         free: u32,
         /// What the shape declares per node.
         capacity: u32,
+    },
+    /// A reported label (cluster or node shape) breaks the label rules or uses the reserved
+    /// `meridian.io/` prefix.
+    #[error("{field}: {reason}")]
+    InvalidLabel {
+        /// Path of the label (`inventory.shapes[0].labels.gpu-fabric`).
+        field: String,
+        /// What is wrong.
+        reason: String,
     },
     /// The job spec converted, but breaks the spec rules; the source lists every field error.
     #[error("invalid job spec: {0}")]
@@ -256,6 +266,8 @@ impl From<&spec::PlacementRules> for pb::PlacementRules {
             include_clusters: placement.clusters.include.clone(),
             exclude_clusters: placement.clusters.exclude.clone(),
             burst: Some((&placement.burst).into()),
+            cluster_selector: placement.cluster_selector.to_string(),
+            node_selector: placement.node_selector.to_string(),
         }
     }
 }
@@ -343,14 +355,31 @@ impl From<pb::BurstPolicy> for BurstPolicy {
     }
 }
 
-impl From<pb::PlacementRules> for spec::PlacementRules {
-    /// An absent `burst` takes the spec default (burst after 1h, no cap).
-    fn from(placement: pb::PlacementRules) -> Self {
-        spec::PlacementRules {
+impl TryFrom<pb::PlacementRules> for spec::PlacementRules {
+    type Error = ConvertError;
+    /// An absent `burst` takes the spec default (burst after 1h, no cap); an empty selector
+    /// matches everything. A selector that does not parse is refused as an invalid spec with the
+    /// field `placement.clusterSelector` or `placement.nodeSelector`, both listed when both fail.
+    fn try_from(placement: pb::PlacementRules) -> Result<Self> {
+        let mut errors = Vec::new();
+        let mut selector = |field: &str, text: &str| {
+            text.parse::<Selector>().unwrap_or_else(|e| {
+                errors.push(FieldError { field: field.to_string(), reason: e.to_string() });
+                Selector::everything()
+            })
+        };
+        let cluster_selector = selector("placement.clusterSelector", &placement.cluster_selector);
+        let node_selector = selector("placement.nodeSelector", &placement.node_selector);
+        if !errors.is_empty() {
+            return Err(ConvertError::InvalidSpec(SpecError::Invalid(errors)));
+        }
+        Ok(spec::PlacementRules {
             regions: placement.regions,
             clusters: spec::ClusterRules { include: placement.include_clusters, exclude: placement.exclude_clusters },
             burst: placement.burst.map(BurstPolicy::from).unwrap_or_default(),
-        }
+            cluster_selector,
+            node_selector,
+        })
     }
 }
 
@@ -389,9 +418,20 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             gang,
             runtime: wire.runtime.map(spec::RuntimeSpec::from).unwrap_or_default(),
             data,
-            placement: wire.placement.map(spec::PlacementRules::from).unwrap_or_default(),
+            placement: wire.placement.map(spec::PlacementRules::try_from).transpose()?.unwrap_or_default(),
             payload,
         })
+    }
+}
+
+/// Labels a member reports (its own or a shape's): the label rules of the job spec, and no key
+/// with the reserved `meridian.io/` prefix. The first bad entry is refused with its path
+/// (`hello.labels.gpu fabric`).
+fn labels_from_wire(labels: std::collections::HashMap<String, String>, path: &str) -> Result<BTreeMap<String, String>> {
+    let labels: BTreeMap<String, String> = labels.into_iter().collect();
+    match validate::member_label_errors(path, &labels).into_iter().next() {
+        Some(error) => Err(ConvertError::InvalidLabel { field: error.field, reason: error.reason }),
+        None => Ok(labels),
     }
 }
 
@@ -422,6 +462,7 @@ impl From<&ClusterInfo> for pb::Hello {
             supports_bare_commands: info.supports_bare_commands,
             agent_version: String::new(),
             instance_id: String::new(),
+            labels: info.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         }
     }
 }
@@ -452,6 +493,7 @@ impl TryFrom<pb::Hello> for ClusterInfo {
             }
             prices.insert(gpu_type, usd);
         }
+        let labels = labels_from_wire(hello.labels, "hello.labels")?;
         Ok(ClusterInfo {
             name,
             region,
@@ -460,6 +502,7 @@ impl TryFrom<pb::Hello> for ClusterInfo {
             prices,
             supports_containers: hello.supports_containers,
             supports_bare_commands: hello.supports_bare_commands,
+            labels,
         })
     }
 }
@@ -483,6 +526,7 @@ impl From<&Inventory> for pb::Inventory {
                     .iter()
                     .map(|node| pb::NodeFree { gpus: node.gpus, cpu: node.cpu, memory_gib: node.memory_gib })
                     .collect(),
+                labels: shape.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })
             .collect();
         pb::Inventory { shapes }
@@ -527,7 +571,9 @@ impl TryFrom<pb::Inventory> for Inventory {
                 check("memory_gib", node.memory_gib, shape.memory_gib_per_node)?;
                 free.push(NodeFree { gpus: node.gpus, cpu: node.cpu, memory_gib: node.memory_gib });
             }
+            let labels = labels_from_wire(shape.labels, &format!("{path}.labels"))?;
             shapes.push(NodeShape {
+                labels,
                 name,
                 gpu_type: shape.gpu_type,
                 gpu_memory_gib: shape.gpu_memory_gib,
@@ -647,6 +693,7 @@ mod tests {
             prices: BTreeMap::from([("h100".to_string(), 2.5), ("a100-80g".to_string(), 0.0)]),
             supports_containers: true,
             supports_bare_commands: false,
+            labels: BTreeMap::from([("gpu-fabric".to_string(), "ib".to_string())]),
         }
     }
 
@@ -664,6 +711,7 @@ mod tests {
                         NodeFree { gpus: 8, cpu: 112, memory_gib: 2048 },
                         NodeFree { gpus: 3, cpu: 40, memory_gib: 512 },
                     ],
+                    labels: BTreeMap::from([("rack".to_string(), "r1".to_string())]),
                 },
                 NodeShape {
                     name: "l4-box".into(),
@@ -673,6 +721,7 @@ mod tests {
                     cpu_per_node: 32,
                     memory_gib_per_node: 256,
                     free: vec![NodeFree::default()],
+                    labels: BTreeMap::new(),
                 },
             ],
         }
@@ -722,6 +771,24 @@ mod tests {
         assert_eq!(parse_job_spec(&json[0], &catalog).unwrap(), example());
         let smallest = parse_job_spec(&yaml[1], &catalog).unwrap();
         assert_eq!(round_trip(&smallest), smallest);
+    }
+
+    #[test]
+    fn the_slice_and_selector_examples_parse_and_round_trip() {
+        let catalog = GpuCatalog::default();
+        let yaml = doc_blocks("yaml");
+        let slice = yaml.iter().find(|b| b.contains("name: notebook-eval")).unwrap();
+        let spec = parse_job_spec(slice, &catalog).unwrap();
+        assert_eq!(spec.gang.resources.gpu_types, vec!["a100-80g.1g.10gb".to_string()]);
+        assert_eq!(round_trip(&spec), spec);
+        let selectors = yaml.iter().find(|b| b.contains("name: allreduce-bench")).unwrap();
+        let spec = parse_job_spec(selectors, &catalog).unwrap();
+        assert_eq!(spec.placement.node_selector().to_string(), "rack,!preemptible");
+        assert_eq!(round_trip(&spec), spec);
+        let snippet = yaml.iter().find(|b| b.starts_with("placement:\n  clusterSelector")).unwrap();
+        let spec = parse_job_spec(&format!("{}{snippet}", yaml[1]), &catalog).unwrap();
+        assert_eq!(spec.placement.cluster_selector().to_string(), "gpu-fabric=ib,meridian.io/tier!=cloud");
+        assert_eq!(spec.placement.node_selector().to_string(), "rack=r1");
     }
 
     #[test]
@@ -1040,5 +1107,51 @@ mod tests {
             QueuePressure::try_from(wire).unwrap_err(),
             ConvertError::Duplicate { field: "pressure.queues".into(), key: "default".into() }
         );
+    }
+
+    #[test]
+    fn selectors_round_trip_through_the_wire() {
+        let mut spec = example();
+        spec.placement.cluster_selector = "gpu-fabric=ib,meridian.io/tier!=cloud".parse().unwrap();
+        spec.placement.node_selector = "rack,!preemptible".parse().unwrap();
+        let wire = pb::JobSpec::from(&spec);
+        let placement = wire.placement.as_ref().unwrap();
+        assert_eq!(placement.cluster_selector, "gpu-fabric=ib,meridian.io/tier!=cloud");
+        assert_eq!(placement.node_selector, "rack,!preemptible");
+        assert_eq!(spec_from_wire(wire, &GpuCatalog::default()).unwrap(), spec);
+    }
+
+    #[test]
+    fn bad_selectors_on_the_wire_name_their_fields() {
+        let mut wire = pb::JobSpec::from(&example());
+        if let Some(placement) = wire.placement.as_mut() {
+            placement.cluster_selector = "a=1,=x".into();
+            placement.node_selector = "rack=r 1".into();
+        }
+        let err = JobSpec::try_from(wire).unwrap_err();
+        let ConvertError::InvalidSpec(spec_error) = &err else { panic!("expected InvalidSpec, got {err:?}") };
+        let fields: Vec<String> = spec_error.field_errors().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, vec!["placement.clusterSelector", "placement.nodeSelector"]);
+        assert!(err.to_string().contains("placement.nodeSelector: requirement 1 `rack=r 1`"), "{err}");
+    }
+
+    #[test]
+    fn cluster_and_node_labels_travel_and_bad_ones_are_refused() {
+        let hello = pb::Hello::from(&cluster_info());
+        assert_eq!(hello.labels.get("gpu-fabric").map(String::as_str), Some("ib"));
+
+        let mut bad = hello.clone();
+        bad.labels.insert("meridian.io/region".into(), "x".into());
+        let err = ClusterInfo::try_from(bad).unwrap_err();
+        assert!(
+            matches!(err, ConvertError::InvalidLabel { ref field, .. } if field == "hello.labels.meridian.io/region"),
+            "{err:?}"
+        );
+
+        let mut wire = pb::Inventory::from(&inventory());
+        assert_eq!(wire.shapes[0].labels.get("rack").map(String::as_str), Some("r1"));
+        wire.shapes[1].labels.insert("rack".into(), "r 1".into());
+        let err = Inventory::try_from(wire).unwrap_err();
+        assert!(err.to_string().starts_with("inventory.shapes[1].labels.rack: label values are"), "{err}");
     }
 }

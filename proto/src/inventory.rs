@@ -28,6 +28,38 @@ pub enum BackendKind {
     Kubernetes,
 }
 
+/// Prefix of the labels Meridian gives every cluster itself; agents may not set labels with it.
+pub const IMPLICIT_LABEL_PREFIX: &str = "meridian.io/";
+/// Implicit cluster label: the cluster's name.
+pub const LABEL_CLUSTER: &str = "meridian.io/cluster";
+/// Implicit cluster label: the cluster's region.
+pub const LABEL_REGION: &str = "meridian.io/region";
+/// Implicit cluster label: `owned` or `cloud`.
+pub const LABEL_TIER: &str = "meridian.io/tier";
+/// Implicit cluster label: `builtin`, `slurm` or `kubernetes`.
+pub const LABEL_BACKEND: &str = "meridian.io/backend";
+
+impl Tier {
+    /// The name used in configs, specs and labels (`owned`, `cloud`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Owned => "owned",
+            Tier::Cloud => "cloud",
+        }
+    }
+}
+
+impl BackendKind {
+    /// The name used in configs and labels (`builtin`, `slurm`, `kubernetes`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Builtin => "builtin",
+            BackendKind::Slurm => "slurm",
+            BackendKind::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 /// A member cluster's identity and terms, sent once per connection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -46,9 +78,38 @@ pub struct ClusterInfo {
     pub supports_containers: bool,
     /// Whether payloads with only a command (no image) can run.
     pub supports_bare_commands: bool,
+    /// Labels the cluster's config gives it (`gpu-fabric: ib`), for `placement.clusterSelector`.
+    /// Never holds the implicit `meridian.io/*` labels: [`label`](Self::label) adds those.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl ClusterInfo {
+    /// The value of label `key` as `placement.clusterSelector` sees it: one of the implicit labels
+    /// (`meridian.io/cluster`, `meridian.io/region`, `meridian.io/tier`, `meridian.io/backend`,
+    /// derived from the identity and never stored), else a configured label.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        match key {
+            LABEL_CLUSTER => Some(&self.name),
+            LABEL_REGION => Some(&self.region),
+            LABEL_TIER => Some(self.tier.as_str()),
+            LABEL_BACKEND => Some(self.backend.as_str()),
+            _ => self.labels.get(key).map(String::as_str),
+        }
+    }
+
+    /// Every label a cluster selector sees: the configured ones plus the implicit ones (for
+    /// display; matching uses [`label`](Self::label) and builds no map).
+    pub fn selectable_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        for key in [LABEL_CLUSTER, LABEL_REGION, LABEL_TIER, LABEL_BACKEND] {
+            if let Some(value) = self.label(key) {
+                labels.insert(key.to_string(), value.to_string());
+            }
+        }
+        labels
+    }
+
     /// Price of one GPU-hour of `gpu_type`, 0 when the cluster names none.
     pub fn price(&self, gpu_type: &str) -> f64 {
         self.prices.get(gpu_type).copied().unwrap_or(0.0)
@@ -77,8 +138,8 @@ impl NodeFree {
     }
 }
 
-/// A group of identical nodes, with each node's free resources.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A group of identical nodes with identical labels, with each node's free resources.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeShape {
     /// Shape name (`dgx-h100`).
@@ -97,6 +158,9 @@ pub struct NodeShape {
     pub memory_gib_per_node: u32,
     /// One entry per node: what is free on it now.
     pub free: Vec<NodeFree>,
+    /// Labels of every node of the shape (`gpu-fabric: ib`), for `placement.nodeSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl NodeShape {
@@ -183,5 +247,48 @@ impl QueuePressure {
     /// Jobs waiting in the cluster's local queues.
     pub fn pending_jobs(&self) -> u32 {
         self.queues.iter().fold(0u32, |sum, q| sum.saturating_add(q.pending_jobs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> ClusterInfo {
+        ClusterInfo {
+            name: "east".into(),
+            region: "us-east".into(),
+            tier: Tier::Cloud,
+            backend: BackendKind::Slurm,
+            prices: BTreeMap::new(),
+            supports_containers: true,
+            supports_bare_commands: true,
+            labels: BTreeMap::from([("gpu-fabric".to_string(), "ib".to_string())]),
+        }
+    }
+
+    #[test]
+    fn every_cluster_has_implicit_labels_besides_its_own() {
+        let info = info();
+        assert_eq!(info.label(LABEL_CLUSTER), Some("east"));
+        assert_eq!(info.label(LABEL_REGION), Some("us-east"));
+        assert_eq!(info.label(LABEL_TIER), Some("cloud"));
+        assert_eq!(info.label(LABEL_BACKEND), Some("slurm"));
+        assert_eq!(info.label("gpu-fabric"), Some("ib"));
+        assert_eq!(info.label("rack"), None);
+        let all = info.selectable_labels();
+        assert_eq!(all.len(), 5);
+        assert_eq!(all.get(LABEL_TIER).map(String::as_str), Some("cloud"));
+        assert!(!info.labels.contains_key(LABEL_CLUSTER), "implicit labels are never stored");
+    }
+
+    #[test]
+    fn tier_and_backend_names_match_their_serde_names() {
+        for tier in [Tier::Owned, Tier::Cloud] {
+            assert_eq!(serde_json::to_value(tier).unwrap(), serde_json::json!(tier.as_str()));
+        }
+        for backend in [BackendKind::Builtin, BackendKind::Slurm, BackendKind::Kubernetes] {
+            assert_eq!(serde_json::to_value(backend).unwrap(), serde_json::json!(backend.as_str()));
+        }
     }
 }

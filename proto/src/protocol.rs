@@ -477,6 +477,7 @@ mod tests {
             prices: BTreeMap::new(),
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         };
         let hello = AgentHello { info, instance_id: "abc".into(), agent_version: "0.1.0".into() };
         assert_eq!(AgentHello::try_from(pb::Hello::from(&hello)).unwrap(), hello);

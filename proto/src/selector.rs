@@ -1,5 +1,6 @@
-//! Label selectors (`project=llm,type!=eval`) for `GET /v1/jobs?selector=...` and
-//! `meridian jobs -l ...`.
+//! Label selectors (`project=llm,type!=eval`) for `GET /v1/jobs?selector=...`,
+//! `meridian jobs -l ...`, and the job spec's `placement.clusterSelector` and
+//! `placement.nodeSelector`.
 //!
 //! The syntax is Kubernetes' equality-based one: comma-separated requirements, all of which must
 //! hold.
@@ -30,7 +31,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::validate::{MAX_NAME_LEN, is_label_key};
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::validate::{is_label_key, is_label_value};
 
 /// A parsed label selector: every requirement must hold. The default (empty) selector matches
 /// everything.
@@ -60,6 +64,20 @@ pub enum Requirement {
     Exists(String),
     /// `!key`: the label is absent.
     DoesNotExist(String),
+}
+
+/// The operator of a [`Requirement`], for backends that translate a selector into their own
+/// syntax (Slurm `--constraint`, Kubernetes node affinity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operator {
+    /// `key=value`: the label is present with exactly the value.
+    Equals,
+    /// `key!=value`: the label is absent or has another value.
+    NotEquals,
+    /// `key`: the label is present (any value).
+    Exists,
+    /// `!key`: the label is absent.
+    DoesNotExist,
 }
 
 /// Why a selector was not understood: which requirement (1-based position and its text) and what
@@ -122,9 +140,22 @@ impl Selector {
         &self.requirements
     }
 
+    /// Every requirement as `(key, operator, value)`; the value is `None` for
+    /// [`Operator::Exists`] and [`Operator::DoesNotExist`]. In the order written.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Operator, Option<&str>)> {
+        self.requirements.iter().map(|r| (r.key(), r.operator(), r.value()))
+    }
+
     /// Whether `labels` meet every requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.requirements.iter().all(|requirement| requirement.matches(labels))
+    }
+
+    /// Whether the labels that `label` looks up (key → value, `None` when absent) meet every
+    /// requirement. For label sets that are not one map, such as a cluster's configured labels
+    /// plus its implicit `meridian.io/*` ones, without building a map.
+    pub fn matches_by<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements.iter().all(|requirement| requirement.matches_value(label(requirement.key())))
     }
 }
 
@@ -139,13 +170,36 @@ impl Requirement {
         }
     }
 
+    /// The requirement's operator.
+    pub fn operator(&self) -> Operator {
+        match self {
+            Requirement::Equals { .. } => Operator::Equals,
+            Requirement::NotEquals { .. } => Operator::NotEquals,
+            Requirement::Exists(_) => Operator::Exists,
+            Requirement::DoesNotExist(_) => Operator::DoesNotExist,
+        }
+    }
+
+    /// The value compared against, for `=` and `!=`; None for `key` and `!key`.
+    pub fn value(&self) -> Option<&str> {
+        match self {
+            Requirement::Equals { value, .. } | Requirement::NotEquals { value, .. } => Some(value),
+            Requirement::Exists(_) | Requirement::DoesNotExist(_) => None,
+        }
+    }
+
     /// Whether `labels` meet this requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.matches_value(labels.get(self.key()).map(String::as_str))
+    }
+
+    /// Whether a label whose value is `actual` (None: absent) meets this requirement.
+    pub fn matches_value(&self, actual: Option<&str>) -> bool {
         match self {
-            Requirement::Equals { key, value } => labels.get(key) == Some(value),
-            Requirement::NotEquals { key, value } => labels.get(key) != Some(value),
-            Requirement::Exists(key) => labels.contains_key(key),
-            Requirement::DoesNotExist(key) => !labels.contains_key(key),
+            Requirement::Equals { value, .. } => actual == Some(value.as_str()),
+            Requirement::NotEquals { value, .. } => actual != Some(value.as_str()),
+            Requirement::Exists(_) => actual.is_some(),
+            Requirement::DoesNotExist(_) => actual.is_none(),
         }
     }
 
@@ -230,17 +284,53 @@ impl fmt::Display for Selector {
     }
 }
 
+impl Serialize for Selector {
+    /// As its canonical text (see [`Display`](fmt::Display)).
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Selector {
+    /// From selector text (`gpu-fabric=ib,!preemptible`), or from a map of labels
+    /// (`{gpu-fabric: ib}`, as Kubernetes writes `nodeSelector`), each entry an equality
+    /// requirement. A bad requirement fails with [`SelectorError`]'s message.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SelectorVisitor;
+        impl<'de> Visitor<'de> for SelectorVisitor {
+            type Value = Selector;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a label selector such as `gpu-fabric=ib,!preemptible`, or a map of labels")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Selector, E> {
+                text.parse().map_err(E::custom)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Selector, A::Error> {
+                let mut requirements = Vec::new();
+                while let Some((key, value)) = map.next_entry::<String, String>()? {
+                    let position = requirements.len() + 1;
+                    let requirement = format!("{key}={value}");
+                    let checked = checked_key(&key)
+                        .and_then(|key| Ok(Requirement::Equals { key, value: checked_value(&value)? }));
+                    requirements.push(
+                        checked
+                            .map_err(|problem| de::Error::custom(SelectorError { position, requirement, problem }))?,
+                    );
+                }
+                Ok(Selector::new(requirements))
+            }
+        }
+        deserializer.deserialize_any(SelectorVisitor)
+    }
+}
+
 fn checked_key(key: &str) -> Result<String, SelectorProblem> {
     if is_label_key(key) { Ok(key.to_string()) } else { Err(SelectorProblem::InvalidKey(key.to_string())) }
 }
 
 /// Same rule as label values in the job spec (`validate.rs`).
 fn checked_value(value: &str) -> Result<String, SelectorProblem> {
-    if value.len() <= MAX_NAME_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-        Ok(value.to_string())
-    } else {
-        Err(SelectorProblem::InvalidValue(value.to_string()))
-    }
+    if is_label_value(value) { Ok(value.to_string()) } else { Err(SelectorProblem::InvalidValue(value.to_string())) }
 }
 
 #[cfg(test)]
@@ -378,6 +468,43 @@ mod tests {
     fn longest_key_and_value_are_accepted() {
         let text = format!("{}={}", "k".repeat(63), "v".repeat(63));
         assert_eq!(parse(&text).to_string(), text);
+    }
+
+    #[test]
+    fn requirements_can_be_listed_for_translation() {
+        let selector = parse("a=1,b!=2,c,!d");
+        let listed: Vec<_> = selector.iter().collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("a", Operator::Equals, Some("1")),
+                ("b", Operator::NotEquals, Some("2")),
+                ("c", Operator::Exists, None),
+                ("d", Operator::DoesNotExist, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn matching_by_lookup_equals_matching_a_map() {
+        let map = labels(&[("a", "1"), ("c", "")]);
+        for text in ["a=1", "a!=1", "c", "!c", "d", "!d", "a=1,c,!d", "c="] {
+            let selector = parse(text);
+            assert_eq!(selector.matches_by(|k| map.get(k).map(String::as_str)), selector.matches(&map), "{text}");
+        }
+    }
+
+    #[test]
+    fn serde_writes_the_canonical_text_and_reads_text_or_a_map() {
+        let selector = parse(" a = 1 , !b ");
+        assert_eq!(serde_json::to_value(&selector).unwrap(), serde_json::json!("a=1,!b"));
+        let back: Selector = serde_json::from_value(serde_json::json!("a=1,!b")).unwrap();
+        assert_eq!(back, selector);
+        let from_map: Selector = serde_json::from_value(serde_json::json!({"x": "1", "y": ""})).unwrap();
+        assert_eq!(from_map.to_string(), "x=1,y=");
+        let err = serde_json::from_value::<Selector>(serde_json::json!("a=1,b c")).unwrap_err();
+        assert!(err.to_string().contains("requirement 2 `b c`"), "{err}");
+        assert!(serde_json::from_value::<Selector>(serde_json::json!(7)).is_err());
     }
 
     fn key() -> impl Strategy<Value = String> {

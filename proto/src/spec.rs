@@ -11,6 +11,7 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::duration::HumanDuration;
+use crate::selector::Selector;
 
 /// Default `priority` when a spec leaves it out.
 pub const DEFAULT_PRIORITY: u32 = 50;
@@ -120,6 +121,30 @@ pub struct PlacementRules {
     /// When cloud-tier clusters may be used.
     #[serde(default)]
     pub burst: BurstPolicy,
+    /// Only clusters whose labels match, the implicit `meridian.io/cluster`, `meridian.io/region`,
+    /// `meridian.io/tier` and `meridian.io/backend` included. Parsed when the spec is read and
+    /// written back in canonical form; empty matches every cluster.
+    #[serde(default, skip_serializing_if = "Selector::is_everything")]
+    pub cluster_selector: Selector,
+    /// Only nodes whose labels match may hold a replica. Parsed when the spec is read and written
+    /// back in canonical form; empty matches every node.
+    #[serde(default, skip_serializing_if = "Selector::is_everything")]
+    pub node_selector: Selector,
+}
+
+impl PlacementRules {
+    /// The parsed `placement.nodeSelector`: backends translate it with [`Selector::iter`]
+    /// (`(key, operator, value)` per requirement) or test node labels with [`Selector::matches`].
+    pub fn node_selector(&self) -> &Selector {
+        &self.node_selector
+    }
+
+    /// The parsed `placement.clusterSelector` (see [`ClusterInfo::label`] for what it matches).
+    ///
+    /// [`ClusterInfo::label`]: crate::inventory::ClusterInfo::label
+    pub fn cluster_selector(&self) -> &Selector {
+        &self.cluster_selector
+    }
 }
 
 /// Cluster allow and deny lists.

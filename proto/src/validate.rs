@@ -1,11 +1,13 @@
 //! Turning submitted text into a valid [`JobSpec`], with every error naming its field path.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::Serialize;
 
 use crate::gpu::GpuCatalog;
+use crate::inventory::{IMPLICIT_LABEL_PREFIX, LABEL_BACKEND, LABEL_CLUSTER, LABEL_REGION, LABEL_TIER};
+use crate::selector::{Operator, Selector};
 use crate::spec::{BurstPolicy, JobSpec};
 
 /// Largest accepted spec text. Larger bodies are refused before parsing.
@@ -115,15 +117,7 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
     if spec.priority > 100 {
         v.push("priority", format!("{} is out of range: use 0 to 100 (higher runs first)", spec.priority));
     }
-    for (key, value) in &spec.labels {
-        let field = format!("labels.{key}");
-        if !is_label_key(key) {
-            v.push(&field, "label keys are 1-63 characters of letters, digits, `-`, `_`, `.`, `/`, starting with a letter or digit");
-        }
-        if value.len() > MAX_NAME_LEN || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            v.push(&field, "label values are up to 63 characters of letters, digits, `-`, `_`, `.`");
-        }
-    }
+    v.0.extend(label_errors("labels", &spec.labels));
     if let Some(key) = &spec.idempotency_key
         && (key.is_empty() || key.chars().count() > 128 || key.chars().any(|c| c.is_whitespace() || c.is_control()))
     {
@@ -150,8 +144,7 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
     for (i, gpu_type) in r.gpu_types.iter().enumerate() {
         let field = format!("gang.resources.gpuTypes[{i}]");
         if !catalog.contains(gpu_type) {
-            let known: Vec<&str> = catalog.names().collect();
-            v.push(&field, format!("unknown GPU type `{gpu_type}`; known types: {}", known.join(", ")));
+            v.push(&field, catalog.unknown_reason(gpu_type));
         } else if !seen.insert(gpu_type.as_str()) {
             v.push(&field, format!("`{gpu_type}` is listed twice"));
         }
@@ -219,6 +212,8 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
             v.push("placement.clusters", format!("`{name}` is both included and excluded"));
         }
     }
+    v.check_selector("placement.clusterSelector", &placement.cluster_selector, IMPLICIT_CLUSTER_LABELS);
+    v.check_selector("placement.nodeSelector", &placement.node_selector, &[]);
     if let BurstPolicy::After { after, max_usd_per_hour } = placement.burst {
         if after.as_secs() > MAX_BURST_AFTER_SECS {
             v.push("placement.burst.after", "must be at most 30d (use `burst: never` to never burst)");
@@ -272,9 +267,72 @@ impl Collector {
         }
     }
 
+    /// Selectors parse at deserialization; what is left is a requirement on a `meridian.io/`
+    /// label that does not exist (`implicit` lists those that do), which could never match.
+    fn check_selector(&mut self, field: &str, selector: &Selector, implicit: &[&str]) {
+        for (key, operator, _) in selector.iter() {
+            let needs_label = matches!(operator, Operator::Equals | Operator::Exists);
+            if needs_label && key.starts_with(IMPLICIT_LABEL_PREFIX) && !implicit.contains(&key) {
+                let known = if implicit.is_empty() { "none".to_string() } else { implicit.join(", ") };
+                self.push(
+                    field,
+                    format!("`{key}` is in the reserved `{IMPLICIT_LABEL_PREFIX}` namespace and is never set here, so the requirement never matches; implicit labels here: {known}"),
+                );
+            }
+        }
+    }
+
     fn finish(self) -> Result<(), SpecError> {
         if self.0.is_empty() { Ok(()) } else { Err(SpecError::Invalid(self.0)) }
     }
+}
+
+/// The labels every cluster has without configuring them (see
+/// [`ClusterInfo::label`](crate::inventory::ClusterInfo::label)).
+pub const IMPLICIT_CLUSTER_LABELS: &[&str] = &[LABEL_CLUSTER, LABEL_REGION, LABEL_TIER, LABEL_BACKEND];
+
+/// Checks a label map (job, cluster or node labels): one error per bad key or value, with the
+/// field path `{field}.{key}`.
+pub fn label_errors(field: &str, labels: &BTreeMap<String, String>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (key, value) in labels {
+        let field = format!("{field}.{key}");
+        if !is_label_key(key) {
+            errors.push(FieldError {
+                field: field.clone(),
+                reason: "label keys are 1-63 characters of letters, digits, `-`, `_`, `.`, `/`, starting with a letter or digit".into(),
+            });
+        }
+        if !is_label_value(value) {
+            errors.push(FieldError {
+                field,
+                reason: "label values are up to 63 characters of letters, digits, `-`, `_`, `.`".into(),
+            });
+        }
+    }
+    errors
+}
+
+/// [`label_errors`] for labels a member cluster declares (its own or its nodes'), which also may
+/// not use the reserved `meridian.io/` prefix: Meridian sets those labels itself.
+pub fn member_label_errors(field: &str, labels: &BTreeMap<String, String>) -> Vec<FieldError> {
+    let mut errors = label_errors(field, labels);
+    for key in labels.keys().filter(|key| key.starts_with(IMPLICIT_LABEL_PREFIX)) {
+        errors.push(FieldError {
+            field: format!("{field}.{key}"),
+            reason: format!(
+                "the `{IMPLICIT_LABEL_PREFIX}` prefix is reserved for the labels Meridian sets itself ({})",
+                IMPLICIT_CLUSTER_LABELS.join(", ")
+            ),
+        });
+    }
+    errors
+}
+
+/// Whether `value` is a valid label value: up to 63 letters, digits, `-`, `_`, `.` (may be
+/// empty).
+pub fn is_label_value(value: &str) -> bool {
+    value.len() <= MAX_NAME_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Whether `key` is a valid label key (also used by label selectors).
@@ -414,5 +472,110 @@ mod tests {
         assert!(err.to_string().contains("gang"), "{err}");
         let err = parse("name: a\ntenant: t\ngang: {resources: {gpus: 1}}\npayload: {}\n").unwrap_err();
         assert_eq!(fields(err), vec!["payload"]);
+    }
+
+    #[test]
+    fn selectors_are_parsed_and_stored_in_canonical_form() {
+        let text = GOOD.replace(
+            "burst: {after: 30m",
+            "clusterSelector: 'gpu-fabric = ib, meridian.io/tier==owned'\n  nodeSelector: 'rack, !preemptible'\n  burst: {after: 30m",
+        );
+        let spec = parse(&text).unwrap();
+        assert_eq!(spec.placement.cluster_selector().to_string(), "gpu-fabric=ib,meridian.io/tier=owned");
+        assert_eq!(spec.placement.node_selector().to_string(), "rack,!preemptible");
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["placement"]["clusterSelector"], "gpu-fabric=ib,meridian.io/tier=owned");
+        assert_eq!(json["placement"]["nodeSelector"], "rack,!preemptible");
+        let yaml = serde_saphyr::to_string(&spec).unwrap();
+        assert_eq!(parse(&yaml).unwrap(), spec);
+        assert_eq!(parse(&serde_json::to_string(&spec).unwrap()).unwrap(), spec);
+    }
+
+    #[test]
+    fn empty_selectors_are_left_out_when_written() {
+        let spec = parse(GOOD).unwrap();
+        assert!(spec.placement.node_selector().is_everything());
+        let json = serde_json::to_value(&spec).unwrap();
+        assert!(json["placement"].get("nodeSelector").is_none(), "{json}");
+        assert!(json["placement"].get("clusterSelector").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_selector_may_be_written_as_a_map_of_labels() {
+        let text = GOOD.replace("burst: {after: 30m", "nodeSelector: {gpu-fabric: ib, rack: r1}\n  burst: {after: 30m");
+        let spec = parse(&text).unwrap();
+        assert_eq!(spec.placement.node_selector().to_string(), "gpu-fabric=ib,rack=r1");
+    }
+
+    #[test]
+    fn a_bad_selector_names_its_field_and_requirement() {
+        let text = GOOD.replace("burst: {after: 30m", "nodeSelector: 'gpu-fabric=ib,rack=r 1'\n  burst: {after: 30m");
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["placement.nodeSelector"]);
+        let message = err.to_string();
+        assert!(
+            message.starts_with("placement.nodeSelector: requirement 2 `rack=r 1`: `r 1` is not a valid label value"),
+            "{message}"
+        );
+
+        let text = GOOD.replace("burst: {after: 30m", "clusterSelector: {bad key: x}\n  burst: {after: 30m");
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["placement.clusterSelector"]);
+        assert!(err.to_string().contains("`bad key` is not a valid label key"), "{err}");
+    }
+
+    #[test]
+    fn a_selector_on_a_reserved_label_that_never_exists_is_refused() {
+        let text = GOOD.replace(
+            "burst: {after: 30m",
+            "clusterSelector: meridian.io/zone=a\n  nodeSelector: meridian.io/cluster=x\n  burst: {after: 30m",
+        );
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["placement.clusterSelector", "placement.nodeSelector"]);
+        assert!(err.to_string().contains("meridian.io/zone"), "{err}");
+        // Requirements that the label be absent hold trivially and are fine; implicit labels too.
+        let text = GOOD.replace(
+            "burst: {after: 30m",
+            "clusterSelector: 'meridian.io/region=us-east,!meridian.io/zone'\n  burst: {after: 30m",
+        );
+        parse(&text).unwrap();
+    }
+
+    #[test]
+    fn gpu_slice_types_are_accepted_and_bad_ones_named() {
+        let text = GOOD.replace(
+            "gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80",
+            "gpus: 1, gpuTypes: [a100-80g.1g.10gb], gpuMemoryGiB: 10",
+        );
+        let spec = parse(&text).unwrap();
+        assert_eq!(spec.gang.resources.gpu_types, vec!["a100-80g.1g.10gb".to_string()]);
+
+        let text = GOOD.replace(
+            "gpus: 8, gpuTypes: [h100, a100-80g], gpuMemoryGiB: 80",
+            "gpus: 1, gpuTypes: [a100-80g.1g.10gb], gpuMemoryGiB: 20",
+        );
+        assert_eq!(fields(parse(&text).unwrap_err()), vec!["gang.resources.gpuMemoryGiB"]);
+
+        let text = GOOD.replace("[h100, a100-80g]", "[h100, a100-40g.4g.80gb]");
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), vec!["gang.resources.gpuTypes[1]"]);
+        assert!(err.to_string().contains("only 40 GiB"), "{err}");
+    }
+
+    #[test]
+    fn member_labels_refuse_bad_entries_and_the_reserved_prefix() {
+        let labels = BTreeMap::from([
+            ("gpu-fabric".to_string(), "ib".to_string()),
+            ("bad key".to_string(), "x".to_string()),
+            ("meridian.io/region".to_string(), "x".to_string()),
+            ("rack".to_string(), "r 1".to_string()),
+        ]);
+        let errors = member_label_errors("nodes[1].labels", &labels);
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec!["nodes[1].labels.bad key", "nodes[1].labels.rack", "nodes[1].labels.meridian.io/region"]
+        );
+        assert!(label_errors("labels", &labels).len() == 2, "job labels may use any valid key");
     }
 }

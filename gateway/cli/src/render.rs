@@ -251,6 +251,11 @@ fn spec_summary(spec: &Value) -> Vec<(&'static str, String)> {
                 rules.push(format!("{name} {}", join(list.iter().map(scalar))));
             }
         }
+        for (pointer, name) in [("/clusterSelector", "clusters matching"), ("/nodeSelector", "nodes matching")] {
+            if let Some(selector) = str_at(placement, pointer).filter(|s| !s.is_empty()) {
+                rules.push(format!("{name} {selector}"));
+            }
+        }
         match placement.get("burst") {
             Some(Value::String(never)) => rules.push(format!("burst {never}")),
             Some(burst @ Value::Object(_)) => {
@@ -390,6 +395,18 @@ mod tests {
         assert!(text.contains("  Data:       s3://corpus/v3 (500.0 GiB in us-east)\n"), "{text}");
         assert!(text.contains("  Placement:  regions us-east; burst after 30m up to $80.00/h\n"), "{text}");
         assert!(text.contains("  Command:    python train.py\n"), "{text}");
+    }
+
+    #[test]
+    fn job_detail_shows_the_selectors() {
+        let mut job_json = sample_job();
+        job_json["spec"]["placement"] =
+            json!({"clusterSelector": "gpu-fabric=ib", "nodeSelector": "rack,!preemptible"});
+        let text = job(&job_json, SUBMITTED_MS + 3_600_000);
+        assert!(
+            text.contains("  Placement:  clusters matching gpu-fabric=ib; nodes matching rack,!preemptible\n"),
+            "{text}"
+        );
     }
 
     #[test]

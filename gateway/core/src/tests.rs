@@ -27,6 +27,7 @@ fn info(name: &str) -> ClusterInfo {
         prices: BTreeMap::from([("h100".to_string(), 2.0)]),
         supports_containers: true,
         supports_bare_commands: true,
+        labels: Default::default(),
     }
 }
 
@@ -40,6 +41,7 @@ fn inventory(free_gpus: &[u32]) -> AgentEvent {
             cpu_per_node: 96,
             memory_gib_per_node: 1024,
             free: free_gpus.iter().map(|&gpus| NodeFree { gpus, cpu: 96, memory_gib: 1024 }).collect(),
+            labels: Default::default(),
         }],
     })
 }

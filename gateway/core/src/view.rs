@@ -101,6 +101,9 @@ pub struct ClusterSummary {
     pub federated_jobs: u32,
     /// US$ per GPU-hour by type.
     pub prices: BTreeMap<String, f64>,
+    /// Labels a `placement.clusterSelector` sees: the configured ones plus the implicit
+    /// `meridian.io/cluster`, `/region`, `/tier` and `/backend`.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The snapshot readers use.
@@ -272,6 +275,7 @@ impl Core {
                     estimated_wait_secs: c.pressure.estimated_wait_secs,
                     federated_jobs: federated.get(c.info.name.as_str()).copied().unwrap_or(0),
                     prices: c.info.prices.clone(),
+                    labels: c.info.selectable_labels(),
                 }
             })
             .collect()

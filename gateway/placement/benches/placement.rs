@@ -74,6 +74,7 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
             cpu_per_node: cpu,
             memory_gib_per_node: mem,
             free,
+            labels: Default::default(),
         });
         let price = if tier == Tier::Cloud { rng.random_range(lo..hi) } else { owned };
         prices.insert(gpu_type.to_owned(), price);
@@ -101,6 +102,7 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
         prices,
         supports_containers: backend != BackendKind::Slurm || rng.random_bool(0.5),
         supports_bare_commands: backend != BackendKind::Kubernetes,
+        labels: Default::default(),
     };
     ClusterSnapshot::new(info, Inventory { shapes }, pressure, rng.random_bool(0.97))
 }
@@ -149,7 +151,7 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
         },
         runtime: RuntimeSpec { estimate: HumanDuration::from_secs(rng.random_range(60..36_000)), limit: None },
         data,
-        placement: PlacementRules { regions, clusters: ClusterRules::default(), burst },
+        placement: PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() },
         payload: Payload { image: Some("registry.example/train:1".into()), command: vec![], env: BTreeMap::new() },
     }
 }

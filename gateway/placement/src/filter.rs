@@ -1,13 +1,15 @@
 //! Which clusters may run a job at all, and why the others may not.
 //!
 //! The checks here depend only on the job and on what a cluster *is* (shapes, region, backend,
-//! tier, prices), never on what is free now, so the same code answers both "can it go there now"
+//! tier, prices, labels), never on what is free now, so the same code answers both "can it go there now"
 //! (with [`Rejection::Disconnected`] and [`Rejection::BurstNotYet`] added by the caller) and
 //! "could it ever go anywhere" at submit time.
 
+use std::cell::OnceCell;
 use std::fmt;
 
 use meridian_proto::inventory::{BackendKind, NodeShape, Tier};
+use meridian_proto::selector::Selector;
 use meridian_proto::spec::{BurstPolicy, JobSpec};
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +56,22 @@ pub enum Rejection {
         region: Name,
         /// Regions the job allows.
         allowed: Names,
+    },
+    /// The job's `placement.clusterSelector` does not match the cluster's labels (its configured
+    /// labels plus the implicit `meridian.io/*` ones).
+    ClusterSelectorUnmatched {
+        /// The job's cluster selector, in canonical form.
+        selector: Name,
+        /// The cluster's labels as the selector sees them (`k=v,k=v`).
+        labels: Name,
+    },
+    /// No node of a GPU type the job accepts has labels matching the job's
+    /// `placement.nodeSelector`, so no replica could ever be placed here.
+    NodeSelectorUnmatched {
+        /// The job's node selector, in canonical form.
+        selector: Name,
+        /// The node shapes' labels (`dgx-h100: gpu-fabric=roce; l4-box: none`).
+        node_labels: Name,
     },
     /// The job's `placement.clusters.exclude` names this cluster.
     ClusterExcluded,
@@ -113,6 +131,14 @@ pub(crate) struct Need<'a> {
     /// The job's `placement.regions`, shared by every cluster rejected for residency; None when
     /// the job may run anywhere.
     pub(crate) allowed_regions: Option<Names>,
+    /// The job's `placement.clusterSelector`, None when it matches every cluster. Parsed when the
+    /// spec was read, so matching is lookups only.
+    pub(crate) cluster_selector: Option<&'a Selector>,
+    /// The job's `placement.nodeSelector`, None when it matches every node.
+    pub(crate) node_selector: Option<&'a Selector>,
+    /// The selectors' text for rejections, made at the first rejection that needs it and then
+    /// shared by every cluster the selector rejects.
+    selector_text: [OnceCell<Name>; 2],
 }
 
 impl<'a> Need<'a> {
@@ -121,7 +147,32 @@ impl<'a> Need<'a> {
         let payload = if job.payload.image.is_some() { PayloadKind::ContainerImage } else { PayloadKind::BareCommand };
         let regions = &job.placement.regions;
         let allowed_regions = (!regions.is_empty()).then(|| Names::from(regions.as_slice()));
-        Self { job, demand, total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus), payload, allowed_regions }
+        let selector = |s: &'a Selector| (!s.is_everything()).then_some(s);
+        Self {
+            job,
+            demand,
+            total_gpus: u64::from(demand.replicas) * u64::from(demand.gpus),
+            payload,
+            allowed_regions,
+            cluster_selector: selector(job.placement.cluster_selector()),
+            node_selector: selector(job.placement.node_selector()),
+            selector_text: Default::default(),
+        }
+    }
+
+    /// Whether the job's nodeSelector accepts the nodes of `shape`.
+    pub(crate) fn selects(&self, shape: &NodeShape) -> bool {
+        self.node_selector.is_none_or(|selector| selector.matches(&shape.labels))
+    }
+
+    fn cluster_selector_text(&self) -> Name {
+        let selector = self.job.placement.cluster_selector();
+        self.selector_text[0].get_or_init(|| Name::from(selector.to_string())).clone()
+    }
+
+    fn node_selector_text(&self) -> Name {
+        let selector = self.job.placement.node_selector();
+        self.selector_text[1].get_or_init(|| Name::from(selector.to_string())).clone()
     }
 }
 
@@ -140,20 +191,25 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     };
     let wanted = &job.gang.resources.gpu_types;
 
-    let (mut any_type, mut any_memory) = (false, false);
+    let (mut any_type, mut any_selected, mut any_memory) = (false, false, false);
     let (mut largest_gib, mut largest_node_gpus, mut max_replicas) = (0u32, 0u32, 0u64);
     let mut cheapest_over_budget = f64::INFINITY;
     let mut options = TypeOptions::default();
     let index = cluster.index();
     for (type_id, first) in shapes.iter().enumerate() {
         // Visit each GPU type once, at its first shape (whose index is the type's id).
-        if index.type_id(type_id) != type_id || !(wanted.is_empty() || wanted.contains(&first.gpu_type)) {
+        if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type, index.is_slice(type_id)) {
             continue;
         }
         any_type = true;
         let mut capacity = 0u64;
         let same_type = |(offset, _): &(usize, &NodeShape)| index.type_id(type_id + offset) == type_id;
         for (_, shape) in shapes[type_id..].iter().enumerate().filter(same_type) {
+            // Nodes the nodeSelector rules out count for nothing here.
+            if !need.selects(shape) {
+                continue;
+            }
+            any_selected = true;
             largest_gib = largest_gib.max(shape.gpu_memory_gib);
             if shape.gpu_memory_gib < demand.min_gpu_memory_gib {
                 continue;
@@ -180,6 +236,11 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
 
     if !any_type {
         reasons.push(Rejection::GpuTypeUnavailable { available: index.gpu_types().clone() });
+    } else if !any_selected {
+        reasons.push(Rejection::NodeSelectorUnmatched {
+            selector: need.node_selector_text(),
+            node_labels: cluster.node_labels_text(),
+        });
     } else if !any_memory {
         reasons.push(Rejection::GpuMemoryTooSmall { wanted_gib: demand.min_gpu_memory_gib, largest_gib });
     } else if max_replicas < u64::from(demand.replicas) {
@@ -201,6 +262,14 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     {
         reasons.push(Rejection::RegionNotAllowed { region: cluster.region().clone(), allowed: allowed.clone() });
     }
+    if let Some(selector) = need.cluster_selector
+        && !selector.matches_by(|key| info.label(key))
+    {
+        reasons.push(Rejection::ClusterSelectorUnmatched {
+            selector: need.cluster_selector_text(),
+            labels: cluster.labels_text(),
+        });
+    }
     if !rules.clusters.include.is_empty() && !rules.clusters.include.contains(&info.name) {
         reasons.push(Rejection::ClusterNotIncluded);
     }
@@ -218,6 +287,13 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
         reasons.push(Rejection::BurstNever);
     }
     options
+}
+
+/// Whether a job listing `wanted` GPU types may use `gpu_type` (`slice`: whether it is a slice
+/// type). A job that lists none takes any whole GPU but never a slice (`a100-80g.1g.10gb`):
+/// slices go only to jobs that name them.
+fn accepts_type(wanted: &[String], gpu_type: &str, slice: bool) -> bool {
+    if wanted.is_empty() { !slice } else { wanted.iter().any(|t| t == gpu_type) }
 }
 
 /// The GPU types the job may use on `cluster`, or None when the cluster may never run it.
@@ -276,6 +352,13 @@ impl fmt::Display for Rejection {
             Rejection::RegionNotAllowed { region, allowed } => {
                 write!(f, "the cluster is in {region} but the job may only run in {}", List(allowed))
             }
+            Rejection::ClusterSelectorUnmatched { selector, labels } => {
+                write!(f, "clusterSelector {selector} does not match the cluster's labels ({labels})")
+            }
+            Rejection::NodeSelectorUnmatched { selector, node_labels } => write!(
+                f,
+                "no node with an acceptable GPU type matches nodeSelector {selector} (node labels here: {node_labels})"
+            ),
             Rejection::ClusterExcluded => f.write_str("the job's placement.clusters.exclude lists this cluster"),
             Rejection::ClusterNotIncluded => {
                 f.write_str("the job's placement.clusters.include does not list this cluster")

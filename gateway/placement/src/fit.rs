@@ -18,6 +18,7 @@
 //! property tests). Nothing is sorted and nothing is allocated per cluster.
 
 use meridian_proto::inventory::{NodeFree, NodeShape};
+use meridian_proto::selector::Selector;
 use meridian_proto::spec::JobSpec;
 
 use super::index::{FreeIndex, LEVEL_CAP};
@@ -57,11 +58,14 @@ pub(crate) struct TypeOptions {
     items: [TypeOption; MAX_TYPES],
 }
 
-/// A cluster's nodes as best fit reads them: the inventory and its free-GPU index.
+/// A cluster's nodes as best fit reads them: the inventory, its free-GPU index, and the job's
+/// nodeSelector (shapes it rules out are never looked at).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Nodes<'a> {
     pub(crate) shapes: &'a [NodeShape],
     pub(crate) index: &'a FreeIndex,
+    /// The job's nodeSelector; None accepts every shape (most jobs: no label is looked up).
+    pub(crate) selector: Option<&'a Selector>,
 }
 
 /// Where a gang fits now.
@@ -180,16 +184,20 @@ impl TypeOption {
 }
 
 impl<'a> Nodes<'a> {
-    /// The shapes of GPU type `type_id` with enough GPU memory for `demand`, in inventory order.
+    /// Whether the nodeSelector accepts the nodes of `shape`.
+    pub(crate) fn selects(self, shape: &NodeShape) -> bool {
+        self.selector.is_none_or(|selector| selector.matches(&shape.labels))
+    }
+
+    /// The shapes of GPU type `type_id` with enough GPU memory for `demand` whose labels the
+    /// nodeSelector accepts, in inventory order.
     fn acceptable(self, type_id: usize, demand: &Demand) -> impl Iterator<Item = (usize, &'a NodeShape)> + 'a {
         let (index, min_memory) = (self.index, demand.min_gpu_memory_gib);
         // The type's shapes start at its id: earlier shapes have other types.
         let from = type_id.min(self.shapes.len());
-        self.shapes[from..]
-            .iter()
-            .enumerate()
-            .map(move |(offset, shape)| (from + offset, shape))
-            .filter(move |(i, shape)| index.type_id(*i) == type_id && shape.gpu_memory_gib >= min_memory)
+        self.shapes[from..].iter().enumerate().map(move |(offset, shape)| (from + offset, shape)).filter(
+            move |(i, shape)| index.type_id(*i) == type_id && shape.gpu_memory_gib >= min_memory && self.selects(shape),
+        )
     }
 
     /// The highest level of any acceptable shape.

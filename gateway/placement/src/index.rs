@@ -11,6 +11,7 @@
 //! [`ClusterSnapshot::reserve`](super::ClusterSnapshot::reserve) moves the nodes it changes, which
 //! is why the snapshot's inventory is readable but not writable from outside.
 
+use meridian_proto::gpu;
 use meridian_proto::inventory::{NodeFree, NodeShape};
 
 use super::fit::clamp;
@@ -36,6 +37,9 @@ struct ShapeIndex {
     type_id: usize,
     /// The shape's GPU type, shared with every decision that names it.
     gpu_type: Name,
+    /// Whether the GPU type is a slice (`a100-80g.1g.10gb`), worked out once per snapshot rather
+    /// than per decision.
+    slice: bool,
     /// 64-bit words per level (nodes / 64, rounded up).
     words: usize,
     /// Levels `0..=top` one after the other, each a bitset of the nodes at that level.
@@ -90,6 +94,7 @@ impl FreeIndex {
             let words = shape.free.len().div_ceil(64);
             let mut entry = ShapeIndex {
                 type_id,
+                slice: gpu::is_slice(&gpu_type),
                 gpu_type,
                 words,
                 bits: vec![0; (top + 1) * words],
@@ -115,6 +120,11 @@ impl FreeIndex {
     /// The type id of shape `shape`: the index of the first shape with its GPU type.
     pub(crate) fn type_id(&self, shape: usize) -> usize {
         self.shapes.get(shape).map_or(usize::MAX, |s| s.type_id)
+    }
+
+    /// Whether the GPU type of shape `shape` is a slice (`a100-80g.1g.10gb`).
+    pub(crate) fn is_slice(&self, shape: usize) -> bool {
+        self.shapes.get(shape).is_some_and(|s| s.slice)
     }
 
     /// The GPU type of shape `shape`.

@@ -1,8 +1,9 @@
 //! Placement v1: which member cluster should run a job, as pure functions over a snapshot.
 //!
 //! 1. **Filter** ([`filter`]): per cluster, can it ever run the job (GPU type and memory, the gang
-//!    fits the node shapes counted per node, residency, include/exclude, payload kind, burst
-//!    rules and budget), and is its agent connected.
+//!    fits the node shapes counted per node, only shapes the job's `nodeSelector` accepts,
+//!    residency, include/exclude, `clusterSelector`, payload kind, burst rules and budget), and is
+//!    its agent connected. Selectors were parsed when the spec was read; here they are lookups.
 //! 2. **Score** ([`score`](mod@score)): expected start (queue wait vs. data transfer), compute
 //!    and egress cost, fragmentation, combined into one number of seconds.
 //! 3. **Burst**: cloud clusters stay out unless the best owned cluster's expected wait exceeds the

@@ -6,12 +6,12 @@
 //!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
 //! ```
 
-use meridian_proto::inventory::{GpuRelease, NodeShape};
+use meridian_proto::inventory::GpuRelease;
 use meridian_proto::spec::DataRef;
 use serde::{Deserialize, Serialize};
 
 use super::filter::Need;
-use super::fit::{Demand, TypeOptions, fit_now};
+use super::fit::{Demand, Nodes, TypeOptions, fit_now};
 use super::name::Name;
 use super::network::NetworkTable;
 use super::snapshot::ClusterSnapshot;
@@ -166,7 +166,7 @@ pub(crate) fn score<'a>(
     config: &PlacementConfig,
 ) -> ScoreBreakdown {
     let demand = &need.demand;
-    let nodes = cluster.nodes();
+    let nodes = cluster.nodes_for(need);
     let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(nodes, options, demand) {
         Ok((option, plan)) => {
             let fragmentation = plan.fragmentation(nodes, option.type_id, demand);
@@ -177,7 +177,7 @@ pub(crate) fn score<'a>(
             // is what the gang would leave on empty nodes.
             let option = options.first().copied();
             let gpu_type = option.and_then(|o| o.gpu_type(cluster.index()));
-            let fragmentation = gpu_type.map_or(0.0, |t| empty_node_fragmentation(demand, nodes.shapes, t));
+            let fragmentation = gpu_type.map_or(0.0, |t| empty_node_fragmentation(demand, nodes, t));
             (option, false, fragmentation, expected_wait_secs(cluster, free_gpus, need.total_gpus, config))
         }
     };
@@ -243,10 +243,12 @@ fn earliest_enough(releases: &[GpuRelease], mut available: u64, needed: u64) -> 
 }
 
 /// Fragmentation if the gang landed on empty nodes of the best-suited shape of `gpu_type`.
-fn empty_node_fragmentation(demand: &Demand, shapes: &[NodeShape], gpu_type: &str) -> f64 {
-    shapes
+fn empty_node_fragmentation(demand: &Demand, nodes: Nodes<'_>, gpu_type: &str) -> f64 {
+    nodes
+        .shapes
         .iter()
         .filter(|s| s.gpu_type == gpu_type && s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0)
+        .filter(|s| nodes.selects(s))
         .filter_map(|shape| {
             let per_node = demand.per_empty_node(shape).min(demand.replicas);
             (per_node > 0).then(|| {

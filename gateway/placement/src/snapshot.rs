@@ -1,5 +1,8 @@
 //! What placement reads about the federation for one placement cycle.
 
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
 use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, QueuePressure};
 use meridian_proto::spec::JobSpec;
 
@@ -33,6 +36,11 @@ pub struct ClusterSnapshot {
     /// GPUs of federation-queue jobs decided, earlier in this placement cycle, to wait for this
     /// cluster: they are ahead of any job placed later in the cycle.
     waiting_gpus: u64,
+    /// The cluster's labels as a cluster selector sees them, as text for rejections; made the
+    /// first time a selector rejects the cluster, then shared by every such rejection.
+    labels_text: OnceLock<Name>,
+    /// The node shapes' labels as text for rejections, made the same way.
+    node_labels_text: OnceLock<Name>,
 }
 
 /// The whole federation as placement sees it for one cycle.
@@ -50,7 +58,19 @@ impl ClusterSnapshot {
         let index = FreeIndex::new(&inventory.shapes);
         let (name, region) = (Name::from(&info.name), Name::from(&info.region));
         let prices = inventory.shapes.iter().map(|s| info.price(&s.gpu_type)).collect();
-        Self { info, inventory, pressure, connected, index, name, region, prices, waiting_gpus: 0 }
+        Self {
+            info,
+            inventory,
+            pressure,
+            connected,
+            index,
+            name,
+            region,
+            prices,
+            waiting_gpus: 0,
+            labels_text: OnceLock::new(),
+            node_labels_text: OnceLock::new(),
+        }
     }
 
     /// Records that a job of `gpus` GPUs from the federation queue will wait for this cluster, so
@@ -95,9 +115,47 @@ impl ClusterSnapshot {
         self.prices.get(shape).copied().unwrap_or(0.0)
     }
 
-    /// The cluster's nodes and their index, for best fit.
+    /// The cluster's nodes and their index, for best fit, every node considered.
+    #[cfg(test)]
     pub(crate) fn nodes(&self) -> Nodes<'_> {
-        Nodes { shapes: &self.inventory.shapes, index: &self.index }
+        Nodes { shapes: &self.inventory.shapes, index: &self.index, selector: None }
+    }
+
+    /// The cluster's nodes that `need`'s nodeSelector accepts, and their index, for best fit.
+    pub(crate) fn nodes_for<'a>(&'a self, need: &Need<'a>) -> Nodes<'a> {
+        Nodes { shapes: &self.inventory.shapes, index: &self.index, selector: need.node_selector }
+    }
+
+    /// Every label a cluster selector sees here, implicit ones included (`gpu-fabric=ib,
+    /// meridian.io/cluster=east, ...`), for rejections.
+    pub(crate) fn labels_text(&self) -> Name {
+        self.labels_text
+            .get_or_init(|| {
+                let labels = self.info.selectable_labels();
+                Name::from(labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", "))
+            })
+            .clone()
+    }
+
+    /// Each node shape with its labels (`dgx-h100: gpu-fabric=roce; l4-box: none`), for
+    /// rejections.
+    pub(crate) fn node_labels_text(&self) -> Name {
+        self.node_labels_text
+            .get_or_init(|| {
+                let mut text = String::new();
+                for (i, shape) in self.inventory.shapes.iter().enumerate() {
+                    let separator = if i == 0 { "" } else { "; " };
+                    let _ = write!(text, "{separator}{}: ", shape.name);
+                    if shape.labels.is_empty() {
+                        text.push_str("none");
+                    }
+                    for (j, (key, value)) in shape.labels.iter().enumerate() {
+                        let _ = write!(text, "{}{key}={value}", if j == 0 { "" } else { "," });
+                    }
+                }
+                Name::from(text)
+            })
+            .clone()
     }
 
     /// The free-GPU index of the inventory.
@@ -109,7 +167,8 @@ impl ClusterSnapshot {
     /// may use here. The same test [`reserve`](Self::reserve) makes, without changing anything.
     pub fn fits_now(&self, job: &JobSpec) -> bool {
         let need = Need::of(job);
-        eligible_options(&need, self).is_some_and(|options| fit_now(self.nodes(), &options, &need.demand).is_ok())
+        eligible_options(&need, self)
+            .is_some_and(|options| fit_now(self.nodes_for(&need), &options, &need.demand).is_ok())
     }
 
     /// Takes the gang's resources off the free nodes that placement assumed (best fit, on the
@@ -121,11 +180,12 @@ impl ClusterSnapshot {
     pub fn reserve(&mut self, job: &JobSpec) -> bool {
         let need = Need::of(job);
         let Some(options) = eligible_options(&need, self) else { return false };
-        let Ok((option, plan)) = fit_now(self.nodes(), &options, &need.demand) else {
+        let nodes = self.nodes_for(&need);
+        let Ok((option, plan)) = fit_now(nodes, &options, &need.demand) else {
             return false;
         };
         let mut taken: Vec<(usize, usize, u32)> = Vec::new();
-        plan.for_each_node(self.nodes(), option.type_id, &need.demand, |shape, node, replicas| {
+        plan.for_each_node(nodes, option.type_id, &need.demand, |shape, node, replicas| {
             taken.push((shape, node, replicas));
         });
         let demand = need.demand;

@@ -26,6 +26,7 @@ fn shape(gpu_type: &str, gpus_per_node: u32, free_gpus: &[u32]) -> NodeShape {
         cpu_per_node: 16 * gpus_per_node,
         memory_gib_per_node: 128 * gpus_per_node,
         free: free_gpus.iter().map(|&g| NodeFree { gpus: g, cpu: 16 * g, memory_gib: 128 * g }).collect(),
+        labels: Default::default(),
     }
 }
 
@@ -39,6 +40,7 @@ fn info(name: &str, region: &str, tier: Tier) -> ClusterInfo {
         prices: prices.iter().map(|(t, p)| ((*t).to_owned(), if tier == Tier::Cloud { *p } else { 0.0 })).collect(),
         supports_containers: true,
         supports_bare_commands: true,
+        labels: Default::default(),
     }
 }
 
@@ -425,19 +427,166 @@ fn held_clusters_take_only_jobs_that_end_before_the_holder_starts() {
     assert!(holds.mask(&mut fed, &"long", 1000.0, 3600.0).is_empty());
 }
 
+// --- labels and selectors --------------------------------------------------------------------
+
+fn labelled(mut info: ClusterInfo, labels: &[(&str, &str)]) -> ClusterInfo {
+    info.labels = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    info
+}
+
+fn with_labels(mut shape: NodeShape, name: &str, labels: &[(&str, &str)]) -> NodeShape {
+    shape.name = name.to_owned();
+    shape.labels = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    shape
+}
+
+fn snapshot(info: ClusterInfo, shapes: Vec<NodeShape>) -> ClusterSnapshot {
+    ClusterSnapshot::new(info, Inventory { shapes }, QueuePressure::default(), true)
+}
+
+#[test]
+fn a_cluster_whose_labels_do_not_match_the_cluster_selector_is_filtered_with_the_reason() {
+    let ib =
+        snapshot(labelled(info("ib", "us-east", Tier::Owned), &[("gpu-fabric", "ib")]), vec![shape("h100", 8, &[8])]);
+    let eth = snapshot(
+        labelled(info("eth", "us-east", Tier::Owned), &[("gpu-fabric", "roce")]),
+        vec![shape("h100", 8, &[8])],
+    );
+    let mut spec = job(1, 8);
+    spec.placement.cluster_selector = "gpu-fabric=ib".parse().unwrap();
+    let d = place(&spec, &federation(vec![eth, ib]), &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("ib"));
+    let reasons = rejections(&d, "eth");
+    assert_eq!(reasons.len(), 1);
+    assert_eq!(
+        reasons[0].to_string(),
+        "clusterSelector gpu-fabric=ib does not match the cluster's labels (gpu-fabric=roce, \
+         meridian.io/backend=builtin, meridian.io/cluster=eth, meridian.io/region=us-east, meridian.io/tier=owned)"
+    );
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(json["candidates"][0]["verdict"]["reasons"][0]["reason"], "clusterSelectorUnmatched");
+    assert_eq!(json["candidates"][0]["verdict"]["reasons"][0]["selector"], "gpu-fabric=ib");
+    assert_eq!(serde_json::from_value::<Decision>(json).unwrap(), d);
+}
+
+#[test]
+fn implicit_cluster_labels_can_be_selected_without_configuring_anything() {
+    let fed = federation(vec![
+        cluster("east", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]),
+        cluster("west", "us-west", Tier::Owned, vec![shape("h100", 8, &[8])]),
+        cluster("burst", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8])]),
+    ]);
+    let mut spec = job(1, 8);
+    spec.placement.cluster_selector = "meridian.io/region=us-west,meridian.io/tier!=cloud".parse().unwrap();
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("west"));
+    assert!(matches!(&rejections(&d, "east")[..], [Rejection::ClusterSelectorUnmatched { .. }]));
+    assert!(matches!(&rejections(&d, "burst")[..], [Rejection::ClusterSelectorUnmatched { .. }]));
+
+    spec.placement.cluster_selector = "meridian.io/cluster=east,meridian.io/backend=builtin".parse().unwrap();
+    assert_eq!(chosen(&place(&spec, &fed, &PlacementConfig::default())), Some("east"));
+}
+
+#[test]
+fn node_shapes_the_node_selector_rules_out_are_not_counted() {
+    // Plenty of free roce nodes, one ib node: a 2-node ib gang can never fit, a 1-node one can.
+    let shapes = vec![
+        with_labels(shape("h100", 8, &[8, 8, 8]), "roce", &[("gpu-fabric", "roce")]),
+        with_labels(shape("h100", 8, &[8]), "ib", &[("gpu-fabric", "ib")]),
+    ];
+    let fed = federation(vec![cluster("mixed", "us-east", Tier::Owned, shapes)]);
+    let mut spec = job(2, 8);
+    spec.placement.node_selector = "gpu-fabric=ib".parse().unwrap();
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert!(matches!(&rejections(&d, "mixed")[..], [Rejection::GangNeverFits { max_replicas: 1, .. }]), "{d:?}");
+
+    spec.gang.replicas = 1;
+    let mut fed = fed;
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now));
+    let c = fed.cluster_mut("mixed").unwrap();
+    assert!(c.reserve(&spec));
+    let free: Vec<Vec<u32>> = c.inventory().shapes.iter().map(|s| s.free.iter().map(|n| n.gpus).collect()).collect();
+    assert_eq!(free, vec![vec![8, 8, 8], vec![0]], "only the ib node is taken");
+    assert!(!c.fits_now(&spec), "the free roce nodes do not count for the ib job");
+}
+
+#[test]
+fn a_busy_matching_shape_waits_but_no_matching_shape_is_rejected() {
+    let busy_ib = vec![
+        with_labels(shape("h100", 8, &[8, 8]), "roce", &[("gpu-fabric", "roce")]),
+        with_labels(shape("h100", 8, &[0]), "ib", &[("gpu-fabric", "ib")]),
+    ];
+    let no_ib = vec![with_labels(shape("h100", 8, &[8, 8]), "roce", &[("gpu-fabric", "roce")])];
+    let fed = federation(vec![
+        busy("busy-ib", "us-east", Tier::Owned, busy_ib, 600),
+        cluster("no-ib", "us-east", Tier::Owned, no_ib),
+    ]);
+    let mut spec = job(1, 8);
+    spec.placement.node_selector = "gpu-fabric=ib".parse().unwrap();
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    let choice = d.chosen.as_ref().unwrap();
+    assert_eq!((choice.cluster.as_str(), choice.starts_now), ("busy-ib", false), "{}", d.summary);
+    let reasons = rejections(&d, "no-ib");
+    assert_eq!(reasons.len(), 1);
+    assert_eq!(
+        reasons[0].to_string(),
+        "no node with an acceptable GPU type matches nodeSelector gpu-fabric=ib (node labels here: roce: gpu-fabric=roce)"
+    );
+    // At submit: the busy cluster could run it some day, so it is not refused...
+    assert_eq!(never_fits(&spec, &fed), None);
+    // ...but with only the cluster that has no ib node, it is, naming the selector.
+    let only = federation(vec![fed.cluster("no-ib").unwrap().clone()]);
+    let all = never_fits(&spec, &only).unwrap();
+    assert!(matches!(&all[..], [(name, Rejection::NodeSelectorUnmatched { .. })] if name == "no-ib"), "{all:?}");
+}
+
+#[test]
+fn a_gpu_slice_matches_only_jobs_that_name_it() {
+    let mut slice = shape("a100-80g.1g.10gb", 56, &[56]);
+    slice.gpu_memory_gib = 10;
+    let fed = federation(vec![
+        cluster("mig", "us-east", Tier::Owned, vec![slice]),
+        cluster("whole", "us-east", Tier::Owned, vec![shape("a100-80g", 8, &[8])]),
+    ]);
+    let mut spec = job(1, 1);
+    spec.gang.resources.gpu_types = vec!["a100-80g.1g.10gb".into()];
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("mig"));
+    assert!(matches!(&rejections(&d, "whole")[..], [Rejection::GpuTypeUnavailable { .. }]));
+
+    spec.gang.resources.gpu_types = vec!["a100-80g".into()];
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("whole"));
+    assert!(matches!(&rejections(&d, "mig")[..], [Rejection::GpuTypeUnavailable { .. }]));
+
+    // No type named: whole GPUs only.
+    spec.gang.resources.gpu_types.clear();
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("whole"));
+    assert!(matches!(&rejections(&d, "mig")[..], [Rejection::GpuTypeUnavailable { .. }]));
+}
+
 // --- properties --------------------------------------------------------------------------------
 
 const TYPES: [&str; 3] = ["h100", "a100-80g", "l4"];
 
+/// Node labels a random shape may carry, and node selectors a random job may have.
+const FABRICS: [Option<&str>; 3] = [None, Some("ib"), Some("roce")];
+const NODE_SELECTORS: [&str; 5] = ["", "", "fabric=ib", "fabric!=ib", "fabric"];
+
 fn arb_shape() -> impl Strategy<Value = NodeShape> {
-    (0..TYPES.len(), prop::sample::select(vec![1u32, 2, 4, 8]), 0usize..6).prop_flat_map(|(t, per_node, nodes)| {
-        // Free CPUs vary independently of free GPUs, so some nodes have GPUs but not the CPUs.
-        prop::collection::vec((0..=per_node, 0..=16 * per_node), nodes).prop_map(move |free| {
-            let mut s = shape(TYPES[t], per_node, &[]);
-            s.free = free.into_iter().map(|(g, cpu)| NodeFree { gpus: g, cpu, memory_gib: 128 * g }).collect();
-            s
-        })
-    })
+    (0..TYPES.len(), prop::sample::select(vec![1u32, 2, 4, 8]), 0usize..6, 0..FABRICS.len()).prop_flat_map(
+        |(t, per_node, nodes, fabric)| {
+            // Free CPUs vary independently of free GPUs, so some nodes have GPUs but not the CPUs.
+            prop::collection::vec((0..=per_node, 0..=16 * per_node), nodes).prop_map(move |free| {
+                let mut s = shape(TYPES[t], per_node, &[]);
+                s.free = free.into_iter().map(|(g, cpu)| NodeFree { gpus: g, cpu, memory_gib: 128 * g }).collect();
+                s.labels = FABRICS[fabric].map(|f| ("fabric".to_owned(), f.to_owned())).into_iter().collect();
+                s
+            })
+        },
+    )
 }
 
 fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
@@ -465,13 +614,14 @@ fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
 }
 
 fn arb_job() -> impl Strategy<Value = JobSpec> {
-    (1u32..5, 1u32..9, prop::collection::vec(0..TYPES.len(), 0..2), any::<bool>()).prop_map(
-        |(replicas, gpus, types, burst_never)| {
+    (1u32..5, 1u32..9, prop::collection::vec(0..TYPES.len(), 0..2), any::<bool>(), 0..NODE_SELECTORS.len()).prop_map(
+        |(replicas, gpus, types, burst_never, selector)| {
             let mut spec = job(replicas, gpus);
             spec.gang.resources.gpu_types = types.into_iter().map(|t| TYPES[t].to_owned()).collect();
             if burst_never {
                 spec.placement.burst = BurstPolicy::Never;
             }
+            spec.placement.node_selector = NODE_SELECTORS[selector].parse().unwrap();
             spec
         },
     )
@@ -480,7 +630,9 @@ fn arb_job() -> impl Strategy<Value = JobSpec> {
 fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Iterator<Item = &'a NodeShape> + 'a {
     let r = &spec.gang.resources;
     cluster.inventory().shapes.iter().filter(move |s| {
-        (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type)) && s.gpu_memory_gib >= r.gpu_memory_gib
+        (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type))
+            && s.gpu_memory_gib >= r.gpu_memory_gib
+            && spec.placement.node_selector.matches(&s.labels)
     })
 }
 
@@ -496,7 +648,10 @@ fn reference_reserve(cluster: &ClusterSnapshot, spec: &JobSpec, gpu_type: &str) 
     let mut inventory = cluster.inventory().clone();
     let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
     for (si, s) in inventory.shapes.iter().enumerate() {
-        if s.gpu_type == gpu_type && s.gpu_memory_gib >= r.gpu_memory_gib {
+        if s.gpu_type == gpu_type
+            && s.gpu_memory_gib >= r.gpu_memory_gib
+            && spec.placement.node_selector.matches(&s.labels)
+        {
             nodes.extend(s.free.iter().enumerate().map(|(ni, n)| (n.gpus, si, ni)));
         }
     }

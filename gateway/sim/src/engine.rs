@@ -593,6 +593,7 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         memory_gib: 0,
         gpu_types: job.gpu_type.iter().cloned().collect(),
         gpu_memory_gib: 0,
+        node_selector: Default::default(),
         run_for: Duration::from_secs(job.duration_secs),
     }
 }

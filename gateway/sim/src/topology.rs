@@ -279,6 +279,7 @@ impl ClusterFile {
                 gpus: group.gpus_per_node,
                 cpu: group.cpu_per_node,
                 memory_gib: group.memory_gib_per_node,
+                labels: Default::default(),
             }));
         }
         let info = ClusterInfo {
@@ -289,6 +290,7 @@ impl ClusterFile {
             prices: self.prices,
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         };
         SimCluster { info, nodes }
     }

@@ -85,6 +85,7 @@ fn hello() -> AgentHello {
             prices: BTreeMap::new(),
             supports_containers: true,
             supports_bare_commands: true,
+            labels: Default::default(),
         },
         instance_id: "a1".into(),
         agent_version: "test".into(),
@@ -101,6 +102,7 @@ fn inventory() -> AgentEvent {
             cpu_per_node: 96,
             memory_gib_per_node: 1024,
             free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
+            labels: Default::default(),
         }],
     })
 }

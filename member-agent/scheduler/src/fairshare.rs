@@ -193,6 +193,7 @@ mod tests {
             memory_gib: 8,
             gpu_types: Vec::new(),
             gpu_memory_gib: 0,
+            node_selector: Default::default(),
             run_for,
         }
     }
@@ -269,6 +270,7 @@ mod tests {
                 gpus: 8,
                 cpu: 64,
                 memory_gib: 1024,
+                labels: Default::default(),
             })
             .collect();
         let queues =

@@ -49,9 +49,10 @@ impl Node {
         NodeFree { gpus: spec.gpus, cpu: spec.cpu, memory_gib: spec.memory_gib }
     }
 
-    /// Whether the node's GPUs are acceptable to the job (type and memory per GPU).
+    /// Whether the node may hold the job's replicas: its labels match the job's nodeSelector
+    /// and its GPUs are acceptable (type and memory per GPU).
     pub(super) fn accepts(&self, job: &LocalJob) -> bool {
-        job.accepts_gpu(&self.spec.gpu_type, self.spec.gpu_memory_gib)
+        job.accepts_gpu(&self.spec.gpu_type, self.spec.gpu_memory_gib) && job.accepts_labels(&self.spec.labels)
     }
 
     /// Takes one replica's resources. Callers only take what [`place`] found free, so the
@@ -80,6 +81,52 @@ pub(super) fn place(nodes: &[Node], job: &LocalJob) -> Option<Vec<usize>> {
 /// Whether `job` would fit if every node were empty.
 pub(super) fn fits_empty(nodes: &[Node], job: &LocalJob) -> bool {
     place_with(nodes, job, Node::capacity).is_some()
+}
+
+/// Why `job` would not fit even with every node empty, naming the first rule no node meets:
+/// the nodeSelector, then the GPU type and memory, then the gang's size. None when it fits.
+pub(super) fn never_fits_reason(nodes: &[Node], job: &LocalJob) -> Option<String> {
+    if fits_empty(nodes, job) {
+        return None;
+    }
+    let selected = || nodes.iter().filter(|n| job.accepts_labels(&n.spec.labels));
+    if selected().next().is_none() {
+        return Some(format!(
+            "no node matches nodeSelector `{}` (node labels here: {})",
+            job.node_selector,
+            node_labels(nodes)
+        ));
+    }
+    let on_selected = if job.node_selector.is_everything() {
+        String::new()
+    } else {
+        format!(" among the nodes matching nodeSelector `{}`", job.node_selector)
+    };
+    if !selected().any(|n| n.accepts(job)) {
+        let types = if job.gpu_types.is_empty() { "any whole GPU".to_string() } else { job.gpu_types.join(", ") };
+        return Some(format!(
+            "no node has GPUs of type {types} with at least {} GiB each{on_selected}",
+            job.gpu_memory_gib
+        ));
+    }
+    Some(format!(
+        "{} replicas of {} GPUs, {} CPUs and {} GiB each do not fit on the empty nodes{on_selected}",
+        job.replicas, job.gpus, job.cpu, job.memory_gib
+    ))
+}
+
+/// The distinct label sets of the nodes, by shape, for messages (`dgx: gpu-fabric=ib; l4: none`).
+fn node_labels(nodes: &[Node]) -> String {
+    let mut shapes: Vec<(&str, String)> = Vec::new();
+    for node in nodes {
+        if shapes.iter().any(|(shape, _)| *shape == node.spec.shape) {
+            continue;
+        }
+        let labels: Vec<String> = node.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels = if labels.is_empty() { "none".to_string() } else { labels.join(",") };
+        shapes.push((&node.spec.shape, labels));
+    }
+    shapes.iter().map(|(shape, labels)| format!("{shape}: {labels}")).collect::<Vec<_>>().join("; ")
 }
 
 fn place_with(nodes: &[Node], job: &LocalJob, free_of: impl Fn(&Node) -> NodeFree) -> Option<Vec<usize>> {
@@ -156,6 +203,7 @@ mod tests {
             gpus,
             cpu: 64,
             memory_gib: 512,
+            labels: Default::default(),
         }
     }
 
@@ -170,6 +218,7 @@ mod tests {
             memory_gib: 1,
             gpu_types: Vec::new(),
             gpu_memory_gib: 0,
+            node_selector: Default::default(),
             run_for: Duration::from_secs(60),
         }
     }

@@ -14,8 +14,11 @@
 //! - **Strict order inside a queue, no backfill.** Priority (higher first), then submit time, then
 //!   job id. A queue whose head does not fit waits; other queues may proceed meanwhile.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use meridian_proto::gpu;
+use meridian_proto::selector::Selector;
 use meridian_proto::spec::JobSpec;
 
 mod fairshare;
@@ -49,6 +52,9 @@ pub struct NodeSpec {
     pub cpu: u32,
     /// Host memory of the node in GiB.
     pub memory_gib: u32,
+    /// Labels of the node (`gpu-fabric: ib`), matched by a job's `placement.nodeSelector` and
+    /// reported with its shape; nodes of one shape must have the same labels.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A local queue and its fair-share weight.
@@ -82,6 +88,9 @@ pub struct LocalJob {
     pub gpu_types: Vec<String>,
     /// Minimum memory per GPU in GiB; 0 means any.
     pub gpu_memory_gib: u32,
+    /// Only nodes whose labels match may hold a replica (the spec's `placement.nodeSelector`);
+    /// empty matches every node.
+    pub node_selector: Selector,
     /// How long the job runs once started (the builtin backend runs it for exactly this long).
     pub run_for: Duration,
 }
@@ -148,9 +157,11 @@ pub enum Error {
         /// The node.
         name: String,
     },
-    /// A node differs from the first node of its shape; a shape must describe identical nodes
-    /// because the inventory reports one description per shape.
-    #[error("builtin backend: node `{node}` differs from earlier nodes of shape `{shape}`; give it its own shape")]
+    /// A node differs from the first node of its shape (hardware or labels); a shape must
+    /// describe identical nodes because the inventory reports one description per shape.
+    #[error(
+        "builtin backend: node `{node}` differs from earlier nodes of shape `{shape}` (hardware or labels); give it its own shape"
+    )]
     InconsistentShape {
         /// The shape.
         shape: String,
@@ -196,12 +207,15 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
-    /// The job could not start even on a completely empty cluster (GPU type, GPU memory, or a gang
-    /// bigger than the nodes), so queueing it would wait forever.
-    #[error("job `{job_id}` can never fit this cluster's nodes, even when all are free")]
+    /// The job could not start even on a completely empty cluster (no node matches its
+    /// nodeSelector, GPU type, GPU memory, or a gang bigger than the nodes), so queueing it would
+    /// wait forever.
+    #[error("job `{job_id}` can never fit this cluster's nodes, even when all are free: {reason}")]
     NeverFits {
         /// The job.
         job_id: String,
+        /// Which rule no node meets, naming the selector or the GPU request.
+        reason: String,
     },
     /// [`BuiltinScheduler::start_now`]: the whole gang does not fit on the free nodes now.
     #[error("job `{job_id}` does not fit on the free nodes now")]
@@ -237,6 +251,7 @@ impl LocalJob {
             memory_gib: resources.memory_gib,
             gpu_types: resources.gpu_types.clone(),
             gpu_memory_gib: resources.gpu_memory_gib,
+            node_selector: spec.placement.node_selector().clone(),
             run_for,
         }
     }
@@ -246,9 +261,20 @@ impl LocalJob {
         u64::from(self.replicas) * u64::from(self.gpus)
     }
 
-    /// Whether a node of `gpu_type` with `gpu_memory_gib` per GPU is acceptable to this job.
+    /// Whether a node of `gpu_type` with `gpu_memory_gib` per GPU is acceptable to this job. A
+    /// job that lists no GPU types takes whole GPUs only, never slices (`a100-80g.1g.10gb`); a
+    /// slice is used only by a job that names it.
     pub fn accepts_gpu(&self, gpu_type: &str, gpu_memory_gib: u32) -> bool {
-        (self.gpu_types.is_empty() || self.gpu_types.iter().any(|t| t == gpu_type))
-            && gpu_memory_gib >= self.gpu_memory_gib
+        let type_ok = if self.gpu_types.is_empty() {
+            !gpu::is_slice(gpu_type)
+        } else {
+            self.gpu_types.iter().any(|t| t == gpu_type)
+        };
+        type_ok && gpu_memory_gib >= self.gpu_memory_gib
+    }
+
+    /// Whether a node with `labels` may hold a replica of this job (its nodeSelector).
+    pub fn accepts_labels(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector.matches(labels)
     }
 }

@@ -48,6 +48,7 @@ fn nodes() -> Vec<NodeSpec> {
             gpus: 8,
             cpu: 32,
             memory_gib: 256,
+            labels: Default::default(),
         });
     }
     for i in 0..3 {
@@ -59,6 +60,7 @@ fn nodes() -> Vec<NodeSpec> {
             gpus: 4,
             cpu: 16,
             memory_gib: 128,
+            labels: Default::default(),
         });
     }
     nodes
@@ -113,6 +115,7 @@ impl JobShape {
             memory_gib: self.memory_gib,
             gpu_types: if self.wants_a100 { vec!["a100".into()] } else { Vec::new() },
             gpu_memory_gib: self.gpu_memory_gib,
+            node_selector: Default::default(),
             run_for: Duration::from_secs(self.run_secs),
         }
     }

@@ -29,6 +29,7 @@ impl BuiltinScheduler {
                     cpu_per_node: first.cpu,
                     memory_gib_per_node: first.memory_gib,
                     free: members.iter().filter_map(|&i| self.nodes.get(i)).map(|n| n.free).collect(),
+                    labels: first.labels.clone(),
                 })
             })
             .collect();
@@ -146,6 +147,7 @@ mod tests {
             gpus,
             cpu: 64,
             memory_gib: 512,
+            labels: Default::default(),
         };
         BuiltinScheduler::new(
             vec![node("a", "dgx", 8), node("b", "small", 2), node("c", "dgx", 8)],
@@ -165,6 +167,7 @@ mod tests {
             memory_gib: 4,
             gpu_types: Vec::new(),
             gpu_memory_gib: 0,
+            node_selector: Default::default(),
             run_for: Duration::from_secs(secs),
         }
     }

@@ -271,8 +271,8 @@ impl BuiltinScheduler {
         if self.pending_index.contains_key(&job.id) || self.running.contains_key(&job.id) {
             return Err(Error::DuplicateJob { job_id: job.id.clone() });
         }
-        if !gang::fits_empty(&self.nodes, job) {
-            return Err(Error::NeverFits { job_id: job.id.clone() });
+        if let Some(reason) = gang::never_fits_reason(&self.nodes, job) {
+            return Err(Error::NeverFits { job_id: job.id.clone(), reason });
         }
         Ok(queue)
     }
@@ -330,10 +330,10 @@ impl BuiltinScheduler {
     }
 }
 
-/// Whether two nodes are interchangeable (everything but the name matches).
+/// Whether two nodes are interchangeable (everything but the name matches, labels included).
 fn same_shape(a: &NodeSpec, b: &NodeSpec) -> bool {
-    (&a.gpu_type, a.gpu_memory_gib, a.gpus, a.cpu, a.memory_gib)
-        == (&b.gpu_type, b.gpu_memory_gib, b.gpus, b.cpu, b.memory_gib)
+    (&a.gpu_type, a.gpu_memory_gib, a.gpus, a.cpu, a.memory_gib, &a.labels)
+        == (&b.gpu_type, b.gpu_memory_gib, b.gpus, b.cpu, b.memory_gib, &b.labels)
 }
 
 #[cfg(test)]
@@ -351,6 +351,7 @@ mod tests {
             gpus,
             cpu: 64,
             memory_gib: 512,
+            labels: Default::default(),
         }
     }
 
@@ -369,6 +370,7 @@ mod tests {
             memory_gib: 32,
             gpu_types: Vec::new(),
             gpu_memory_gib: 0,
+            node_selector: Default::default(),
             run_for: Duration::from_secs(100),
         }
     }
@@ -419,11 +421,23 @@ mod tests {
         assert!(matches!(s.submit(job("j", "nope", 1, 1), secs(0)), Err(Error::UnknownQueue { .. })));
         assert!(matches!(s.submit(job("j", "default", 0, 1), secs(0)), Err(Error::InvalidJob { .. })));
         assert!(matches!(s.submit(job("j", "default", 1, 0), secs(0)), Err(Error::InvalidJob { .. })));
-        assert_eq!(s.submit(job("j", "default", 3, 8), secs(0)), Err(Error::NeverFits { job_id: "j".into() }));
+        assert_eq!(
+            s.submit(job("j", "default", 3, 8), secs(0)),
+            Err(Error::NeverFits {
+                job_id: "j".into(),
+                reason: "3 replicas of 8 GPUs, 4 CPUs and 32 GiB each do not fit on the empty nodes".into()
+            })
+        );
         let mut wrong_type = job("j", "default", 1, 1);
         wrong_type.gpu_types = vec!["a100".into()];
         assert!(!s.can_ever_fit(&wrong_type));
-        assert_eq!(s.submit(wrong_type, secs(0)), Err(Error::NeverFits { job_id: "j".into() }));
+        assert_eq!(
+            s.submit(wrong_type, secs(0)),
+            Err(Error::NeverFits {
+                job_id: "j".into(),
+                reason: "no node has GPUs of type a100 with at least 0 GiB each".into()
+            })
+        );
         s.submit(job("j", "default", 1, 1), secs(0)).unwrap();
         assert_eq!(s.submit(job("j", "team", 1, 1), secs(0)), Err(Error::DuplicateJob { job_id: "j".into() }));
         assert_eq!(s.pending().count(), 1);
@@ -566,5 +580,100 @@ mod tests {
             log
         };
         assert_eq!(run(), run());
+    }
+
+    fn labelled(name: &str, shape: &str, fabric: &str) -> NodeSpec {
+        NodeSpec {
+            shape: shape.into(),
+            labels: [("gpu-fabric".to_string(), fabric.to_string())].into(),
+            ..node(name, 8)
+        }
+    }
+
+    #[test]
+    fn a_gang_lands_only_on_nodes_matching_its_node_selector() {
+        let nodes = vec![labelled("e0", "eth", "roce"), labelled("i0", "ib", "ib"), labelled("i1", "ib", "ib")];
+        let mut s = BuiltinScheduler::new(nodes, vec![queue("default", 1.0)]).unwrap();
+        let mut gang = job("g", "default", 2, 8);
+        gang.node_selector = "gpu-fabric=ib".parse().unwrap();
+        let started = s.start_now(gang, secs(0)).unwrap();
+        assert_eq!(started.nodes, vec!["i0".to_string(), "i1".to_string()]);
+
+        // Only the non-matching node is free now: the next ib job waits rather than landing there.
+        let mut next = job("n", "default", 1, 8);
+        next.node_selector = "gpu-fabric=ib".parse().unwrap();
+        assert_eq!(s.start_now(next.clone(), secs(0)), Err(Error::DoesNotFitNow { job_id: "n".into() }));
+        s.submit(next, secs(0)).unwrap();
+        assert!(s.schedule(secs(1)).is_empty());
+        s.cancel("g");
+        let started = s.schedule(secs(2));
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].nodes, vec!["i0".to_string()]);
+    }
+
+    #[test]
+    fn a_job_no_node_matches_never_fits_with_the_selector_named() {
+        let nodes = vec![labelled("e0", "eth", "roce"), labelled("e1", "eth", "roce")];
+        let mut s = BuiltinScheduler::new(nodes, vec![queue("default", 1.0)]).unwrap();
+        let mut wants_ib = job("j", "default", 1, 1);
+        wants_ib.node_selector = "gpu-fabric=ib".parse().unwrap();
+        assert!(!s.can_ever_fit(&wants_ib));
+        let err = s.submit(wants_ib, secs(0)).unwrap_err();
+        assert!(matches!(err, Error::NeverFits { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "job `j` can never fit this cluster's nodes, even when all are free: no node matches nodeSelector \
+             `gpu-fabric=ib` (node labels here: eth: gpu-fabric=roce)"
+        );
+
+        // Matching nodes that are too small are named as such, with the selector.
+        let mut too_big = job("k", "default", 3, 8);
+        too_big.node_selector = "gpu-fabric=roce".parse().unwrap();
+        let err = s.submit(too_big, secs(0)).unwrap_err();
+        assert!(err.to_string().ends_with("among the nodes matching nodeSelector `gpu-fabric=roce`"), "{err}");
+    }
+
+    #[test]
+    fn nodes_of_one_shape_must_share_their_labels() {
+        let nodes = vec![labelled("a", "dgx", "ib"), labelled("b", "dgx", "roce")];
+        assert_eq!(
+            BuiltinScheduler::new(nodes, vec![queue("default", 1.0)]).unwrap_err(),
+            Error::InconsistentShape { shape: "dgx".into(), node: "b".into() }
+        );
+    }
+
+    #[test]
+    fn the_inventory_reports_each_shape_with_its_labels() {
+        let nodes = vec![labelled("e0", "eth", "roce"), labelled("i0", "ib", "ib")];
+        let s = BuiltinScheduler::new(nodes, vec![queue("default", 1.0)]).unwrap();
+        let shapes = s.inventory().shapes;
+        assert_eq!(shapes.len(), 2);
+        assert_eq!(shapes[1].labels.get("gpu-fabric").map(String::as_str), Some("ib"));
+    }
+
+    #[test]
+    fn gpu_slices_are_used_only_by_jobs_that_name_them() {
+        let slice = NodeSpec {
+            shape: "a100-mig".into(),
+            gpu_type: "a100-80g.1g.10gb".into(),
+            gpu_memory_gib: 10,
+            gpus: 7,
+            ..node("m0", 7)
+        };
+        let whole = NodeSpec { shape: "a100".into(), gpu_type: "a100-80g".into(), ..node("w0", 8) };
+        let s = BuiltinScheduler::new(vec![slice, whole], vec![queue("default", 1.0)]).unwrap();
+        let mut small = job("s", "default", 1, 1);
+        small.gpu_types = vec!["a100-80g.1g.10gb".into()];
+        let mut s2 = s.clone();
+        assert_eq!(s2.start_now(small, secs(0)).unwrap().nodes, vec!["m0".to_string()]);
+
+        let mut whole_a100 = job("w", "default", 1, 1);
+        whole_a100.gpu_types = vec!["a100-80g".into()];
+        let mut s3 = s.clone();
+        assert_eq!(s3.start_now(whole_a100, secs(0)).unwrap().nodes, vec!["w0".to_string()]);
+
+        // No type named: whole GPUs only, so 8 one-GPU replicas cannot spill onto the slices.
+        let any = job("a", "default", 9, 1);
+        assert!(!s.can_ever_fit(&any));
     }
 }

@@ -211,6 +211,7 @@ impl Harness {
                 prices: BTreeMap::new(),
                 supports_containers: true,
                 supports_bare_commands: true,
+                labels: Default::default(),
             },
             gateway: "memory".into(),
             report_interval: INTERVAL,

@@ -24,6 +24,7 @@ fn node(name: &str, gpus: u32) -> NodeSpec {
         gpus,
         cpu: 64,
         memory_gib: 512,
+        labels: Default::default(),
     }
 }
 

@@ -240,7 +240,7 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
         }
     }
     let mut scan = Scan::default();
-    let mut shapes: BTreeMap<(String, u32, u32, u32), NodeShape> = BTreeMap::new();
+    let mut shapes: BTreeMap<ShapeKey, NodeShape> = BTreeMap::new();
     let mut labels_by_shape: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for entry in &entries {
         let node_used = used.get(entry.node);
@@ -254,8 +254,14 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
         } else {
             NodeFree::default()
         };
-        let key = (entry.gpu_type.clone(), entry.gpus, entry.cpu, entry.memory_gib);
-        let name = format!("{}x{}-{}c-{}g", entry.gpu_type, entry.gpus, entry.cpu, entry.memory_gib);
+        // Labels that name one node (its hostname) would split every node into a shape of its
+        // own; the rest are part of the shape, so a nodeSelector matches whole shapes exactly.
+        let shared_labels: BTreeMap<String, String> =
+            entry.labels.iter().filter(|(k, _)| !is_per_node_label(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let key = (entry.gpu_type.clone(), entry.gpus, entry.cpu, entry.memory_gib, shared_labels.clone());
+        let base = format!("{}x{}-{}c-{}g", entry.gpu_type, entry.gpus, entry.cpu, entry.memory_gib);
+        let same_base = shapes.keys().filter(|k| (&k.0, k.1, k.2, k.3) == (&key.0, key.1, key.2, key.3)).count();
+        let name = if shapes.contains_key(&key) || same_base == 0 { base } else { format!("{base}-{}", same_base + 1) };
         let shape = shapes.entry(key).or_insert_with(|| NodeShape {
             name: name.clone(),
             gpu_type: entry.gpu_type.clone(),
@@ -264,7 +270,9 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
             cpu_per_node: entry.cpu,
             memory_gib_per_node: entry.memory_gib,
             free: Vec::new(),
+            labels: shared_labels,
         });
+        let name = shape.name.clone();
         shape.free.push(free);
         match labels_by_shape.get_mut(&name) {
             Some(common) => common.retain(|k, v| entry.labels.get(k) == Some(v)),
@@ -281,4 +289,12 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
     scan.shape_labels = labels_by_shape;
     scan.products = products;
     Ok(scan)
+}
+
+/// Shapes group nodes by GPU type, GPUs, CPU, memory and the labels they share.
+type ShapeKey = (String, u32, u32, u32, BTreeMap<String, String>);
+
+/// Labels that differ on every node by design (its hostname), left out of a shape's labels.
+fn is_per_node_label(key: &str) -> bool {
+    key == "kubernetes.io/hostname" || key.ends_with("/hostname")
 }

@@ -2,6 +2,7 @@
 //! for Kueue (kueue mode), built as JSON from an [`Assignment`], with the names, labels and
 //! annotations that let a restarted agent find them again.
 
+use meridian_proto::selector::Operator;
 use std::collections::BTreeMap;
 
 use meridian_proto::protocol::Assignment;
@@ -135,16 +136,36 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement)
     if let Some(class) = config.priority_class_for(spec.priority) {
         pod["priorityClassName"] = json!(class);
     }
+    // The GPU product and the job's own `placement.nodeSelector`: exact matches as a
+    // nodeSelector, everything else as required node affinity (all must hold).
+    let mut selector = serde_json::Map::new();
+    let mut expressions = Vec::new();
     match gpu.products.as_slice() {
         [] => {}
-        [one] => pod["nodeSelector"] = json!({ PRODUCT_LABEL: one }),
-        many => {
-            pod["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": PRODUCT_LABEL, "operator": "In", "values": many}
-                ]}]
-            }}});
+        [one] => {
+            selector.insert(PRODUCT_LABEL.to_string(), json!(one));
         }
+        many => expressions.push(json!({"key": PRODUCT_LABEL, "operator": "In", "values": many})),
+    }
+    for (key, operator, value) in spec.placement.node_selector().iter() {
+        let value = value.unwrap_or_default();
+        match operator {
+            Operator::Equals if !selector.contains_key(key) => {
+                selector.insert(key.to_string(), json!(value));
+            }
+            Operator::Equals => expressions.push(json!({"key": key, "operator": "In", "values": [value]})),
+            Operator::NotEquals => expressions.push(json!({"key": key, "operator": "NotIn", "values": [value]})),
+            Operator::Exists => expressions.push(json!({"key": key, "operator": "Exists"})),
+            Operator::DoesNotExist => expressions.push(json!({"key": key, "operator": "DoesNotExist"})),
+        }
+    }
+    if !selector.is_empty() {
+        pod["nodeSelector"] = Value::Object(selector);
+    }
+    if !expressions.is_empty() {
+        pod["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": expressions}]
+        }}});
     }
     json!({
         "metadata": {"labels": {
@@ -301,6 +322,32 @@ mod tests {
         let term =
             &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
         assert_eq!(term["matchExpressions"][0]["values"], json!(["A", "B"]));
+    }
+
+    #[test]
+    fn the_jobs_node_selector_reaches_the_pods_as_selector_and_affinity() {
+        let mut job = job();
+        job.spec.placement.node_selector =
+            "topology.kubernetes.io/zone=us-east-1a, !spot, rack!=r7, nvidia.com/gpu.present".parse().unwrap();
+        let gpu = GpuPlacement::for_type(Some("a100-80g"), vec!["NVIDIA-A100-SXM4-80GB".into()]);
+        let object = volcano_job(&job, &config(Mode::Volcano), &gpu);
+        let pod = &object["spec"]["tasks"][0]["template"]["spec"];
+        assert_eq!(
+            pod["nodeSelector"],
+            json!({PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", "topology.kubernetes.io/zone": "us-east-1a"})
+        );
+        let term =
+            &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+        let mut expressions = term["matchExpressions"].as_array().unwrap().clone();
+        expressions.sort_by_key(|e| e["key"].as_str().unwrap_or_default().to_string());
+        assert_eq!(
+            Value::Array(expressions),
+            json!([
+                {"key": "nvidia.com/gpu.present", "operator": "Exists"},
+                {"key": "rack", "operator": "NotIn", "values": ["r7"]},
+                {"key": "spot", "operator": "DoesNotExist"},
+            ])
+        );
     }
 
     #[test]

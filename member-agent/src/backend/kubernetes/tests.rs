@@ -104,6 +104,8 @@ fn a_shape_keeps_the_labels_all_its_nodes_share() {
     assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB");
     assert!(!labels.contains_key("kubernetes.io/hostname"), "per-node labels are dropped: {labels:?}");
     assert_eq!(found.shape_labels["a100-80g.1g.10gbx14-96c-1007g"]["nvidia.com/mig.strategy"], "mixed");
+    let shape = found.inventory.shapes.iter().find(|s| s.name == "a100-80gx8-96c-1007g").unwrap();
+    assert_eq!(&shape.labels, labels, "the inventory's shape carries the labels a nodeSelector matches");
 }
 
 #[test]

@@ -142,6 +142,7 @@ pub fn host_nodes(host: &HostReadings, gpu_types: &BTreeMap<String, String>) -> 
                     gpus,
                     cpu: share(host.cpus, physical),
                     memory_gib: share(host.memory_gib, physical),
+                    labels: Default::default(),
                 },
                 devices: group.devices,
             }
@@ -236,6 +237,7 @@ mod tests {
                 gpus: 8,
                 cpu: 224,
                 memory_gib: 2015,
+                labels: Default::default(),
             }
         );
         assert_eq!(node.devices, (0..8).map(|i| i.to_string()).collect::<Vec<_>>());

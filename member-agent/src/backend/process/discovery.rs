@@ -101,6 +101,7 @@ mod tests {
             gpus,
             cpu: 8,
             memory_gib: 32,
+            labels: Default::default(),
         }
     }
 

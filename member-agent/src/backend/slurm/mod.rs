@@ -141,6 +141,24 @@ impl Shared {
             .collect())
     }
 
+    /// The nodes whose features break `job`'s `placement.nodeSelector` (none without one).
+    async fn excluded_by_selector(&self, job: &Assignment) -> Result<Vec<String>, BackendError> {
+        let selector = job.spec.placement.node_selector();
+        if selector.is_everything() {
+            return Ok(Vec::new());
+        }
+        let nodes = self.nodes().await?;
+        Ok(nodes
+            .into_iter()
+            .filter(|node| {
+                let labels: BTreeMap<String, String> =
+                    node.features.iter().map(|f| (f.clone(), "true".to_string())).collect();
+                !selector.matches(&labels)
+            })
+            .map(|node| node.name)
+            .collect())
+    }
+
     async fn submit_now(&self, job: &Assignment) -> Result<Admission, BackendError> {
         let _one_at_a_time = self.submit_lock.lock().await;
         let rows = poll::squeue_all(&self.runner).await?;
@@ -160,7 +178,8 @@ impl Shared {
                 });
             }
         }
-        let batch = match script::batch_job(job, &self.config) {
+        let excluded = self.excluded_by_selector(job).await?;
+        let batch = match script::batch_job(job, &self.config, &excluded) {
             Ok(batch) => batch,
             Err(e) => return Ok(Admission::Refused { reason: e.to_string(), permanent: true }),
         };
@@ -286,6 +305,9 @@ impl Shared {
                     cpu_per_node: cpu,
                     memory_gib_per_node: memory_gib,
                     free: Vec::new(),
+                    // Each Slurm feature is a label set to "true"; the features are part of the
+                    // shape's name, so every node of a shape has the same ones.
+                    labels: features.iter().map(|f| (f.clone(), "true".to_string())).collect(),
                 })
                 .free
                 .push(free);

@@ -41,8 +41,27 @@ pub(crate) fn output_path(work_dir: &Path, job_id: &str, fencing_token: u64) -> 
     work_dir.join(format!("meridian-{safe}-{fencing_token}.out"))
 }
 
-/// Builds the `sbatch` call for `job`.
-pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig) -> Result<BatchJob, ScriptError> {
+/// The `--constraint` of a job's `placement.nodeSelector`: the features it requires (`ib` or
+/// `ib=true`; Slurm features are labels set to "true"), joined with `&`. Requirements Slurm's
+/// constraint syntax cannot say (`!ib`, `rack!=3`) are met by excluding the nodes that break
+/// them instead.
+pub(crate) fn node_constraint(spec: &meridian_proto::spec::JobSpec) -> Option<String> {
+    use meridian_proto::selector::Operator;
+    let features: Vec<&str> = spec
+        .placement
+        .node_selector()
+        .iter()
+        .filter_map(|(key, operator, value)| match (operator, value) {
+            (Operator::Exists, _) | (Operator::Equals, Some("true")) => Some(key),
+            _ => None,
+        })
+        .collect();
+    (!features.is_empty()).then(|| features.join("&"))
+}
+
+/// Builds the `sbatch` call for `job`; `excluded` names the nodes its `placement.nodeSelector`
+/// rules out (see [`node_constraint`]).
+pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig, excluded: &[String]) -> Result<BatchJob, ScriptError> {
     let spec = &job.spec;
     let payload = &spec.payload;
     if payload.command.is_empty() {
@@ -81,6 +100,12 @@ pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig) -> Result<BatchJ
     }
     if let Some(partition) = &config.partition {
         args.push(format!("--partition={partition}"));
+    }
+    if let Some(constraint) = node_constraint(spec) {
+        args.push(format!("--constraint={constraint}"));
+    }
+    if !excluded.is_empty() {
+        args.push(format!("--exclude={}", excluded.join(",")));
     }
     if let Some(account) = config.account_for(&spec.tenant) {
         args.push(format!("--account={account}"));
@@ -152,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_gang_becomes_one_sbatch_with_every_option() {
-        let batch = batch_job(&assignment(&["python", "train.py"]), &config()).unwrap();
+        let batch = batch_job(&assignment(&["python", "train.py"]), &config(), &[]).unwrap();
         for expected in [
             "--job-name=meridian-j-1",
             "--comment=meridian:j-1:3",
@@ -176,9 +201,9 @@ mod tests {
     fn any_gpu_type_omits_the_type_and_zero_gpus_omit_gres() {
         let mut job = assignment(&["true"]);
         job.spec.gang.resources.gpu_types.clear();
-        assert!(batch_job(&job, &config()).unwrap().args.contains(&"--gres=gpu:4".to_string()));
+        assert!(batch_job(&job, &config(), &[]).unwrap().args.contains(&"--gres=gpu:4".to_string()));
         job.spec.gang.resources.gpus = 0;
-        assert!(!batch_job(&job, &config()).unwrap().args.iter().any(|a| a.starts_with("--gres")));
+        assert!(!batch_job(&job, &config(), &[]).unwrap().args.iter().any(|a| a.starts_with("--gres")));
     }
 
     #[test]
@@ -186,7 +211,7 @@ mod tests {
         let nasty = "it's $HOME `id` \"q\" \\ ; echo pwned";
         let mut job = assignment(&["printf", "%s|%s", nasty, "two words"]);
         job.spec.payload.env.insert("NASTY".into(), nasty.into());
-        let batch = batch_job(&job, &config()).unwrap();
+        let batch = batch_job(&job, &config(), &[]).unwrap();
         // Run the script's lines with `srun` replaced by a function that prints its arguments.
         let script = batch.script.replace("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --", "");
         let out = std::process::Command::new("sh")
@@ -201,9 +226,36 @@ mod tests {
     fn image_only_payloads_and_bad_env_names_are_refused() {
         let mut job = assignment(&[]);
         job.spec.payload.image = Some("nvcr.io/pytorch".into());
-        assert_eq!(batch_job(&job, &config()), Err(ScriptError::ImageOnly));
+        assert_eq!(batch_job(&job, &config(), &[]), Err(ScriptError::ImageOnly));
         let mut job = assignment(&["true"]);
         job.spec.payload.env.insert("BAD-NAME".into(), "x".into());
-        assert_eq!(batch_job(&job, &config()), Err(ScriptError::BadEnvName("BAD-NAME".into())));
+        assert_eq!(batch_job(&job, &config(), &[]), Err(ScriptError::BadEnvName("BAD-NAME".into())));
+    }
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+
+    #[test]
+    fn a_node_selector_becomes_a_constraint_and_an_exclusion_list() {
+        let mut job: Assignment = Assignment {
+            job_id: "j".into(),
+            fencing_token: 1,
+            spec: serde_json::from_value(serde_json::json!({
+                "name": "n", "tenant": "t",
+                "gang": {"replicas": 2, "resources": {"gpus": 1}},
+                "placement": {"nodeSelector": "ib, nvlink=true, !slow"},
+                "payload": {"command": ["true"]}
+            }))
+            .unwrap(),
+        };
+        let config = SlurmConfig::default();
+        let batch = batch_job(&job, &config, &["n3".to_string(), "n4".to_string()]).unwrap();
+        assert!(batch.args.contains(&"--constraint=ib&nvlink".to_string()), "{:?}", batch.args);
+        assert!(batch.args.contains(&"--exclude=n3,n4".to_string()), "{:?}", batch.args);
+        job.spec.placement = Default::default();
+        let plain = batch_job(&job, &config, &[]).unwrap();
+        assert!(!plain.args.iter().any(|a| a.starts_with("--constraint") || a.starts_with("--exclude")));
     }
 }

@@ -127,6 +127,47 @@ async fn a_failing_command_ends_failed_with_its_exit_code() {
     let id = submit(&s.gateway, &job("fails", 1, 1, "echo oops >&2; exit 3")).await;
     let failed = s.gateway.wait_for_state(&id, "Failed", WAIT).await.unwrap();
     assert!(failed.to_string().contains("exit code 3"), "{failed}");
+    // The job's output file, read by the agent and passed through the gateway.
+    let logs = s.gateway.cli(&["logs", &id]);
+    assert!(logs.status.success(), "{}", String::from_utf8_lossy(&logs.stderr));
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("oops"), "{}", String::from_utf8_lossy(&logs.stdout));
+}
+
+/// Puts the test partition back up however the test ends.
+struct PartitionUp<'a>(&'a BTreeMap<String, String>);
+
+impl Drop for PartitionUp<'_> {
+    fn drop(&mut self) {
+        slurm(self.0, "scontrol", &["update", "PartitionName=gpu", "State=UP"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slurms_pending_reason_shows_in_explain_until_the_job_starts() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    // An operator takes the partition down for maintenance: the nodes are idle (the gateway
+    // sees free GPUs and offers the job), but Slurm holds it with its own reason.
+    let _up = PartitionUp(&s.env);
+    slurm(&s.env, "scontrol", &["update", "PartitionName=gpu", "State=DOWN"]);
+    let id = submit(&s.gateway, &job("waits", 1, 1, "echo started")).await;
+    s.gateway.wait_for_state(&id, "Bound", WAIT).await.unwrap();
+    let explained = meridian_e2e::poll(WAIT, || async {
+        let out = s.gateway.cli(&["explain", &id]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("PartitionDown").then_some(text)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "explain never showed Slurm's reason: {}",
+            String::from_utf8_lossy(&s.gateway.cli(&["explain", &id]).stdout)
+        )
+    });
+    assert!(explained.contains("now: queued on hpc: Slurm"), "{explained}");
+    slurm(&s.env, "scontrol", &["update", "PartitionName=gpu", "State=UP"]);
+    s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -37,7 +37,7 @@ pub struct AgentConfig {
     /// US$ per GPU-hour by GPU type.
     #[serde(default)]
     pub prices: BTreeMap<String, f64>,
-    /// Local scheduler; only `builtin` runs jobs in this release.
+    /// Local scheduler: `builtin` (this host or declared nodes), `slurm` or `kubernetes`.
     #[serde(default = "default_backend")]
     pub backend: BackendKind,
     /// Whether payloads with container images can run here. Default: true, except with the

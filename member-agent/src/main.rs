@@ -47,6 +47,12 @@ async fn main() -> ExitCode {
     }
     let agent = match meridian_agent::build_agent(&config).await {
         Ok(agent) => agent,
+        // The scheduler did not answer (Slurm controller or API server down): not a config
+        // problem; a supervisor should start the agent again (EX_UNAVAILABLE).
+        Err(meridian_agent::BuildError::Backend(e)) if e.is_transient() => {
+            eprintln!("error: the member's scheduler is unreachable: {e}");
+            return ExitCode::from(69);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(64);

@@ -11,7 +11,11 @@
 #   backend's tests: `scripts/slurm/up.sh` installs the packages when they are missing and starts
 #   a private cluster under a temporary directory; it is stopped on exit by the PIDs it wrote.
 #   The Slurm tests fail (they do not skip) without it; set MERIDIAN_SKIP_SLURM=1 to skip them
-#   knowingly on a machine that cannot run Slurm.
+#   knowingly on a machine that cannot run Slurm. It starts in accounting mode (`--accounting`:
+#   MariaDB and slurmdbd under the same directory, accounts teama 70 / teamb 30 shares) for the
+#   fair-share test: about 35 s more the first time (packages slurmdbd, mariadb-server), about
+#   6 s more per start after that. That test takes one to three minutes (Slurm charges usage once
+#   a minute); it fails on a cluster without accounting unless MERIDIAN_SKIP_SLURM_FAIR_SHARE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +39,7 @@ elif [ -n "${MERIDIAN_SLURM_ENV:-}" ]; then
 else
     slurm_dir="$(mktemp -d /tmp/meridian-slurm.XXXXXX)"
     echo "== Slurm: starting a private test cluster under $slurm_dir"
-    scripts/slurm/up.sh "$slurm_dir"
+    scripts/slurm/up.sh "$slurm_dir" --accounting
     export MERIDIAN_SLURM_ENV="$slurm_dir/env"
 fi
 

@@ -17,11 +17,11 @@ use super::*;
 use crate::backend::JobEventReceiver;
 use crate::backend::conformance;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-const PATIENCE: Duration = Duration::from_secs(90);
+pub(super) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(super) const PATIENCE: Duration = Duration::from_secs(90);
 
 /// The test cluster's facts from `MERIDIAN_SLURM_ENV`, or None when the tests are skipped.
-fn cluster() -> Option<BTreeMap<String, String>> {
+pub(super) fn cluster() -> Option<BTreeMap<String, String>> {
     if std::env::var("MERIDIAN_SKIP_SLURM").is_ok_and(|v| v == "1") {
         eprintln!("skipped: MERIDIAN_SKIP_SLURM=1 (no real Slurm)");
         return None;
@@ -42,7 +42,7 @@ fn cluster() -> Option<BTreeMap<String, String>> {
     )
 }
 
-fn config(env: &BTreeMap<String, String>) -> SlurmConfig {
+pub(super) fn config(env: &BTreeMap<String, String>) -> SlurmConfig {
     SlurmConfig {
         partition: Some("gpu".into()),
         gpu_types: [("a100".to_string(), "a100-80g".to_string())].into(),
@@ -57,7 +57,7 @@ fn config(env: &BTreeMap<String, String>) -> SlurmConfig {
 }
 
 /// Cancels every live job on the test cluster and waits until none is left.
-async fn clean(config: &SlurmConfig) {
+pub(super) async fn clean(config: &SlurmConfig) {
     let runner = Runner { bin_dir: config.bin_dir.clone(), slurm_conf: config.slurm_conf.clone(), timeout: PATIENCE };
     runner.run("scancel", &args(&["--user=root"]), None).await.unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -77,7 +77,7 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-fn assignment(name: &str, replicas: u32, gpus: u32, command: &[&str]) -> Assignment {
+pub(super) fn assignment(name: &str, replicas: u32, gpus: u32, command: &[&str]) -> Assignment {
     let spec: JobSpec = serde_json::from_value(serde_json::json!({
         "name": name, "tenant": "team",
         "gang": {"replicas": replicas, "resources": {"gpus": gpus, "gpuTypes": ["a100-80g"], "cpu": 1, "memoryGiB": 1}},
@@ -129,7 +129,7 @@ async fn fixture(config: SlurmConfig) -> Fixture {
 }
 
 /// The next event of `job_id` that satisfies `wanted`, within `patience`.
-async fn event_where(
+pub(super) async fn event_where(
     events: &mut JobEventReceiver,
     job_id: &str,
     patience: Duration,
@@ -311,30 +311,4 @@ async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.iter().all(|l| l.starts_with("it's a gang on n")), "{lines:?}");
     assert_ne!(lines[0], lines[1], "two different nodes");
-}
-
-/// Overhead with many held jobs: submit them first, e.g.
-/// `for i in $(seq 1000); do sbatch -Q --hold --comment=meridian:bench$i:1 --mem=100 --gres=gpu:1 --wrap=true; done`,
-/// then `MERIDIAN_SLURM_ENV=… cargo test -p meridian-agent --lib slurm_sync_figures -- --ignored --nocapture`.
-#[tokio::test]
-#[ignore = "a measurement, not a test: prints figures"]
-async fn slurm_sync_figures() {
-    let Some(env) = cluster() else { return };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let config = SlurmConfig { job_tag: "meridian".into(), ..config(&env) };
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config, tx).await.unwrap();
-    let started = std::time::Instant::now();
-    let held = backend.list().await.unwrap();
-    let listed = started.elapsed();
-    let started = std::time::Instant::now();
-    let sent = backend.sync_status().await.unwrap();
-    let synced = started.elapsed();
-    let started = std::time::Instant::now();
-    backend.pressure().await.unwrap();
-    eprintln!(
-        "held {} bindings: list {listed:?}, one status sync {synced:?} ({sent} events), pressure {:?}",
-        held.len(),
-        started.elapsed()
-    );
 }

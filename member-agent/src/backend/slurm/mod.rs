@@ -32,6 +32,8 @@ use super::{
 mod command;
 mod config;
 #[cfg(test)]
+mod fair_share_tests;
+#[cfg(test)]
 mod live_tests;
 mod parse;
 mod poll;

@@ -241,57 +241,6 @@ async fn fills_queues_runs_with_slurms_reason_until_it_is_cancelled() {
 }
 
 #[tokio::test]
-async fn succeeds_keeps_its_logs_and_fails_names_exit_code_3() {
-    let Some(env) = cluster() else { return };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let config = config(&env);
-    clean(&config).await;
-    let mut f = fixture(config.clone()).await;
-    let backend = f.backend.clone();
-    backend.submit(&f.succeeds).await.unwrap();
-    backend.submit(&f.fails).await.unwrap();
-    let mut ends = BTreeMap::new();
-    let deadline = tokio::time::Instant::now() + f.patience;
-    while ends.len() < 2 {
-        let event = tokio::time::timeout_at(deadline, f.events.recv()).await.expect("both jobs end").unwrap();
-        if event.phase.is_terminal() {
-            ends.insert(event.job_id, event.phase);
-        }
-    }
-    let ok = &ends[&f.succeeds.job_id];
-    assert!(matches!(ok, JobPhase::Succeeded { .. }), "{ok:?}");
-    let bad = &ends[&f.fails.job_id];
-    assert!(matches!(&bad, JobPhase::Failed { message } if message.contains("exit code 3")), "{bad:?}");
-    assert!(f.keeps_logs);
-    let logs = backend.logs(&f.succeeds.job_id, f.succeeds.fencing_token, None, 4096).await.unwrap();
-    assert!(logs.data.contains("hello") && logs.complete, "{logs:?}");
-    let err = backend.logs("never-held", 1, None, 10).await.unwrap_err();
-    assert!(!err.is_transient() && err.to_string().contains("never-held"), "{err}");
-}
-
-#[tokio::test]
-async fn a_reopened_backend_adopts_a_running_binding_and_can_cancel_it() {
-    let Some(env) = cluster() else { return };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let config = config(&env);
-    clean(&config).await;
-    let mut f = fixture(config.clone()).await;
-    // Started at once, or a Running event follows.
-    if !matches!(f.backend.submit(&f.runs).await.unwrap(), Admission::Started { .. }) {
-        event_where(&mut f.events, &f.runs.job_id, f.patience, |p| matches!(p, JobPhase::Running { .. })).await;
-    }
-    drop(f.backend);
-    assert!(f.adopts);
-    let (backend, _inventory, _events) = (f.reopen)().await;
-    let held = backend.list().await.unwrap();
-    let adopted = held.iter().find(|h| h.job_id == f.runs.job_id).expect("the running binding is listed");
-    assert_eq!(adopted.fencing_token, f.runs.fencing_token);
-    assert!(matches!(adopted.phase, JobPhase::Running { .. }), "{adopted:?}");
-    backend.cancel(&f.runs.job_id, f.runs.fencing_token).await.unwrap();
-    assert!(!backend.list().await.unwrap().iter().any(|h| h.job_id == f.runs.job_id), "cancelled: not listed");
-}
-
-#[tokio::test]
 async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     let Some(env) = cluster() else { return };
     let _one = ONE_AT_A_TIME.lock().await;

@@ -34,6 +34,17 @@ async fn grpc_and_rest_see_the_same_jobs_and_errors() {
     let missing = grpc.get(pb::GetJobRequest { id: "j-nope".into() }).await.unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
 
+    // Logs follow the same rules as `GET /v1/jobs/{id}/logs`: a queued job has none yet, and
+    // a bad size names the field.
+    let request = pb::JobLogsRequest { id: job.id.clone(), from: None, max_bytes: 100 };
+    let not_started = grpc.logs(request).await.unwrap_err();
+    assert_eq!(not_started.code(), tonic::Code::FailedPrecondition);
+    assert!(not_started.message().contains("has not run on any cluster yet"), "{}", not_started.message());
+    let too_big = grpc.logs(pb::JobLogsRequest { id: job.id.clone(), from: None, max_bytes: 10_000_000 }).await;
+    let too_big = too_big.unwrap_err();
+    assert_eq!(too_big.code(), tonic::Code::InvalidArgument);
+    assert!(too_big.message().contains("maxBytes"), "{}", too_big.message());
+
     let cancelled = grpc.cancel(pb::CancelRequest { id: job.id.clone() }).await.unwrap().into_inner();
     assert_eq!(cancelled.state, pb::JobState::Cancelled as i32);
 }

@@ -111,6 +111,10 @@ pub fn grpc(error: &ApiError) -> Status {
     let message = error.to_string();
     match classify(error).0 {
         StatusCode::NOT_FOUND => Status::not_found(message),
+        // Not a duplicate: the job is in the wrong state for the call.
+        StatusCode::CONFLICT if matches!(error, ApiError::Core(meridian_core::Error::NotStarted(_))) => {
+            Status::failed_precondition(message)
+        }
         StatusCode::CONFLICT => Status::already_exists(message),
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Status::unavailable(message),
         StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),

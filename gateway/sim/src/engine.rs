@@ -747,12 +747,9 @@ fn replicas_fit(member: &Member, job: &SimJob) -> (u64, u64) {
         }
         for free in &shape.free {
             let mut fit = free.gpus / probe.gpus.max(1);
-            if probe.cpu > 0 {
-                fit = fit.min(free.cpu / probe.cpu);
-            }
-            if probe.memory_gib > 0 {
-                fit = fit.min(free.memory_gib / probe.memory_gib);
-            }
+            // A request of 0 limits nothing.
+            fit = fit.min(free.cpu.checked_div(probe.cpu).unwrap_or(u32::MAX));
+            fit = fit.min(free.memory_gib.checked_div(probe.memory_gib).unwrap_or(u32::MAX));
             replicas += u64::from(fit);
             gpus += u64::from(free.gpus);
         }

@@ -31,9 +31,11 @@ use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
 use meridian_placement::PlacementConfig;
 
+use links::Links;
 use meridian::Federation;
 pub use meridian::{GatewayCounts, spec_of};
 
+mod links;
 mod meridian;
 
 /// How one replay runs.
@@ -83,14 +85,15 @@ pub fn run(
 /// One member cluster in the replay.
 pub(super) struct Member {
     pub(super) scheduler: BuiltinScheduler,
-    /// US$ per GPU-hour and GPUs of each node, by node name.
-    nodes: HashMap<String, (f64, u32)>,
+    /// US$ per GPU-hour, GPUs and GPU type of each node, by node name.
+    nodes: HashMap<String, (f64, u32, String)>,
     busy_gpu_secs: u64,
 }
 
-/// Which clusters could ever run a job, shared by every job with the same GPU type and gang.
+/// Which clusters could ever run a job, shared by every job with the same GPU type, GPU memory
+/// and gang.
 struct Feasibility<'a> {
-    by_shape: HashMap<(Option<&'a str>, u32, u32), usize>,
+    by_shape: HashMap<(Option<&'a str>, u32, u32, u32), usize>,
     lists: Vec<Vec<usize>>,
     of_job: Vec<usize>,
 }
@@ -102,8 +105,16 @@ struct Replay<'a> {
     progress: &'a AtomicU64,
     members: Vec<Member>,
     feasible: Feasibility<'a>,
-    /// Jobs whose data is being copied: (arrival time, job, cluster).
-    handoffs: BinaryHeap<Reverse<(u64, u32, usize)>>,
+    /// Region-pair links and the copies in flight on them (jobs whose data is being copied).
+    links: Links,
+    /// Per job not yet started: GB and US$ of the copies made for it that landed or were
+    /// withdrawn so far; moved into its outcome when it starts.
+    copied: HashMap<u32, (f64, f64)>,
+    /// `cheapest`: (when, job, cluster) at which a job queued on `cluster` since its hand-over
+    /// has waited its budget and fails over, if it has not started.
+    failover_at: BinaryHeap<Reverse<(u64, u32, usize)>>,
+    /// `cheapest`: clusters still to fail over to, per job, next first.
+    failover_to: HashMap<u32, Vec<usize>>,
     outcomes: Vec<Option<Outcome>>,
     /// `first-admit`: the clusters holding a copy of each job not yet started.
     copies: HashMap<u32, Vec<usize>>,
@@ -135,7 +146,11 @@ impl<'a> Replay<'a> {
         for cluster in &topology.clusters {
             let scheduler = BuiltinScheduler::new(cluster.nodes.clone(), queues.clone())
                 .map_err(|e| SimError::Invalid(format!("cluster `{}`: {e}", cluster.info.name)))?;
-            let nodes = cluster.nodes.iter().map(|n| (n.name.clone(), (cluster.price(&n.gpu_type), n.gpus))).collect();
+            let nodes = cluster
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), (cluster.price(&n.gpu_type), n.gpus, n.gpu_type.clone())))
+                .collect();
             members.push(Member { scheduler, nodes, busy_gpu_secs: 0 });
         }
         let feasible = Feasibility::new(workload, &members)?;
@@ -149,7 +164,10 @@ impl<'a> Replay<'a> {
             progress,
             members,
             feasible,
-            handoffs: BinaryHeap::new(),
+            links: Links::default(),
+            copied: HashMap::new(),
+            failover_at: BinaryHeap::new(),
+            failover_to: HashMap::new(),
             outcomes: vec![None; workload.jobs.len()],
             copies: HashMap::new(),
             changed: vec![false; n],
@@ -171,23 +189,29 @@ impl<'a> Replay<'a> {
         }
         loop {
             let arrival = jobs.get(next).map(|j| j.submit_secs);
-            let handoff = self.handoffs.peek().map(|Reverse((t, _, _))| *t);
+            let handoff = self.links.next_landing();
+            let failover = self.failover_at.peek().map(|Reverse((t, _, _))| *t);
             let completion =
                 self.members.iter().filter_map(|m| m.scheduler.next_completion()).min().map(|d| d.as_secs());
-            let Some(now) = [arrival, handoff, completion].into_iter().flatten().min() else { break };
+            let Some(now) = [arrival, handoff, failover, completion].into_iter().flatten().min() else { break };
             self.events += 1;
 
             self.complete(now)?;
-            while let Some(&Reverse((at, job, cluster))) = self.handoffs.peek() {
-                if at > now {
-                    break;
-                }
-                self.handoffs.pop();
+            for (job, cluster) in self.links.land_due(now) {
+                let (_, gb, usd) = self.transfer(self.job_at(job)?, cluster);
+                self.book_copy(job, gb, usd);
                 if self.federation.is_some() {
                     self.data_landed(job, cluster, now)?;
                 } else {
                     self.hand_over(job, cluster, now)?;
                 }
+            }
+            while let Some(&Reverse((at, job, cluster))) = self.failover_at.peek() {
+                if at > now {
+                    break;
+                }
+                self.failover_at.pop();
+                self.fail_over(job, cluster, now)?;
             }
             arrived.clear();
             while let Some(job) = jobs.get(next).filter(|j| j.submit_secs <= now) {
@@ -220,6 +244,12 @@ impl<'a> Replay<'a> {
             }
             for id in member.scheduler.complete_due(Duration::from_secs(now)) {
                 let job = self.job(&id)?;
+                if self.federation.is_some() && self.links.in_flight(job.id, cluster) {
+                    // A staged reservation ran out before its data landed (its link got busier
+                    // than when it was made): the agent keeps the GPUs reserved.
+                    self.reserve_again(job, cluster, now)?;
+                    continue;
+                }
                 let ended = self.outcomes.get(job.id as usize).and_then(|o| o.as_ref()).map(|o| o.end_secs);
                 if ended != Some(now) {
                     return Err(invariant(format!("job {} completed at {now}s, expected at {ended:?}", job.id)));
@@ -239,8 +269,9 @@ impl<'a> Replay<'a> {
     fn arrive(&mut self, id: u32, now: u64) -> Result<(), SimError> {
         let job = self.job_at(id)?;
         let feasible = self.feasible.of(id);
+        // Karmada's estimator: how many replicas of THIS job fit on the cluster's free nodes now.
         let pick_most_free = |members: &[Member], among: &mut dyn Iterator<Item = usize>| {
-            among.max_by_key(|&c| (members.get(c).map_or(0, |m| m.scheduler.free_gpus()), Reverse(c)))
+            among.max_by_key(|&c| (members.get(c).map_or((0, 0), |m| replicas_fit(m, job)), Reverse(c)))
         };
         let targets: Vec<usize> = match self.config.policy {
             Policy::Meridian => return self.submit(job, now),
@@ -277,12 +308,16 @@ impl<'a> Replay<'a> {
             Policy::FirstAdmit => feasible.to_vec(),
             Policy::Cheapest => {
                 let cost = |c: usize| self.cheapest_usd(job, c);
-                feasible
-                    .iter()
-                    .copied()
-                    .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(a.cmp(&b)))
-                    .into_iter()
-                    .collect()
+                let mut ranked = feasible.to_vec();
+                ranked.sort_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(a.cmp(&b)));
+                // The rest, dearest first, so the next to try pops off the end.
+                let first = ranked.first().copied();
+                ranked.reverse();
+                ranked.pop();
+                if !ranked.is_empty() {
+                    self.failover_to.insert(id, ranked);
+                }
+                first.into_iter().collect()
             }
             Policy::LocalityFirst => {
                 let region = job.dataset.as_ref().map(|d| d.region.as_str());
@@ -309,13 +344,82 @@ impl<'a> Replay<'a> {
 
     /// Sends `job` to `cluster`: at once when its data is there, else when the copy lands.
     fn send(&mut self, job: &SimJob, cluster: usize, now: u64) -> Result<(), SimError> {
-        let (secs, _, _) = self.transfer(job, cluster);
-        if secs == 0 {
-            self.hand_over(job.id, cluster, now)
-        } else {
-            self.handoffs.push(Reverse((now.saturating_add(secs), job.id, cluster)));
-            Ok(())
+        if self.start_copy(job, cluster, now) { Ok(()) } else { self.hand_over(job.id, cluster, now) }
+    }
+
+    /// Starts copying `job`'s data to `cluster`'s region over the shared link; false (and nothing
+    /// to copy) when the data is already there. The copy lands as an event of its own.
+    pub(super) fn start_copy(&mut self, job: &SimJob, cluster: usize, now: u64) -> bool {
+        let (Some(data), Some(target)) = (&job.dataset, self.topology.clusters.get(cluster)) else { return false };
+        if data.region == target.info.region {
+            return false;
         }
+        let network = &self.topology.network;
+        let copy = network.copy(&data.region, &target.info.region, data.size_gib);
+        let gbps = network.gbps(&data.region, &target.info.region);
+        self.links.start(job.id, cluster, (&data.region, &target.info.region), copy.gb, gbps, now);
+        true
+    }
+
+    /// Books a copy made for `job` that landed or was withdrawn: into its outcome when it has
+    /// started, else kept until it does.
+    fn book_copy(&mut self, job: u32, gb: f64, usd: f64) {
+        if let Some(Some(outcome)) = self.outcomes.get_mut(job as usize) {
+            outcome.moved_gb += gb;
+            outcome.egress_usd += usd;
+            return;
+        }
+        let entry = self.copied.entry(job).or_default();
+        entry.0 += gb;
+        entry.1 += usd;
+    }
+
+    /// Withdraws `job`'s copy on `cluster`: out of its queue, and its data copy stopped (the bytes
+    /// it already moved are booked and paid).
+    fn withdraw(&mut self, job: &SimJob, cluster: usize, now: u64) {
+        if let Some(member) = self.members.get_mut(cluster)
+            && member.scheduler.cancel(&job.id.to_string()) != meridian_scheduler::Cancelled::NotFound
+        {
+            // The withdrawn copy may have been a queue's blocked head.
+            self.requeue_local(cluster);
+        }
+        let (_, size_gb, usd) = self.transfer(job, cluster);
+        if let Some(gb) = self.links.abort(job.id, cluster, now, size_gb) {
+            let per_gb = if size_gb > 0.0 { usd / size_gb } else { 0.0 };
+            self.book_copy(job.id, gb, gb * per_gb);
+        }
+    }
+
+    /// `cheapest`: the job queued on `cluster` waited its budget; if it has not started, it is
+    /// withdrawn there and sent to the next cheapest cluster that could run it.
+    fn fail_over(&mut self, id: u32, cluster: usize, now: u64) -> Result<(), SimError> {
+        if self.outcomes.get(id as usize).is_some_and(Option::is_some) {
+            return Ok(());
+        }
+        let Some(next) = self.failover_to.get_mut(&id).and_then(Vec::pop) else { return Ok(()) };
+        if self.failover_to.get(&id).is_some_and(Vec::is_empty) {
+            self.failover_to.remove(&id);
+        }
+        let job = self.job_at(id)?;
+        self.withdraw(job, cluster, now);
+        self.send(job, next, now)
+    }
+
+    /// A staged reservation of `job` on `cluster` ended before its data landed: reserve the same
+    /// GPUs again until the copy's predicted landing plus the job's run.
+    fn reserve_again(&mut self, job: &SimJob, cluster: usize, now: u64) -> Result<(), SimError> {
+        let mut local = self.local_job(job, cluster)?;
+        let (secs, _, _) = self.transfer(job, cluster);
+        local.run_for = Duration::from_secs(secs.saturating_add(job.duration_secs));
+        local.priority = u32::MAX;
+        let name = self.cluster_name(cluster).to_owned();
+        let member = self.members.get_mut(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
+        member
+            .scheduler
+            .start_now(local, Duration::from_secs(now))
+            .map_err(|e| invariant(format!("`{name}` could not reserve job {} again: {e}", job.id)))?;
+        self.requeue_local(cluster);
+        Ok(())
     }
 
     /// The job (its data now local) reaches the cluster's scheduler and queues there.
@@ -334,6 +438,9 @@ impl<'a> Replay<'a> {
             .submit(local, at)
             .map_err(|e| invariant(format!("cluster `{}` refused job {id}: {e}", self.cluster_name(cluster))))?;
         self.requeue_local(cluster);
+        if self.config.policy == Policy::Cheapest && self.failover_to.contains_key(&id) {
+            self.failover_at.push(Reverse((now.saturating_add(self.config.burst_after_secs), id, cluster)));
+        }
         Ok(())
     }
 
@@ -356,52 +463,94 @@ impl<'a> Replay<'a> {
         Ok(())
     }
 
-    /// Books a job that just took GPUs on `cluster`.
+    /// Books a job that just took GPUs on `cluster`. Its true run time follows the GPU type it
+    /// got ([`Topology::run_secs`]); when the member was told another run time (a type of other
+    /// speed, or a staged reservation whose copy landed early or late), the job is restarted at
+    /// once on the same type with the true one, as the same GPUs taken from the same instant.
     fn started(&mut self, cluster: usize, started: Started, now: u64) -> Result<(), SimError> {
         let job = self.job(&started.job_id)?;
-        let (_, moved_gb, egress_usd) = self.transfer(job, cluster);
-        let slot = self.outcomes.get_mut(job.id as usize);
-        let Some(slot) = slot.filter(|s| s.is_none()) else {
+        if self.outcomes.get(job.id as usize).is_none_or(Option::is_some) {
             return Err(invariant(format!("job {} started twice", job.id)));
-        };
+        }
+        let started = self.at_true_run_time(cluster, job, started, now)?;
         let Some(member) = self.members.get_mut(cluster) else {
             return Err(invariant(format!("job {} started on unknown cluster {cluster}", job.id)));
         };
-        let hours = job.duration_secs as f64 / 3600.0;
+        let gpu_type = started.nodes.first().and_then(|n| member.nodes.get(n)).map_or("", |(_, _, t)| t.as_str());
+        let run_secs = self.topology.run_secs(job.duration_secs, gpu_type);
+        let hours = run_secs as f64 / 3600.0;
         let compute_usd: f64 = started
             .nodes
             .iter()
-            .map(|node| member.nodes.get(node).map_or(0.0, |(price, _)| *price) * f64::from(job.gpus_per_replica))
+            .map(|node| member.nodes.get(node).map_or(0.0, |(price, _, _)| *price) * f64::from(job.gpus_per_replica))
             .sum::<f64>()
             * hours;
-        member.busy_gpu_secs += job.gpu_secs();
-        let end_secs = now + job.duration_secs;
+        member.busy_gpu_secs += job.gpus() * run_secs;
+        let end_secs = now + run_secs;
         if started.ends_at != Duration::from_secs(end_secs) {
             return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.ends_at)));
         }
-        *slot = Some(Outcome {
-            job: job.id,
-            cluster: u32::try_from(cluster).unwrap_or(u32::MAX),
-            start_secs: now,
-            end_secs,
-            moved_gb,
-            egress_usd,
-            compute_usd,
-        });
+        // first-admit: every other copy is withdrawn; the bytes each moved are paid for.
         if let Some(copies) = self.copies.remove(&job.id) {
             for other in copies.into_iter().filter(|&c| c != cluster) {
-                if let Some(member) = self.members.get_mut(other)
-                    && member.scheduler.cancel(&started.job_id) != meridian_scheduler::Cancelled::NotFound
-                {
-                    // The withdrawn copy may have been a queue's blocked head.
-                    self.requeue_local(other);
-                }
+                self.withdraw(job, other, now);
             }
+        }
+        let (moved_gb, egress_usd) = self.copied.remove(&job.id).unwrap_or_default();
+        if let Some(slot) = self.outcomes.get_mut(job.id as usize) {
+            *slot = Some(Outcome {
+                job: job.id,
+                cluster: u32::try_from(cluster).unwrap_or(u32::MAX),
+                start_secs: now,
+                end_secs,
+                moved_gb,
+                egress_usd,
+                compute_usd,
+            });
         }
         Ok(())
     }
 
-    /// US$ to run `job` on `cluster` at its cheapest acceptable GPU type, plus egress.
+    /// `started` as the member runs it for the job's true run time on the GPU type it got:
+    /// unchanged when the member already ends it then, else cancelled and started again at once,
+    /// pinned to that type (same GPUs free, same instant; top priority so that no queue head
+    /// blocks the restart).
+    fn at_true_run_time(
+        &mut self,
+        cluster: usize,
+        job: &SimJob,
+        started: Started,
+        now: u64,
+    ) -> Result<Started, SimError> {
+        let mut local = self.local_job(job, cluster)?;
+        let name = self.cluster_name(cluster).to_owned();
+        let member = self.members.get_mut(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
+        // A staged reservation may have been made again since (see `reserve_again`): ask the member.
+        let (nodes, ends_at) = if self.federation.is_some() {
+            match member.scheduler.running().find(|r| r.job.id == started.job_id) {
+                Some(r) => (r.nodes.clone(), r.ends_at),
+                None => return Err(invariant(format!("job {} started on `{name}` but does not run there", job.id))),
+            }
+        } else {
+            (started.nodes.clone(), started.ends_at)
+        };
+        let gpu_type = nodes.first().and_then(|n| member.nodes.get(n)).map_or(String::new(), |(_, _, t)| t.clone());
+        let run_secs = self.topology.run_secs(job.duration_secs, &gpu_type);
+        if ends_at == Duration::from_secs(now + run_secs) {
+            return Ok(Started { nodes, ends_at, ..started });
+        }
+        member.scheduler.cancel(&started.job_id);
+        local.gpu_types = vec![gpu_type];
+        local.priority = u32::MAX;
+        local.run_for = Duration::from_secs(run_secs);
+        member
+            .scheduler
+            .start_now(local, Duration::from_secs(now))
+            .map_err(|e| invariant(format!("`{name}` could not restart job {} at its true run time: {e}", job.id)))
+    }
+
+    /// US$ to run `job` on `cluster` at its cheapest acceptable GPU type (price × GPUs × its run
+    /// time on that type), plus egress.
     fn cheapest_usd(&self, job: &SimJob, cluster: usize) -> f64 {
         let Some(info) = self.topology.clusters.get(cluster) else { return f64::INFINITY };
         let price = info
@@ -411,14 +560,17 @@ impl<'a> Replay<'a> {
                 job.gpu_type.as_deref().is_none_or(|t| t == name)
                     && *gpus >= job.gpus()
                     && *per_node >= job.gpus_per_replica
+                    && info.nodes.iter().any(|n| n.gpu_type == *name && n.gpu_memory_gib >= job.gpu_memory_gib)
             })
-            .map(|(name, _, _)| info.price(&name))
+            .map(|(name, _, _)| info.price(&name) * self.topology.run_secs(job.duration_secs, &name) as f64)
             .fold(f64::INFINITY, f64::min);
         let (_, _, egress) = self.transfer(job, cluster);
-        price * job.gpus() as f64 * job.duration_secs as f64 / 3600.0 + egress
+        price * job.gpus() as f64 / 3600.0 + egress
     }
 
-    /// (seconds, GB, US$) to copy the job's data to the cluster's region.
+    /// (seconds, GB, US$) to copy the job's data to the cluster's region: the seconds are a
+    /// prediction (a fair share of the link as loaded now, plus this copy), the GB and US$ those
+    /// of the whole copy. Nothing when the data is already there.
     fn transfer(&self, job: &SimJob, cluster: usize) -> (u64, f64, f64) {
         let (Some(data), Some(target)) = (&job.dataset, self.topology.clusters.get(cluster)) else {
             return (0, 0.0, 0.0);
@@ -426,10 +578,11 @@ impl<'a> Replay<'a> {
         if data.region == target.info.region {
             return (0, 0.0, 0.0);
         }
-        let copy = self.topology.network.copy(&data.region, &target.info.region, data.size_gib);
-        // Whole seconds, at least one, so a copy is always an event of its own.
-        let secs = if copy.secs.is_finite() { copy.secs.ceil() as u64 } else { u64::MAX / 4 };
-        (secs.max(1), copy.gb, copy.usd)
+        let network = &self.topology.network;
+        let copy = network.copy(&data.region, &target.info.region, data.size_gib);
+        let gbps = network.gbps(&data.region, &target.info.region);
+        let secs = self.links.predict_secs((&data.region, &target.info.region), copy.gb, gbps);
+        (secs, copy.gb, copy.usd)
     }
 
     fn local_job(&self, job: &SimJob, cluster: usize) -> Result<LocalJob, SimError> {
@@ -478,7 +631,7 @@ impl<'a> Replay<'a> {
                 running += job.job.total_gpus();
             }
             for (node, gpus) in held {
-                let capacity = member.nodes.get(node).map_or(0, |(_, g)| u64::from(*g));
+                let capacity = member.nodes.get(node).map_or(0, |(_, g, _)| u64::from(*g));
                 if gpus > capacity {
                     return Err(invariant(format!(
                         "at {now}s node `{node}` of `{}` holds {gpus} GPUs but has {capacity}",
@@ -534,6 +687,7 @@ impl<'a> Replay<'a> {
             outcomes,
             clusters,
             events: self.events,
+            link_gb: self.links.moved_gb,
             gateway: self.federation.map(|f| f.counts),
         })
     }
@@ -543,7 +697,7 @@ impl<'a> Feasibility<'a> {
     fn new(workload: &'a Workload, members: &[Member]) -> Result<Self, SimError> {
         let mut feasibility = Self { by_shape: HashMap::new(), lists: Vec::new(), of_job: Vec::new() };
         for job in &workload.jobs {
-            let key = (job.gpu_type.as_deref(), job.replicas, job.gpus_per_replica);
+            let key = (job.gpu_type.as_deref(), job.replicas, job.gpus_per_replica, job.gpu_memory_gib);
             let index = match feasibility.by_shape.get(&key) {
                 Some(&index) => index,
                 None => {
@@ -580,8 +734,32 @@ impl<'a> Feasibility<'a> {
     }
 }
 
+/// Karmada's general estimator for `job` on `member`: (replicas of the job that fit on the free
+/// nodes now, summed per node over nodes of an acceptable GPU type and memory, each node giving
+/// min over GPUs, CPU and memory of free / per replica; free GPUs of acceptable types).
+fn replicas_fit(member: &Member, job: &SimJob) -> (u64, u64) {
+    let probe = local_job(job, String::new(), String::new());
+    let mut replicas = 0;
+    let mut gpus = 0;
+    for shape in member.scheduler.inventory().shapes {
+        if !probe.accepts_gpu(&shape.gpu_type, shape.gpu_memory_gib) {
+            continue;
+        }
+        for free in &shape.free {
+            let mut fit = free.gpus / probe.gpus.max(1);
+            // A request of 0 limits nothing.
+            fit = fit.min(free.cpu.checked_div(probe.cpu).unwrap_or(u32::MAX));
+            fit = fit.min(free.memory_gib.checked_div(probe.memory_gib).unwrap_or(u32::MAX));
+            replicas += u64::from(fit);
+            gpus += u64::from(free.gpus);
+        }
+    }
+    (replicas, gpus)
+}
+
 /// What an agent hands its scheduler for `job`: GPUs only (simulated nodes are sized by GPUs),
-/// the job's GPU-type pin, and its real run time.
+/// the job's GPU-type pin and GPU memory, and its run time on the reference GPU (the engine
+/// restarts it at its true run time once it knows the type it got; see `Replay::started`).
 fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
     LocalJob {
         id,
@@ -592,7 +770,7 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         cpu: 0,
         memory_gib: 0,
         gpu_types: job.gpu_type.iter().cloned().collect(),
-        gpu_memory_gib: 0,
+        gpu_memory_gib: job.gpu_memory_gib,
         node_selector: Default::default(),
         run_for: Duration::from_secs(job.duration_secs),
     }

@@ -19,6 +19,8 @@ pub struct RawJob {
     pub gpus: u32,
     /// Tenant (the Philly `cluster` column).
     pub tenant: String,
+    /// GPU memory each GPU must have, in GiB (0: any GPU will do; traces carry none).
+    pub gpu_memory_gib: u32,
 }
 
 /// A dataset a job reads.
@@ -37,7 +39,9 @@ pub struct SimJob {
     pub id: u32,
     /// Seconds from the start of the workload.
     pub submit_secs: u64,
-    /// Run time once started, in seconds (at least 1). Also the job's runtime estimate.
+    /// Run time once started on a GPU of relative speed 1.0 (the topology's reference type), in
+    /// seconds (at least 1). On another type it runs
+    /// [`Topology::run_secs`](crate::topology::Topology::run_secs). Also the job's runtime estimate.
     pub duration_secs: u64,
     /// Replicas of the gang (at least 1); each lands on one node.
     pub replicas: u32,
@@ -47,6 +51,8 @@ pub struct SimJob {
     pub tenant: u32,
     /// Pinned GPU type; `None` accepts any type.
     pub gpu_type: Option<String>,
+    /// GPU memory each GPU must have, in GiB (0: any).
+    pub gpu_memory_gib: u32,
     /// The dataset it reads, if any.
     pub dataset: Option<Dataset>,
 }
@@ -57,7 +63,7 @@ impl SimJob {
         u64::from(self.replicas) * u64::from(self.gpus_per_replica)
     }
 
-    /// GPU-seconds the job demands (GPUs × run time).
+    /// GPU-seconds the job demands on the reference GPU (GPUs × duration).
     pub fn gpu_secs(&self) -> u64 {
         self.gpus() * self.duration_secs
     }
@@ -169,11 +175,13 @@ pub struct Outcome {
     pub cluster: u32,
     /// When its GPUs were taken (its data had arrived by then).
     pub start_secs: u64,
-    /// When it finished and gave its GPUs back (`start + duration`).
+    /// When it finished and gave its GPUs back (`start +` its run time on the GPU type it got).
     pub end_secs: u64,
-    /// GB (10^9 bytes) of data copied to the cluster's region.
+    /// GB (10^9 bytes) of its data that crossed region links: the copy to where it ran, plus
+    /// every copy made for it elsewhere and withdrawn (first-admit's losing copies, cheapest's
+    /// failed-over ones), each counted for the bytes it moved before it stopped.
     pub moved_gb: f64,
-    /// US$ for that copy.
+    /// US$ of egress for all those bytes.
     pub egress_usd: f64,
     /// US$ for the GPUs: GPUs × hours × the cluster's price of the GPU type it ran on.
     pub compute_usd: f64,
@@ -188,7 +196,7 @@ pub struct ClusterUsage {
     pub tier: Tier,
     /// GPUs the cluster has.
     pub gpus: u64,
-    /// GPU-seconds jobs held on it.
+    /// GPU-seconds jobs held on it (at their run time on the GPU type they got).
     pub busy_gpu_secs: u64,
 }
 
@@ -203,6 +211,9 @@ pub struct RunResult {
     pub clusters: Vec<ClusterUsage>,
     /// Scheduling events the engine processed (arrivals, data arrivals, completions).
     pub events: u64,
+    /// GB that crossed region links during the run, counted by the links themselves; equals the
+    /// sum of [`Outcome::moved_gb`] (copy accounting conserves bytes).
+    pub link_gb: f64,
     /// `meridian`: what crossed the agent protocol (offers, refusals, rounds...).
     pub gateway: Option<GatewayCounts>,
 }

@@ -311,6 +311,7 @@ mod tests {
             gpus_per_replica,
             tenant,
             gpu_type: None,
+            gpu_memory_gib: 0,
             dataset: None,
         }
     }
@@ -353,6 +354,7 @@ mod tests {
                 ClusterUsage { name: "cloud".to_owned(), tier: Tier::Cloud, gpus: 16, busy_gpu_secs: 3_200 },
             ],
             events: 12,
+            link_gb: 110.0,
             gateway: None,
         };
         (workload, run)
@@ -434,6 +436,7 @@ mod tests {
             outcomes: Vec::new(),
             clusters: vec![ClusterUsage { name: "a".to_owned(), tier: Tier::Owned, gpus: 8, busy_gpu_secs: 0 }],
             events: 0,
+            link_gb: 0.0,
             gateway: None,
         };
         let metrics = compute(&workload, &run);

@@ -9,23 +9,40 @@ use super::SimError;
 /// A placement policy, as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Policy {
-    /// No federation: every job runs on its tenant's home cluster, in that cluster's queue.
+    /// No federation: every job runs on its tenant's home cluster, in that cluster's queue
+    /// (the status quo of separate clusters).
     HomeOnly,
-    /// Each job goes to the next cluster (in topology order) that could ever run it.
+    /// Each job goes to the next cluster (in topology order) that could ever run it (a naive
+    /// spreader; stands for no particular system).
     RoundRobin,
-    /// Each job goes to a cluster drawn uniformly from those that could ever run it.
+    /// Each job goes to a cluster drawn uniformly from those that could ever run it (a naive
+    /// spreader; stands for no particular system).
     Random,
-    /// The cluster with the most free GPUs at submit time (Karmada's dynamic weighting by
-    /// available replicas).
+    /// Karmada's dynamic weighting by available replicas: the cluster where most replicas of
+    /// *this* job fit now (its general estimator: per node of an acceptable GPU type and memory,
+    /// free GPUs, CPU and memory over the per-replica request, summed; ties: more free acceptable
+    /// GPUs, then topology order). Modelled: the estimate at submit and a binding that never
+    /// moves. Not modelled: Karmada's rescheduling of unschedulable work (descheduler) and its
+    /// splitting of one workload's replicas across clusters (a gang is never split here).
     LeastLoaded,
-    /// A copy of the job queues on every cluster that could run it; the first cluster that starts
-    /// it wins and the other copies are withdrawn (Kueue MultiKueue, `AllAtOnce`).
+    /// Kueue MultiKueue with `AllAtOnce` dispatch: a copy of the job queues on every cluster that
+    /// could run it; the first cluster that starts it wins and the other copies are withdrawn.
+    /// Every copy moves its data as soon as it is made; a withdrawn copy's transfer stops and the
+    /// bytes it moved are paid (egress) and counted. Not modelled: the manager's admission check
+    /// round trips (copies appear and vanish instantly).
     FirstAdmit,
-    /// The cluster where the job costs least: GPU-hours at the cheapest acceptable GPU type's price
-    /// plus egress for its data (SkyPilot's optimizer, minimising cost).
+    /// SkyPilot's optimizer and failover: the cluster where the job costs least (GPU price ×
+    /// GPUs × its run time on the cheapest acceptable GPU type there, plus egress for its data).
+    /// If the job has not started there within its wait budget — the job's `burst.after`
+    /// ([`SimConfig::burst_after_secs`](crate::engine::SimConfig), 30 min by default; SkyPilot's
+    /// own Kubernetes provision timeout is far shorter) after reaching the cluster's queue, it is
+    /// withdrawn and sent to the next cheapest cluster that could run it, moving its data again;
+    /// the last one keeps it. Not modelled: spot instances and SkyPilot's per-zone retries.
     Cheapest,
-    /// A cluster in the data's region (most free GPUs among them); jobs without data, or whose
-    /// data region has no cluster that could run them, fall back to the most free GPUs anywhere.
+    /// Data locality first (Volcano/Armada-style affinity to the data's region): a cluster in the
+    /// data's region (most replicas of the job that fit now, as `least-loaded`); jobs without
+    /// data, or whose data region has no cluster that could run them, fall back to the same
+    /// ranking anywhere.
     LocalityFirst,
     /// Meridian: jobs wait in the federation queue (weighted fair share across tenants) and are
     /// offered, late-bound, to the cluster the production placement code scores best, once the

@@ -37,6 +37,11 @@ pub struct Topology {
     pub clusters: Vec<SimCluster>,
     /// Region-pair throughput and egress price: the seeded defaults with the file's links on top.
     pub network: NetworkTable,
+    /// Relative training throughput per GPU type (`gpuSpeed`): a job's duration is its run time on
+    /// a GPU of speed 1.0, and on a type of speed `s` it runs `duration / s` (see
+    /// [`Topology::run_secs`]). Empty: every type runs at 1.0. The shipped fleets take A100 as
+    /// 1.0 and derive the other ratios from MLPerf Training results (see their YAML comments).
+    pub gpu_speed: BTreeMap<String, f64>,
 }
 
 /// One simulated member cluster.
@@ -60,6 +65,8 @@ struct TopologyFile {
     clusters: Vec<ClusterFile>,
     #[serde(default)]
     network: NetworkTable,
+    #[serde(default)]
+    gpu_speed: BTreeMap<String, f64>,
 }
 
 /// One cluster as written.
@@ -121,6 +128,24 @@ impl Topology {
         regions.into_iter().map(str::to_owned).collect()
     }
 
+    /// Relative throughput of `gpu_type` (1.0 when the topology lists no speeds; validation
+    /// requires a speed for every type in use once it lists any).
+    pub fn speed(&self, gpu_type: &str) -> f64 {
+        self.gpu_speed.get(gpu_type).copied().filter(|s| s.is_finite() && *s > 0.0).unwrap_or(1.0)
+    }
+
+    /// The TRUE run time, in whole seconds (at least 1), of a job whose duration on the reference
+    /// GPU (speed 1.0) is `duration_secs` when it runs on `gpu_type`: `duration / speed`, rounded
+    /// up. Every run time on a cluster in the simulator comes from here, so cost (GPUs × run
+    /// time × price) follows it too.
+    pub fn run_secs(&self, duration_secs: u64, gpu_type: &str) -> u64 {
+        let speed = self.speed(gpu_type);
+        if speed == 1.0 {
+            return duration_secs.max(1);
+        }
+        ((duration_secs as f64 / speed).ceil() as u64).max(1)
+    }
+
     /// Index into [`Self::clusters`] of the cluster named `name`.
     pub fn cluster_index(&self, name: &str) -> Option<usize> {
         self.clusters.iter().position(|c| c.info.name == name)
@@ -180,6 +205,26 @@ impl TopologyFile {
             }
             cluster.problems(&at, catalog, &mut problems);
         }
+        for (gpu, speed) in &self.gpu_speed {
+            if !(speed.is_finite() && *speed > 0.0) {
+                problems.push(format!("gpuSpeed.{gpu}: {speed} must be a positive relative throughput"));
+            }
+        }
+        if !self.gpu_speed.is_empty() {
+            let mut missing = BTreeSet::new();
+            for cluster in &self.clusters {
+                for group in &cluster.nodes {
+                    if !self.gpu_speed.contains_key(&group.gpu_type) {
+                        missing.insert(group.gpu_type.as_str());
+                    }
+                }
+            }
+            for gpu in missing {
+                problems.push(format!(
+                    "gpuSpeed.{gpu}: missing; nodes of type `{gpu}` need a relative throughput once gpuSpeed lists any"
+                ));
+            }
+        }
         problems
     }
 
@@ -188,7 +233,7 @@ impl TopologyFile {
         let mut network = NetworkTable::default_seeded();
         network.extend(&self.network);
         let clusters = self.clusters.into_iter().map(|cluster| cluster.build(catalog)).collect();
-        Topology { name: self.name, description: self.description, clusters, network }
+        Topology { name: self.name, description: self.description, clusters, network, gpu_speed: self.gpu_speed }
     }
 }
 
@@ -537,5 +582,29 @@ clusters:
     fn bad_network_links_are_refused() {
         let message = parse_error(&format!("{SMALL}network:\n  - {{from: r1, to: r2, gbps: 0, usdPerGb: 0.02}}\n"));
         assert!(message.contains("network") && message.contains("r1 -> r2"), "{message}");
+    }
+
+    #[test]
+    fn gpu_speeds_scale_run_time_and_must_cover_every_type() {
+        let topology = parse(SMALL).unwrap();
+        assert_eq!(topology.run_secs(1000, "v100"), 1000, "no table: every type runs at 1.0");
+        let topology = parse(&format!("{SMALL}gpuSpeed: {{v100: 0.4, h100: 2.5}}\n")).unwrap();
+        assert_eq!(topology.run_secs(1000, "v100"), 2500);
+        assert_eq!(topology.run_secs(1000, "h100"), 400);
+        assert_eq!(topology.run_secs(1001, "h100"), 401, "rounded up to whole seconds");
+        let missing = problems(&format!("{SMALL}gpuSpeed: {{h100: 2.5}}\n"));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].starts_with("gpuSpeed.v100: missing"), "{missing:?}");
+        let zero = problems(&format!("{SMALL}gpuSpeed: {{v100: 0}}\n"));
+        assert!(zero[0].starts_with("gpuSpeed.v100: 0 must be"), "{zero:?}");
+    }
+
+    #[test]
+    fn the_shipped_fleets_list_a_speed_for_every_gpu_type() {
+        for path in [HYBRID, FLEET] {
+            let topology = Topology::load(Path::new(path)).unwrap();
+            assert_eq!(topology.speed("a100-80g"), 1.0, "A100 is the reference");
+            assert!(topology.speed("h100") > 2.0 && topology.speed("v100") < 0.5, "{path}");
+        }
     }
 }

@@ -27,7 +27,6 @@
 //! core's cluster and lost-job timeouts are set past any replay; the records the core asks to
 //! persist are only counted.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
@@ -406,7 +405,7 @@ impl Replay<'_> {
         if transfer_secs > 0 {
             federation.counts.staged += 1;
             agent.staging.insert(job, started);
-            self.handoffs.push(Reverse((now.saturating_add(transfer_secs), job, cluster)));
+            self.start_copy(sim_job, cluster, now);
             let reason = match &sim_job.dataset {
                 Some(data) => format!(
                     "staging data: {:.0} GiB from {}, about {}",
@@ -475,7 +474,7 @@ pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
             resources: Resources {
                 gpus: job.gpus_per_replica,
                 gpu_types: job.gpu_type.iter().cloned().collect(),
-                gpu_memory_gib: 0,
+                gpu_memory_gib: job.gpu_memory_gib,
                 cpu: 0,
                 memory_gib: 0,
             },

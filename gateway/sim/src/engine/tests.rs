@@ -40,6 +40,7 @@ fn fleet() -> Topology {
     Topology::parse(FLEET, Path::new("test-fleet.yaml")).unwrap()
 }
 
+#[derive(Clone)]
 struct JobDef {
     submit: u64,
     duration: u64,
@@ -48,10 +49,11 @@ struct JobDef {
     tenant: u32,
     gpu_type: Option<&'static str>,
     data: Option<(f64, &'static str)>,
+    gpu_memory: u32,
 }
 
 fn job(submit: u64, duration: u64, gpus: u32) -> JobDef {
-    JobDef { submit, duration, replicas: 1, gpus, tenant: 0, gpu_type: None, data: None }
+    JobDef { submit, duration, replicas: 1, gpus, tenant: 0, gpu_type: None, data: None, gpu_memory: 0 }
 }
 
 /// Tenants `t0` (home `a`) and `t1` (home `b`).
@@ -67,6 +69,7 @@ fn workload(defs: Vec<JobDef>) -> Workload {
             gpus_per_replica: d.gpus,
             tenant: d.tenant,
             gpu_type: d.gpu_type.map(str::to_owned),
+            gpu_memory_gib: d.gpu_memory,
             dataset: d.data.map(|(size_gib, region)| Dataset { size_gib, region: region.to_owned() }),
         })
         .collect();
@@ -146,16 +149,17 @@ fn first_admit_runs_the_copy_that_starts_first_and_withdraws_the_others() {
 }
 
 #[test]
-fn cheapest_picks_the_lowest_price_including_egress_even_if_it_must_wait() {
+fn cheapest_picks_the_lowest_price_including_egress_and_fails_over_past_its_wait_budget() {
     let topology = fleet();
-    // Both jobs cost least on `a` ($1/GPU-h); the second waits there although `b` and `c` are idle.
+    // Both jobs cost least on `a` ($1/GPU-h); the second queues there, and when it has waited its
+    // budget (burst.after, 30 min) it fails over to the next cheapest, `b` ($2), and starts.
     // The third is pinned to A100: `b` ($2) beats `c` ($4) despite 100 GiB of egress ($2.15).
     let mut defs = vec![job(0, 3600, 8), job(0, 3600, 8), job(0, 3600, 8)];
     defs[2].gpu_type = Some("a100-80g");
     defs[2].data = Some((100.0, "us-east"));
     let run = replay(Policy::Cheapest, &topology, &workload(defs));
-    assert_eq!(placed(&run, &topology), ["a", "a", "b"]);
-    assert_eq!(run.outcomes[1].start_secs, 3600);
+    assert_eq!(placed(&run, &topology), ["a", "b", "b"]);
+    assert_eq!(run.outcomes[1].start_secs, 1800);
     assert!((run.outcomes[2].egress_usd - 100.0 * 1.073_741_824 * 0.02).abs() < 1e-9);
 }
 
@@ -262,5 +266,80 @@ fn every_policy_conserves_jobs_and_gpu_seconds() {
         }
         let used: u64 = run.clusters.iter().map(|c| c.busy_gpu_secs).sum();
         assert_eq!(used, workload.gpu_secs(), "{policy}: GPU-seconds used != demanded");
+        // Copy accounting conserves bytes: what crossed the links is what the jobs were charged.
+        let booked: f64 = run.outcomes.iter().map(|o| o.moved_gb).sum();
+        assert!((booked - run.link_gb).abs() < 1e-6 * run.link_gb.max(1.0), "{policy}: {booked} != {}", run.link_gb);
+    }
+}
+
+#[test]
+fn least_loaded_ranks_by_replicas_of_this_job_that_fit_not_free_gpus() {
+    let topology = fleet();
+    // Job 0 takes half of `a` (4 V100 free, one node). Jobs 1-4 (5 A100 GPUs each) leave 3 free
+    // on every node of `b` and `c`: 6 free GPUs each, but no node with 4. Job 5 (4 GPUs) has the
+    // most free GPUs on `b`, yet fits only on `a`: Karmada's estimator sends it there.
+    let mut defs = vec![JobDef { gpu_type: Some("v100"), ..job(0, 1000, 4) }];
+    defs.extend((0..4).map(|_| JobDef { gpu_type: Some("a100-80g"), ..job(0, 1000, 5) }));
+    defs.push(job(0, 1000, 4));
+    let run = replay(Policy::LeastLoaded, &topology, &workload(defs));
+    assert_eq!(placed(&run, &topology), ["a", "b", "c", "b", "c", "a"]);
+    assert_eq!(run.outcomes[5].start_secs, 0);
+}
+
+#[test]
+fn first_admit_pays_for_the_bytes_its_withdrawn_copy_moved() {
+    let topology = fleet();
+    // Job 0 (2 × 8 A100) takes `b` until 100 s. Job 1 (A100, 100 GiB in eu-west) queues on `b`,
+    // where its data is, and copies to `c` at 4 Gbit/s (0.5 GB/s). At 100 s it starts on `b`;
+    // the copy to `c` is withdrawn after moving 50 GB, which it pays ($0.02/GB) and counts.
+    let defs = vec![
+        JobDef { replicas: 2, gpu_type: Some("a100-80g"), ..job(0, 100, 8) },
+        JobDef { gpu_type: Some("a100-80g"), data: Some((100.0, "eu-west")), ..job(0, 100, 8) },
+    ];
+    let run = replay(Policy::FirstAdmit, &topology, &workload(defs));
+    assert_eq!(placed(&run, &topology), ["b", "b"]);
+    assert_eq!(run.outcomes[1].start_secs, 100);
+    assert!((run.outcomes[1].moved_gb - 50.0).abs() < 1e-6, "{:?}", run.outcomes[1]);
+    assert!((run.outcomes[1].egress_usd - 1.0).abs() < 1e-6, "{:?}", run.outcomes[1]);
+    assert!((run.link_gb - 50.0).abs() < 1e-6);
+}
+
+#[test]
+fn copies_on_one_link_share_it_two_equal_ones_each_take_twice_as_long() {
+    let topology = fleet();
+    // Tenant 1's home is `b` (eu-west); 100 GiB from us-east at 4 Gbit/s take 214.7 s alone.
+    let alone = (100.0 * 1.073_741_824 * 8.0 / 4.0_f64).ceil() as u64;
+    let with_data = |submit| JobDef { tenant: 1, data: Some((100.0, "us-east")), ..job(submit, 100, 8) };
+    let run = replay(Policy::HomeOnly, &topology, &workload(vec![with_data(0)]));
+    assert_eq!(run.outcomes[0].start_secs, alone);
+    let run = replay(Policy::HomeOnly, &topology, &workload(vec![with_data(0), with_data(0)]));
+    let shared = (2.0 * 100.0 * 1.073_741_824 * 8.0 / 4.0_f64).ceil() as u64;
+    assert_eq!([run.outcomes[0].start_secs, run.outcomes[1].start_secs], [shared, shared]);
+    assert!(shared >= 2 * alone - 1);
+}
+
+#[test]
+fn run_time_and_cost_follow_the_speed_of_the_gpu_type_a_job_gets() {
+    let text = format!("{FLEET}gpuSpeed: {{v100: 0.5, a100-80g: 2.0}}\n");
+    let topology = Topology::parse(&text, Path::new("speed.yaml")).unwrap();
+    // Tenant 0 runs on `a` (V100, $1): 1000 s on the reference take 2000 s; tenant 1 on `b`
+    // (A100, $2): 500 s.
+    let defs = vec![job(0, 1000, 8), JobDef { tenant: 1, ..job(0, 1000, 8) }];
+    for policy in [Policy::HomeOnly, Policy::Meridian] {
+        let run = replay(policy, &topology, &workload(defs.clone()));
+        let secs: Vec<u64> = run.outcomes.iter().map(|o| o.end_secs - o.start_secs).collect();
+        let on_v100 = placed(&run, &topology).iter().map(|c| c == "a").collect::<Vec<_>>();
+        for ((secs, v100), outcome) in secs.iter().zip(on_v100).zip(&run.outcomes) {
+            let (expected, price) =
+                if v100 { (2000, 1.0) } else { (500, if outcome.cluster == 1 { 2.0 } else { 4.0 }) };
+            assert_eq!(*secs, expected, "{policy}");
+            assert!((outcome.compute_usd - 8.0 * price * expected as f64 / 3600.0).abs() < 1e-9, "{policy}");
+        }
+    }
+    // A job needing 40 GiB of GPU memory never runs on `a`'s 32 GiB V100s.
+    let defs: Vec<JobDef> = (0..6).map(|i| JobDef { gpu_memory: 40, ..job(i, 100, 8) }).collect();
+    for policy in [Policy::RoundRobin, Policy::FirstAdmit, Policy::Meridian] {
+        let run = replay(policy, &topology, &workload(defs.clone()));
+        assert!(placed(&run, &topology).iter().all(|c| c != "a"), "{policy}");
     }
 }

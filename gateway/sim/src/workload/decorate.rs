@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use meridian_proto::gpu::GpuCatalog;
+
 use super::sample;
 use crate::{Dataset, RawJob, SimJob, Tenant, Workload};
 
@@ -146,6 +148,9 @@ pub fn decorate(raw: Vec<RawJob>, facts: &FleetFacts, seed: u64, source: String)
             };
             let home_region = home.map(|home| home.region.as_str());
             let dataset = draw_dataset(&mut rng, shape.gpus(), home_region, &facts.regions);
+            let gpu_memory_gib = home.map_or(job.gpu_memory_gib, |home| {
+                job.gpu_memory_gib.min(home_memory_gib(home, shape, gpu_type.as_deref()))
+            });
             SimJob {
                 id: u32::try_from(index).unwrap_or(u32::MAX),
                 submit_secs: job.submit_secs,
@@ -154,11 +159,26 @@ pub fn decorate(raw: Vec<RawJob>, facts: &FleetFacts, seed: u64, source: String)
                 gpus_per_replica: shape.gpus_per_replica,
                 tenant: tenant_index.get(job.tenant.as_str()).copied().unwrap_or(0),
                 gpu_type,
+                gpu_memory_gib,
                 dataset,
             }
         })
         .collect();
     Workload { source, tenants, jobs }
+}
+
+/// The most GPU memory (GiB, from the GPU catalog; unknown types count as unlimited) of a GPU
+/// type of `home` that can hold `shape` on its own (only `pinned` when pinned), so that a job's
+/// memory need can be lowered to what its home can meet.
+fn home_memory_gib(home: &HomeCluster, shape: Shape, pinned: Option<&str>) -> u32 {
+    let catalog = GpuCatalog::default();
+    home.gpu_types
+        .iter()
+        .filter(|t| pinned.is_none_or(|p| p == t.name))
+        .filter(|t| t.gpus >= shape.gpus() && t.gpus_per_node >= shape.gpus_per_replica)
+        .map(|t| catalog.memory_gib(&t.name).unwrap_or(u32::MAX))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The gang shape of a `gpus`-GPU job at `home`, and the GPU type it pins, if any.
@@ -284,7 +304,7 @@ mod tests {
     }
 
     fn raw(tenant: &str, gpus: u32, duration_secs: u64) -> RawJob {
-        RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.to_string() }
+        RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.to_string(), gpu_memory_gib: 0 }
     }
 
     fn fleet() -> FleetFacts {
@@ -381,6 +401,7 @@ mod tests {
                 duration_secs: 100 + i * 7 % 5_000,
                 gpus: sizes[i as usize % sizes.len()],
                 tenant: format!("t{:02}", i % 7),
+                gpu_memory_gib: 0,
             })
             .collect();
         let workload = decorate(jobs.clone(), &facts, 42, "test".into());

@@ -127,7 +127,7 @@ fn parse_row(line: &str) -> Result<(i64, RawJob), String> {
 
     // Bounded above, so the cast cannot saturate; sub-second jobs round up to 1 s.
     let duration_secs = (duration_secs.round() as u64).max(1);
-    Ok((submit, RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.to_string() }))
+    Ok((submit, RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.to_string(), gpu_memory_gib: 0 }))
 }
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) as seconds since 1970-01-01 00:00:00.
@@ -253,6 +253,7 @@ mod tests {
             duration_secs,
             gpus,
             tenant: tenant.to_string(),
+            gpu_memory_gib: 0,
         };
         assert_eq!(jobs, vec![job(0, 2951, 4, "6214e9"), job(2932, 66, 1, "11cb48"), job(2932, 1, 2, "6c71a0")]);
     }

@@ -136,6 +136,33 @@ const DAY_SECS: f64 = 86_400.0;
 /// Mean gap between submissions when no load is given to derive it from, in seconds.
 const DEFAULT_SUBMISSION_GAP_SECS: f64 = 60.0;
 
+/// Mixed into the seed for the stream that draws GPU-memory needs.
+const MEMORY_SEED_MIX: u64 = 0x6B1B_0000_6B1B_0000;
+
+/// GPU memory per GPU that Philly-like jobs need, in GiB, with weights: the trace ran on 12–24 GB
+/// P100/P40 GPUs, so nearly all fit 24 GiB (an L4); a few need a 32 GiB V100 or more.
+const PHILLY_GPU_MEMORY: [(u32, f64); 4] = [(0, 0.5), (16, 0.3), (24, 0.15), (40, 0.05)];
+
+/// GPU memory that LLM-like jobs of up to one node need: fine-tuning and small models fit
+/// 24–40 GiB, larger ones want 80 GiB.
+const LLM_SMALL_GPU_MEMORY: [(u32, f64); 3] = [(24, 0.3), (40, 0.4), (80, 0.3)];
+
+/// GPU memory that LLM-like gangs of more than one node need: sharded pre-training of large
+/// models mostly wants 80 GiB GPUs (A100 80 GB, H100), some fits 40 GiB.
+const LLM_LARGE_GPU_MEMORY: [(u32, f64); 2] = [(40, 0.4), (80, 0.6)];
+
+/// GPU memory per GPU a job of `gpus` GPUs needs, in GiB (0: any GPU). Decoration lowers a need
+/// no GPU type of the job's home can meet.
+fn gpu_memory_need(rng: &mut impl Rng, llm: bool, gpus: u32) -> u32 {
+    let table: &[(u32, f64)] = match (llm, gpus > LLM_GANG_STEP) {
+        (false, _) => &PHILLY_GPU_MEMORY,
+        (true, false) => &LLM_SMALL_GPU_MEMORY,
+        (true, true) => &LLM_LARGE_GPU_MEMORY,
+    };
+    let weights: Vec<f64> = table.iter().map(|(_, w)| *w).collect();
+    sample::weighted_index(rng, &weights).and_then(|i| table.get(i)).map_or(0, |(gib, _)| *gib)
+}
+
 /// A job drawn before its submit time is known: which submission it belongs to and how far into
 /// that submission's batch it comes.
 struct Drawn {
@@ -235,6 +262,9 @@ pub fn synthesize(
     let skew = profile.tenant_skew();
     let tenant_weights: Vec<f64> = (1..=profile.tenants()).map(|rank| (rank as f64).powf(-skew)).collect();
 
+    // Memory needs come from a stream of their own, so the jobs' shapes and times are the same
+    // draws as without them.
+    let mut memory_rng = StdRng::seed_from_u64(seed ^ MEMORY_SEED_MIX);
     let mut drawn: Vec<Drawn> = Vec::with_capacity(jobs);
     let mut submissions = 0;
     while drawn.len() < jobs {
@@ -246,12 +276,11 @@ pub fn synthesize(
             if position > 0 {
                 offset_secs += sample::exponential(&mut rng, BATCH_GAP_SECS);
             }
-            let (gpus, duration_secs) = if sample::chance(&mut rng, profile.llm_share()) {
-                llm_job(&mut rng, max_gang_gpus)
-            } else {
-                philly_job(&mut rng, max_gang_gpus)
-            };
-            let job = RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.clone() };
+            let llm = sample::chance(&mut rng, profile.llm_share());
+            let (gpus, duration_secs) =
+                if llm { llm_job(&mut rng, max_gang_gpus) } else { philly_job(&mut rng, max_gang_gpus) };
+            let gpu_memory_gib = gpu_memory_need(&mut memory_rng, llm, gpus);
+            let job = RawJob { submit_secs: 0, duration_secs, gpus, tenant: tenant.clone(), gpu_memory_gib };
             drawn.push(Drawn { submission: submissions, offset_secs, job });
         }
         submissions += 1;

@@ -163,6 +163,12 @@ impl<'a> Replay<'a> {
     }
 
     fn run(mut self) -> Result<RunResult, SimError> {
+        self.replay()?;
+        self.finish()
+    }
+
+    /// Processes every event until none is left.
+    fn replay(&mut self) -> Result<(), SimError> {
         let jobs = &self.workload.jobs;
         let mut next = 0;
         let mut arrived = Vec::new();
@@ -208,7 +214,7 @@ impl<'a> Replay<'a> {
                 self.check(now)?;
             }
         }
-        self.finish()
+        Ok(())
     }
 
     /// Completes every job due at `now`.
@@ -376,8 +382,8 @@ impl<'a> Replay<'a> {
             * hours;
         member.busy_gpu_secs += job.gpu_secs();
         let end_secs = now + job.duration_secs;
-        if started.ends_at != Duration::from_secs(end_secs) {
-            return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.ends_at)));
+        if started.completes_at != Duration::from_secs(end_secs) {
+            return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.completes_at)));
         }
         *slot = Some(Outcome {
             job: job.id,
@@ -415,7 +421,8 @@ impl<'a> Replay<'a> {
             .map(|(name, _, _)| info.price(&name))
             .fold(f64::INFINITY, f64::min);
         let (_, _, egress) = self.transfer(job, cluster);
-        price * job.gpus() as f64 * job.duration_secs as f64 / 3600.0 + egress
+        // A forecast: by the job's estimate, as the real policy would know it.
+        price * job.gpus() as f64 * job.estimate_secs as f64 / 3600.0 + egress
     }
 
     /// (seconds, GB, US$) to copy the job's data to the cluster's region.
@@ -581,7 +588,8 @@ impl<'a> Feasibility<'a> {
 }
 
 /// What an agent hands its scheduler for `job`: GPUs only (simulated nodes are sized by GPUs),
-/// the job's GPU-type pin, and its real run time.
+/// the job's GPU-type pin, its runtime estimate (all the member knows) and, hidden from every
+/// decision, its true run time (when it ends).
 fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
     LocalJob {
         id,
@@ -594,7 +602,8 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         gpu_types: job.gpu_type.iter().cloned().collect(),
         gpu_memory_gib: 0,
         node_selector: Default::default(),
-        run_for: Duration::from_secs(job.duration_secs),
+        run_for: Duration::from_secs(job.estimate_secs),
+        actual: Some(Duration::from_secs(job.duration_secs)),
     }
 }
 
@@ -602,5 +611,7 @@ fn invariant(message: String) -> SimError {
     SimError::Invalid(format!("simulation invariant broken: {message}"))
 }
 
+#[cfg(test)]
+mod estimate_tests;
 #[cfg(test)]
 mod tests;

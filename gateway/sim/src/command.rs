@@ -15,7 +15,7 @@ use super::plot::{self, PlotSeries};
 use super::policy::Policy;
 use super::report::{self, Report};
 use super::topology::Topology;
-use super::workload::{self, FleetFacts, HomeCluster, HomeGpuType, Profile};
+use super::workload::{self, EstimateError, FleetFacts, HomeCluster, HomeGpuType, Profile};
 use super::{RunResult, SimError, Workload};
 use meridian_cli::OutputFormat;
 use meridian_placement::PlacementConfig;
@@ -43,9 +43,15 @@ pub struct SimArgs {
     /// Number of synthetic jobs (default: the profile's).
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
-    /// Seed of everything random: the generator, the decoration (datasets, GPU pins), `random`.
+    /// Seed of everything random: the generator, the decoration (datasets, GPU pins), estimate
+    /// error, `random`.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Runtime estimates are wrong: each job's estimate is its true duration × exp(N(BIAS, SIGMA))
+    /// (seeded, at least 1 s). The gateway and the members see only estimates; the true duration
+    /// only decides when a job ends. Without it, estimates are exact (σ = 0).
+    #[arg(long, value_name = "SIGMA[,BIAS]")]
+    pub estimate_error: Option<EstimateError>,
     /// The placement policy to replay.
     #[arg(long, value_name = "NAME", required_unless_present = "compare", conflicts_with = "compare")]
     pub policy: Option<String>,
@@ -192,6 +198,11 @@ pub fn build_workload(args: &SimArgs, topology: &Topology) -> Result<Workload, S
         // Decoration shrinks gangs that do not fit their tenant's home; keep the load asked for.
         workload.scale_to_load(load, capacity_gpus(topology));
     }
+    let error = args.estimate_error.unwrap_or(EstimateError::NONE);
+    workload::apply_estimate_error(&mut workload, error, args.seed);
+    if !error.is_exact() {
+        workload.source = format!("{}, estimate error {error}", workload.source);
+    }
     Ok(workload)
 }
 
@@ -302,6 +313,7 @@ mod tests {
             load: Some(load),
             jobs: Some(jobs),
             seed,
+            estimate_error: None,
             policy: None,
             compare: true,
             plot: None,
@@ -334,6 +346,51 @@ mod tests {
         }
         let load = report["offeredLoad"].as_f64().unwrap();
         assert!((load - 1.0).abs() < 0.01, "offered load {load}");
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    #[test]
+    fn estimate_error_flag_takes_sigma_and_bias_and_bad_values_name_the_flag() {
+        use clap::Parser;
+        let parse = |value: &str| {
+            let argv = ["sim", "--topology", "f.yaml", "--profile", "llm", "--load", "1", "--compare"];
+            let flag = format!("--estimate-error={value}");
+            Cli::try_parse_from(argv.into_iter().chain([flag.as_str()])).map(|c| c.sim.estimate_error)
+        };
+        assert_eq!(parse("0.5").unwrap(), Some(EstimateError { sigma: 0.5, bias: 0.0 }));
+        assert_eq!(parse("0.5,-0.2").unwrap(), Some(EstimateError { sigma: 0.5, bias: -0.2 }));
+        for bad in ["lots", "-1", "0.5,high"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains("--estimate-error") && (err.contains("SIGMA") || err.contains("BIAS")), "{err}");
+        }
+    }
+
+    #[test]
+    fn estimate_error_is_seeded_and_named_in_the_report() {
+        let noisy = |seed| SimArgs {
+            estimate_error: Some(EstimateError { sigma: 0.5, bias: 0.0 }),
+            ..args("llm", 1.0, 60, seed)
+        };
+        let first = output(&noisy(4), OutputFormat::Json).unwrap();
+        assert_eq!(first, output(&noisy(4), OutputFormat::Json).unwrap());
+        assert!(first.contains("estimate error σ 0.5"), "{first}");
+        let topology = Topology::load(Path::new(HYBRID)).unwrap();
+        let estimates = |a: &SimArgs| -> Vec<u64> {
+            build_workload(a, &topology).unwrap().jobs.iter().map(|j| j.estimate_secs).collect()
+        };
+        let exact = build_workload(&args("llm", 1.0, 60, 4), &topology).unwrap();
+        assert!(exact.jobs.iter().all(|j| j.estimate_secs == j.duration_secs), "no flag: exact estimates");
+        assert_ne!(estimates(&noisy(4)), estimates(&noisy(5)));
+        // The error changes estimates only: the jobs themselves are those of the flag-less run.
+        let noisy_jobs = build_workload(&noisy(4), &topology).unwrap().jobs;
+        for (a, b) in exact.jobs.iter().zip(&noisy_jobs) {
+            assert_eq!((a.submit_secs, a.duration_secs, a.gpus()), (b.submit_secs, b.duration_secs, b.gpus()));
+        }
     }
 
     #[test]

@@ -181,6 +181,12 @@ impl<'a> Replay<'a> {
     }
 
     fn run(mut self) -> Result<RunResult, SimError> {
+        self.replay()?;
+        self.finish()
+    }
+
+    /// Processes every event until none is left.
+    fn replay(&mut self) -> Result<(), SimError> {
         let jobs = &self.workload.jobs;
         let mut next = 0;
         let mut arrived = Vec::new();
@@ -232,7 +238,7 @@ impl<'a> Replay<'a> {
                 self.check(now)?;
             }
         }
-        self.finish()
+        Ok(())
     }
 
     /// Completes every job due at `now`.
@@ -245,10 +251,13 @@ impl<'a> Replay<'a> {
             for id in member.scheduler.complete_due(Duration::from_secs(now)) {
                 let job = self.job(&id)?;
                 if self.federation.is_some() && self.links.in_flight(job.id, cluster) {
-                    // A staged reservation ran out before its data landed (its link got busier
-                    // than when it was made): the agent keeps the GPUs reserved.
-                    self.reserve_again(job, cluster, now)?;
-                    continue;
+                    // Staged GPUs stay reserved until the data lands (their true end is set
+                    // then), however busy the link gets.
+                    return Err(invariant(format!(
+                        "job {} ended on `{}` before its data landed",
+                        job.id,
+                        self.cluster_name(cluster)
+                    )));
                 }
                 let ended = self.outcomes.get(job.id as usize).and_then(|o| o.as_ref()).map(|o| o.end_secs);
                 if ended != Some(now) {
@@ -405,23 +414,6 @@ impl<'a> Replay<'a> {
         self.send(job, next, now)
     }
 
-    /// A staged reservation of `job` on `cluster` ended before its data landed: reserve the same
-    /// GPUs again until the copy's predicted landing plus the job's run.
-    fn reserve_again(&mut self, job: &SimJob, cluster: usize, now: u64) -> Result<(), SimError> {
-        let mut local = self.local_job(job, cluster)?;
-        let (secs, _, _) = self.transfer(job, cluster);
-        local.run_for = Duration::from_secs(secs.saturating_add(job.duration_secs));
-        local.priority = u32::MAX;
-        let name = self.cluster_name(cluster).to_owned();
-        let member = self.members.get_mut(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
-        member
-            .scheduler
-            .start_now(local, Duration::from_secs(now))
-            .map_err(|e| invariant(format!("`{name}` could not reserve job {} again: {e}", job.id)))?;
-        self.requeue_local(cluster);
-        Ok(())
-    }
-
     /// The job (its data now local) reaches the cluster's scheduler and queues there.
     fn hand_over(&mut self, id: u32, cluster: usize, now: u64) -> Result<(), SimError> {
         if self.outcomes.get(id as usize).is_some_and(Option::is_some) {
@@ -487,8 +479,8 @@ impl<'a> Replay<'a> {
             * hours;
         member.busy_gpu_secs += job.gpus() * run_secs;
         let end_secs = now + run_secs;
-        if started.ends_at != Duration::from_secs(end_secs) {
-            return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.ends_at)));
+        if started.completes_at != Duration::from_secs(end_secs) {
+            return Err(invariant(format!("job {} ends at {:?}, expected {end_secs}s", job.id, started.completes_at)));
         }
         // first-admit: every other copy is withdrawn; the bytes each moved are paid for.
         if let Some(copies) = self.copies.remove(&job.id) {
@@ -511,10 +503,9 @@ impl<'a> Replay<'a> {
         Ok(())
     }
 
-    /// `started` as the member runs it for the job's true run time on the GPU type it got:
-    /// unchanged when the member already ends it then, else cancelled and started again at once,
-    /// pinned to that type (same GPUs free, same instant; top priority so that no queue head
-    /// blocks the restart).
+    /// `started` with its true end: the job's true run time follows the GPU type it got
+    /// ([`Topology::run_secs`]), which the member learns only now; its estimate (what the member
+    /// reports and decides by) stays as it was.
     fn at_true_run_time(
         &mut self,
         cluster: usize,
@@ -522,31 +513,19 @@ impl<'a> Replay<'a> {
         started: Started,
         now: u64,
     ) -> Result<Started, SimError> {
-        let mut local = self.local_job(job, cluster)?;
         let name = self.cluster_name(cluster).to_owned();
         let member = self.members.get_mut(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
-        // A staged reservation may have been made again since (see `reserve_again`): ask the member.
-        let (nodes, ends_at) = if self.federation.is_some() {
-            match member.scheduler.running().find(|r| r.job.id == started.job_id) {
-                Some(r) => (r.nodes.clone(), r.ends_at),
-                None => return Err(invariant(format!("job {} started on `{name}` but does not run there", job.id))),
-            }
-        } else {
-            (started.nodes.clone(), started.ends_at)
+        let nodes = match member.scheduler.running().find(|r| r.job.id == started.job_id) {
+            Some(r) => r.nodes.clone(),
+            None => return Err(invariant(format!("job {} started on `{name}` but does not run there", job.id))),
         };
         let gpu_type = nodes.first().and_then(|n| member.nodes.get(n)).map_or(String::new(), |(_, _, t)| t.clone());
         let run_secs = self.topology.run_secs(job.duration_secs, &gpu_type);
-        if ends_at == Duration::from_secs(now + run_secs) {
-            return Ok(Started { nodes, ends_at, ..started });
+        let completes_at = Duration::from_secs(now + run_secs);
+        if !member.scheduler.set_true_end(&started.job_id, completes_at) {
+            return Err(invariant(format!("job {} vanished from `{name}`", job.id)));
         }
-        member.scheduler.cancel(&started.job_id);
-        local.gpu_types = vec![gpu_type];
-        local.priority = u32::MAX;
-        local.run_for = Duration::from_secs(run_secs);
-        member
-            .scheduler
-            .start_now(local, Duration::from_secs(now))
-            .map_err(|e| invariant(format!("`{name}` could not restart job {} at its true run time: {e}", job.id)))
+        Ok(Started { nodes, completes_at, ..started })
     }
 
     /// US$ to run `job` on `cluster` at its cheapest acceptable GPU type (price × GPUs × its run
@@ -562,7 +541,8 @@ impl<'a> Replay<'a> {
                     && *per_node >= job.gpus_per_replica
                     && info.nodes.iter().any(|n| n.gpu_type == *name && n.gpu_memory_gib >= job.gpu_memory_gib)
             })
-            .map(|(name, _, _)| info.price(&name) * self.topology.run_secs(job.duration_secs, &name) as f64)
+            // A forecast: by the job's estimate (all a real policy knows), on that type's speed.
+            .map(|(name, _, _)| info.price(&name) * self.topology.run_secs(job.estimate_secs, &name) as f64)
             .fold(f64::INFINITY, f64::min);
         let (_, _, egress) = self.transfer(job, cluster);
         price * job.gpus() as f64 / 3600.0 + egress
@@ -758,8 +738,9 @@ fn replicas_fit(member: &Member, job: &SimJob) -> (u64, u64) {
 }
 
 /// What an agent hands its scheduler for `job`: GPUs only (simulated nodes are sized by GPUs),
-/// the job's GPU-type pin and GPU memory, and its run time on the reference GPU (the engine
-/// restarts it at its true run time once it knows the type it got; see `Replay::started`).
+/// the job's GPU-type pin and GPU memory, its runtime estimate on the reference GPU (all the
+/// member knows) and, hidden from every decision, its true run time (set once the job starts and
+/// its GPU type, and so its speed, is known; see `Replay::started`).
 fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
     LocalJob {
         id,
@@ -772,7 +753,8 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         gpu_types: job.gpu_type.iter().cloned().collect(),
         gpu_memory_gib: job.gpu_memory_gib,
         node_selector: Default::default(),
-        run_for: Duration::from_secs(job.duration_secs),
+        run_for: Duration::from_secs(job.estimate_secs),
+        actual: Some(Duration::from_secs(job.duration_secs)),
     }
 }
 
@@ -780,5 +762,7 @@ fn invariant(message: String) -> SimError {
     SimError::Invalid(format!("simulation invariant broken: {message}"))
 }
 
+#[cfg(test)]
+mod estimate_tests;
 #[cfg(test)]
 mod tests;

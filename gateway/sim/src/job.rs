@@ -39,10 +39,15 @@ pub struct SimJob {
     pub id: u32,
     /// Seconds from the start of the workload.
     pub submit_secs: u64,
-    /// Run time once started on a GPU of relative speed 1.0 (the topology's reference type), in
-    /// seconds (at least 1). On another type it runs
-    /// [`Topology::run_secs`](crate::topology::Topology::run_secs). Also the job's runtime estimate.
+    /// True run time once started on a GPU of relative speed 1.0 (the topology's reference
+    /// type), in seconds (at least 1); on another type it runs
+    /// [`Topology::run_secs`](crate::topology::Topology::run_secs). Only decides when the job
+    /// ends (and what its GPUs cost); the gateway and the members never see it.
     pub duration_secs: u64,
+    /// The job's runtime estimate in seconds (at least 1): its spec's `runtime.estimate`, all the
+    /// gateway and the members know of its run time. Equals `duration_secs` unless
+    /// `--estimate-error` is given (see [`crate::workload::apply_estimate_error`]).
+    pub estimate_secs: u64,
     /// Replicas of the gang (at least 1); each lands on one node.
     pub replicas: u32,
     /// GPUs per replica (at least 1).

@@ -307,6 +307,7 @@ mod tests {
             id,
             submit_secs: submit,
             duration_secs: duration,
+            estimate_secs: duration,
             replicas,
             gpus_per_replica,
             tenant,

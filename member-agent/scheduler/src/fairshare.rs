@@ -195,6 +195,7 @@ mod tests {
             gpu_memory_gib: 0,
             node_selector: Default::default(),
             run_for,
+            actual: None,
         }
     }
 

@@ -220,6 +220,7 @@ mod tests {
             gpu_memory_gib: 0,
             node_selector: Default::default(),
             run_for: Duration::from_secs(60),
+            actual: None,
         }
     }
 

@@ -23,12 +23,14 @@ use meridian_proto::spec::JobSpec;
 
 mod fairshare;
 mod gang;
+mod remaining;
 mod report;
 mod scheduler;
 
 #[cfg(test)]
 mod proptests;
 
+pub use remaining::{OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION};
 pub use report::MAX_RELEASE_BUCKETS;
 pub use scheduler::BuiltinScheduler;
 
@@ -91,8 +93,14 @@ pub struct LocalJob {
     /// Only nodes whose labels match may hold a replica (the spec's `placement.nodeSelector`);
     /// empty matches every node.
     pub node_selector: Selector,
-    /// How long the job runs once started (the builtin backend runs it for exactly this long).
+    /// How long the member believes the job runs once started: the spec's runtime estimate (cut
+    /// at its limit). Everything the scheduler decides or reports (releases, waits) uses this.
     pub run_for: Duration,
+    /// How long the job really runs once started, when that differs from the estimate: set only
+    /// by the simulator, which knows the truth; `None` means exactly `run_for` (the builtin
+    /// backend's simulated runs). Only completion ([`BuiltinScheduler::complete_due`],
+    /// [`BuiltinScheduler::next_completion`]) reads it, never a decision or a report.
+    pub actual: Option<Duration>,
 }
 
 /// A job the scheduler has just started.
@@ -102,8 +110,11 @@ pub struct Started {
     pub job_id: String,
     /// One node name per replica, in replica order; a name repeats when replicas share a node.
     pub nodes: Vec<String>,
-    /// When the job will complete (`now + run_for`).
+    /// When the member expects the job to end (`now + run_for`, by estimate).
     pub ends_at: Duration,
+    /// When the job really completes (`now + actual`); equals `ends_at` unless the simulator
+    /// set [`LocalJob::actual`]. Only the caller that set it may read it.
+    pub completes_at: Duration,
 }
 
 /// A job waiting in a queue, as shown by [`BuiltinScheduler::pending`].
@@ -124,8 +135,11 @@ pub struct RunningJob {
     pub nodes: Vec<String>,
     /// When it started.
     pub started_at: Duration,
-    /// When it will complete.
+    /// When the member expects it to end (`started_at + run_for`, by estimate); past this the
+    /// job is overdue (see [`RunningJob::expected_remaining`]).
     pub ends_at: Duration,
+    /// When it really completes (see [`Started::completes_at`]); never reported.
+    pub completes_at: Duration,
 }
 
 /// What [`BuiltinScheduler::cancel`] found.
@@ -253,7 +267,13 @@ impl LocalJob {
             gpu_memory_gib: resources.gpu_memory_gib,
             node_selector: spec.placement.node_selector().clone(),
             run_for,
+            actual: None,
         }
+    }
+
+    /// How long the job really runs once started: [`actual`](Self::actual), else `run_for`.
+    pub fn true_run_time(&self) -> Duration {
+        self.actual.unwrap_or(self.run_for)
     }
 
     /// GPUs of the whole gang, widened so large gangs cannot overflow.

@@ -117,6 +117,7 @@ impl JobShape {
             gpu_memory_gib: self.gpu_memory_gib,
             node_selector: Default::default(),
             run_for: Duration::from_secs(self.run_secs),
+            actual: None,
         }
     }
 }

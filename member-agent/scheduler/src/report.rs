@@ -65,13 +65,20 @@ impl BuiltinScheduler {
     }
 
     /// Releases per whole second from `now` (rounded up), ascending, one entry per second.
+    ///
+    /// Each running job releases after its [expected remaining
+    /// time](super::RunningJob::expected_remaining): the rest of its estimate, or for an overdue
+    /// job the remaining-time model, never "now". Only what the member believes is used, never a
+    /// job's true end.
     fn exact_releases(&self, now: Duration) -> Vec<GpuRelease> {
+        let mut by_time: Vec<(u64, u32)> = self
+            .running
+            .values()
+            .map(|r| (ceil_secs(r.view.expected_remaining(now)), saturate(r.view.job.total_gpus())))
+            .collect();
+        by_time.sort_unstable();
         let mut releases: Vec<GpuRelease> = Vec::new();
-        // `completions` is ordered by end time, so the output comes out ascending.
-        for (ends_at, id) in &self.completions {
-            let Some(running) = self.running.get(id) else { continue };
-            let after_secs = ceil_secs(ends_at.saturating_sub(now));
-            let gpus = saturate(running.view.job.total_gpus());
+        for (after_secs, gpus) in by_time {
             match releases.last_mut() {
                 Some(last) if last.after_secs == after_secs => last.gpus = last.gpus.saturating_add(gpus),
                 _ => releases.push(GpuRelease { after_secs, gpus }),
@@ -169,6 +176,7 @@ mod tests {
             gpu_memory_gib: 0,
             node_selector: Default::default(),
             run_for: Duration::from_secs(secs),
+            actual: None,
         }
     }
 
@@ -203,6 +211,52 @@ mod tests {
         );
         // 8 free now + 2 + 8 released covers the 16 pending GPUs plus one only after 600 s.
         assert_eq!(pressure.estimated_wait_secs, 600);
+    }
+
+    #[test]
+    fn releases_and_waits_follow_the_estimate_and_completion_follows_the_truth() {
+        let mut s = scheduler();
+        let mut longer = job("longer", "default", 1, 8, 100);
+        longer.actual = Some(Duration::from_secs(400));
+        let mut shorter = job("shorter", "default", 1, 8, 300);
+        shorter.actual = Some(Duration::from_secs(50));
+        s.start_now(longer, Duration::ZERO).unwrap();
+        s.start_now(shorter, Duration::ZERO).unwrap();
+        s.submit(job("waiting", "research", 1, 8, 60), Duration::ZERO).unwrap();
+        let pressure = s.pressure(Duration::ZERO);
+        // The member reports what it believes: 100 s and 300 s, never the true 400 s and 50 s.
+        assert_eq!(
+            pressure.releases,
+            vec![GpuRelease { after_secs: 100, gpus: 8 }, GpuRelease { after_secs: 300, gpus: 8 }]
+        );
+        // 2 free + 8 (after 100 s) covers the 8 pending GPUs plus one.
+        assert_eq!(pressure.estimated_wait_secs, 100);
+        // Jobs end when they really end.
+        assert_eq!(s.next_completion(), Some(Duration::from_secs(50)));
+        assert_eq!(s.complete_due(Duration::from_secs(100)), ["shorter"]);
+        assert_eq!(s.running().map(|r| r.job.id.as_str()).collect::<Vec<_>>(), ["longer"]);
+    }
+
+    #[test]
+    fn an_overdue_job_is_reported_to_free_its_gpus_later_not_now() {
+        let mut s = scheduler();
+        let mut late = job("late", "default", 1, 8, 100);
+        late.actual = Some(Duration::from_secs(1_000));
+        s.start_now(late, Duration::ZERO).unwrap();
+        s.submit(job("waiting", "research", 2, 8, 60), Duration::ZERO).unwrap();
+        // At 300 s the job is 200 s past its estimate: expected to run on for half its age.
+        let now = Duration::from_secs(300);
+        assert!(s.running().all(|r| r.is_overdue(now)));
+        let pressure = s.pressure(now);
+        assert_eq!(pressure.releases, vec![GpuRelease { after_secs: 150, gpus: 8 }]);
+        assert!(pressure.estimated_wait_secs >= 150, "{}", pressure.estimated_wait_secs);
+        // Just past a short estimate, the floor applies.
+        let mut s = scheduler();
+        let mut brief = job("brief", "default", 1, 8, 5);
+        brief.actual = Some(Duration::from_secs(1_000));
+        s.start_now(brief, Duration::ZERO).unwrap();
+        let releases = s.pressure(Duration::from_secs(6)).releases;
+        assert_eq!(releases, vec![GpuRelease { after_secs: crate::OVERDUE_FLOOR.as_secs(), gpus: 8 }]);
     }
 
     #[test]

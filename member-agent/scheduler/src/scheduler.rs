@@ -43,8 +43,10 @@ pub struct BuiltinScheduler {
     pending_index: HashMap<String, (usize, PendingKey)>,
     /// Running jobs by id.
     pub(super) running: BTreeMap<String, Running>,
-    /// Running jobs by completion time, for `complete_due` and `next_completion`.
-    pub(super) completions: BTreeSet<(Duration, String)>,
+    /// Running jobs by true completion time (`completes_at`), for `complete_due` and
+    /// `next_completion` only: it orders by the simulator's hidden truth, so nothing that decides
+    /// or reports may read it.
+    completions: BTreeSet<(Duration, String)>,
     /// The latest `now` any call passed: `cancel` takes no time, so a cancelled job's queue is
     /// charged its share up to this point.
     clock: Duration,
@@ -193,8 +195,8 @@ impl BuiltinScheduler {
         }
     }
 
-    /// Completes every running job whose end time is at or before `now`: frees its nodes and
-    /// returns its id (the jobs succeeded), earliest end first.
+    /// Completes every running job whose true end ([`RunningJob::completes_at`]) is at or before
+    /// `now`: frees its nodes and returns its id (the jobs succeeded), earliest end first.
     pub fn complete_due(&mut self, now: Duration) -> Vec<String> {
         let mut done = Vec::new();
         while let Some((ends_at, id)) = self.completions.first().cloned() {
@@ -211,9 +213,24 @@ impl BuiltinScheduler {
         done
     }
 
-    /// When the next running job completes, if any is running.
+    /// When the next running job really completes (by [`RunningJob::completes_at`]), if any is
+    /// running.
     pub fn next_completion(&self) -> Option<Duration> {
         self.completions.first().map(|(ends_at, _)| *ends_at)
+    }
+
+    /// Sets when a running job really completes (the simulator learns it only once it knows the
+    /// GPU type the job got, since run time follows GPU speed, and when its data landed). Its
+    /// estimate, and so everything the member reports and decides, is unchanged. Returns false
+    /// when the job does not run here.
+    pub fn set_true_end(&mut self, job_id: &str, completes_at: Duration) -> bool {
+        let Some(running) = self.running.get_mut(job_id) else { return false };
+        let view = &mut running.view;
+        self.completions.remove(&(view.completes_at, job_id.to_string()));
+        view.job.actual = Some(completes_at.saturating_sub(view.started_at));
+        view.completes_at = completes_at;
+        self.completions.insert((completes_at, job_id.to_string()));
+        true
     }
 
     /// Removes a job, pending or running; a running job's nodes are freed at once.
@@ -306,10 +323,11 @@ impl BuiltinScheduler {
         self.queues[queue].used.add(usage);
         self.free_gpus = self.free_gpus.saturating_sub(usage.gpus);
         let ends_at = now.checked_add(job.run_for).unwrap_or(Duration::MAX);
+        let completes_at = now.checked_add(job.true_run_time()).unwrap_or(Duration::MAX);
         let names: Vec<String> = placement.iter().map(|&i| self.nodes[i].spec.name.clone()).collect();
-        let started = Started { job_id: job.id.clone(), nodes: names.clone(), ends_at };
-        self.completions.insert((ends_at, job.id.clone()));
-        let view = RunningJob { job, nodes: names, started_at: now, ends_at };
+        let started = Started { job_id: job.id.clone(), nodes: names.clone(), ends_at, completes_at };
+        self.completions.insert((completes_at, job.id.clone()));
+        let view = RunningJob { job, nodes: names, started_at: now, ends_at, completes_at };
         self.running.insert(started.job_id.clone(), Running { view, queue, nodes: placement });
         started
     }
@@ -325,7 +343,7 @@ impl BuiltinScheduler {
         self.queues[running.queue].accrue(&self.totals, self.clock);
         self.queues[running.queue].used.remove(usage);
         self.free_gpus = self.free_gpus.saturating_add(usage.gpus).min(self.totals.gpus);
-        self.completions.remove(&(running.view.ends_at, job.id.clone()));
+        self.completions.remove(&(running.view.completes_at, job.id.clone()));
         Some(running.view)
     }
 }
@@ -372,6 +390,7 @@ mod tests {
             gpu_memory_gib: 0,
             node_selector: Default::default(),
             run_for: Duration::from_secs(100),
+            actual: None,
         }
     }
 

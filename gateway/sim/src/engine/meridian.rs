@@ -105,6 +105,9 @@ impl Federation {
             network: topology.network.clone(),
             cluster_timeout: NEVER,
             lost_job_timeout: NEVER,
+            // With invariant checks (tests), finished jobs stay so they can be looked at;
+            // otherwise they go after the production retention, bounding memory on long traces.
+            retention: if config.check_invariants { NEVER } else { CoreConfig::default().retention },
             ..CoreConfig::default()
         };
         Self {
@@ -130,6 +133,19 @@ impl Federation {
             }
         }
         Ok(())
+    }
+
+    /// The core's record of workload job `job`: what the gateway knows of it.
+    #[cfg(test)]
+    pub(super) fn record_of(&self, job: u32) -> Option<&meridian_core::JobRecord> {
+        let id = self.ids.get(job as usize)?.as_ref()?;
+        self.core.job(id).map(|record| &**record)
+    }
+
+    /// Jobs the core remembers.
+    #[cfg(test)]
+    pub(super) fn core_job_count(&self) -> usize {
+        self.core.job_count()
     }
 
     /// What the core last said about workload job `job`.
@@ -385,9 +401,13 @@ impl Replay<'_> {
             return Err(invariant(format!("offer to unknown cluster {cluster}")));
         };
         let queue = member.scheduler.queue_for(&assignment.spec.tenant).to_owned();
-        // Staged data: the GPUs are reserved from now, for the copy and then the job.
-        let run_for = Duration::from_secs(transfer_secs.saturating_add(sim_job.duration_secs));
-        let local = LocalJob::from_spec(job.to_string(), &assignment.spec, queue, run_for);
+        // Staged data: the GPUs are reserved from now, for the copy and then the job. The member
+        // knows the job's run time only by the spec's estimate; the truth decides when it ends.
+        let run_for = Duration::from_secs(transfer_secs.saturating_add(assignment.spec.runtime.estimate.as_secs()));
+        let mut local = LocalJob::from_spec(job.to_string(), &assignment.spec, queue, run_for);
+        // The agent keeps staged GPUs reserved until the data lands, however long the shared
+        // link takes; the job's true end is set then (`Replay::started`).
+        local.actual = Some(if transfer_secs > 0 { Duration::MAX } else { Duration::from_secs(sim_job.duration_secs) });
         let started = match member.scheduler.start_now(local, Duration::from_secs(now)) {
             Ok(started) => started,
             Err(e) => {
@@ -479,7 +499,8 @@ pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
                 memory_gib: 0,
             },
         },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.duration_secs), limit: None },
+        // Only the estimate: the gateway never learns the true run time.
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.estimate_secs), limit: None },
         data: job
             .dataset
             .iter()

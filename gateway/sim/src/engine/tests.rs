@@ -65,6 +65,7 @@ fn workload(defs: Vec<JobDef>) -> Workload {
             id: u32::try_from(i).unwrap(),
             submit_secs: d.submit,
             duration_secs: d.duration,
+            estimate_secs: d.duration,
             replicas: d.replicas,
             gpus_per_replica: d.gpus,
             tenant: d.tenant,

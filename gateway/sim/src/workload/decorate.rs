@@ -155,6 +155,7 @@ pub fn decorate(raw: Vec<RawJob>, facts: &FleetFacts, seed: u64, source: String)
                 id: u32::try_from(index).unwrap_or(u32::MAX),
                 submit_secs: job.submit_secs,
                 duration_secs: job.duration_secs,
+                estimate_secs: job.duration_secs,
                 replicas: shape.replicas,
                 gpus_per_replica: shape.gpus_per_replica,
                 tenant: tenant_index.get(job.tenant.as_str()).copied().unwrap_or(0),

@@ -7,12 +7,15 @@
 //! - [`parse_philly`] / [`read_philly`]: the Philly CSV (`timestamp,duration,num_gpus,gpu_time,cluster`).
 //! - [`synthesize`]: seeded synthetic workloads shaped like Philly, LLM training, or a mix.
 //! - [`assign_homes`] / [`decorate`]: tenant homes, gang shapes, pins and datasets.
+//! - [`apply_estimate_error`]: seeded log-normal error on runtime estimates (`--estimate-error`).
 
 mod decorate;
+mod estimate;
 mod philly;
 mod sample;
 mod synthetic;
 
 pub use decorate::{FleetFacts, HomeCluster, HomeGpuType, assign_homes, decorate};
+pub use estimate::{EstimateError, apply_estimate_error};
 pub use philly::{parse_philly, read_philly};
 pub use synthetic::{Profile, synthesize};

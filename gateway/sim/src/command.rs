@@ -467,7 +467,7 @@ mod tests {
             let ran: u64 = run
                 .outcomes
                 .iter()
-                .map(|o| u64::from(workload.jobs[o.job as usize].gpus()) * (o.end_secs - o.start_secs))
+                .map(|o| workload.jobs[o.job as usize].gpus() * (o.end_secs - o.start_secs))
                 .sum();
             assert_eq!(used, ran, "{policy}");
         }

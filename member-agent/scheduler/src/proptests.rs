@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::{BuiltinScheduler, LocalJob, NodeSpec, QueueSpec, Started};
+use super::{BuiltinScheduler, LocalJob, NodeSpec, QueuePolicy, QueueSpec, Started};
 
 /// One call on the scheduler.
 #[derive(Debug, Clone)]
@@ -202,9 +202,9 @@ proptest! {
     #[test]
     fn random_calls_never_overcommit_a_node_or_split_a_gang(ops in prop::collection::vec(op(), 1..120)) {
         let queues = vec![
-            QueueSpec { name: "default".into(), weight: 1.0 },
-            QueueSpec { name: "research".into(), weight: 2.0 },
-            QueueSpec { name: "prod".into(), weight: 0.5 },
+            QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new("default", 1.0) },
+            QueueSpec { policy: QueuePolicy::BestEffort, ..QueueSpec::new("research", 2.0) },
+            QueueSpec { policy: QueuePolicy::Backfill, ..QueueSpec::new("prod", 0.5) },
         ];
         let mut scheduler = BuiltinScheduler::new(nodes(), queues).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let specs: BTreeMap<String, NodeSpec> = nodes().into_iter().map(|n| (n.name.clone(), n)).collect();

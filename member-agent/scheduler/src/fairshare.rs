@@ -276,8 +276,7 @@ mod tests {
                 labels: Default::default(),
             })
             .collect();
-        let queues =
-            vec![QueueSpec::new("heavy", 2.0), QueueSpec::new("light", 1.0)];
+        let queues = vec![QueueSpec::new("heavy", 2.0), QueueSpec::new("light", 1.0)];
         let mut scheduler = BuiltinScheduler::new(nodes, queues).unwrap();
         let mut next_id = 0u64;
         let mut gpu_secs = BTreeMap::<String, f64>::new();

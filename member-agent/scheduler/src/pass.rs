@@ -184,3 +184,198 @@ impl BuiltinScheduler {
         Scan::Done(last.cloned())
     }
 }
+
+#[cfg(test)]
+// Tests may panic on a broken expectation; that is how they fail.
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::super::{Cancelled, Error, NodeSpec, QueueSpec, Reservation};
+    use super::*;
+
+    fn node(name: &str, gpus: u32) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            shape: format!("h100x{gpus}"),
+            gpu_type: "h100".into(),
+            gpu_memory_gib: 80,
+            gpus,
+            cpu: 64,
+            memory_gib: 512,
+            labels: Default::default(),
+        }
+    }
+
+    fn job(id: &str, queue: &str, replicas: u32, gpus: u32, run_secs: u64) -> LocalJob {
+        LocalJob {
+            id: id.into(),
+            queue: queue.into(),
+            priority: 50,
+            replicas,
+            gpus,
+            cpu: 4,
+            memory_gib: 32,
+            gpu_types: Vec::new(),
+            gpu_memory_gib: 0,
+            node_selector: Default::default(),
+            run_for: secs(run_secs),
+        }
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn queue(name: &str, policy: QueuePolicy) -> QueueSpec {
+        QueueSpec { policy, ..QueueSpec::new(name, 1.0) }
+    }
+
+    fn ids(started: Vec<Started>) -> Vec<String> {
+        started.into_iter().map(|s| s.job_id).collect()
+    }
+
+    /// Nodes `a` and `b` of 8 GPUs; `hog` holds all of `a` until 100 s; a 2×8 `gang` waits for
+    /// both nodes, and behind it come `short` (1×8, ends at 50 s) and `long` (1×1, ends at 300 s).
+    fn blocked_gang(policy: QueuePolicy) -> BuiltinScheduler {
+        let mut s = BuiltinScheduler::new(vec![node("a", 8), node("b", 8)], vec![queue("default", policy)]).unwrap();
+        s.start_now(job("hog", "default", 1, 8, 100), secs(0)).unwrap();
+        s.submit(job("gang", "default", 2, 8, 100), secs(1)).unwrap();
+        s.submit(job("long", "default", 1, 1, 300), secs(2)).unwrap();
+        s.submit(job("short", "default", 1, 8, 50), secs(3)).unwrap();
+        s
+    }
+
+    #[test]
+    fn strict_head_blocks_every_job_behind_it() {
+        let mut s = blocked_gang(QueuePolicy::Strict);
+        assert!(s.schedule(secs(0)).is_empty());
+        assert_eq!(s.reservation(), None, "strict queues never reserve");
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["gang"]);
+    }
+
+    #[test]
+    fn best_effort_passes_the_blocked_job_and_reserves_nothing() {
+        let mut s = blocked_gang(QueuePolicy::BestEffort);
+        assert_eq!(ids(s.schedule(secs(0))), ["long"], "long fits on b; short no longer does");
+        assert_eq!(s.reservation(), None);
+        // No reservation: the gang waits for `long` too, until 300 s.
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["short"], "short overtakes the gang again");
+        s.complete_due(secs(300));
+        assert_eq!(ids(s.schedule(secs(300))), ["gang"]);
+    }
+
+    #[test]
+    fn backfill_reserves_for_the_head_and_passes_only_a_job_that_ends_in_time() {
+        let mut s = blocked_gang(QueuePolicy::Backfill);
+        assert_eq!(ids(s.schedule(secs(0))), ["short"], "short ends at 50 s, before the gang's 100 s; long would not");
+        assert_eq!(
+            s.reservation(),
+            Some(Reservation { job_id: "gang".into(), starts_at: secs(100), nodes: vec!["a".into(), "b".into()] })
+        );
+        s.complete_due(secs(50));
+        assert!(s.schedule(secs(50)).is_empty(), "long would still hold b at 100 s");
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["gang"]);
+        assert_eq!(s.reservation().map(|r| (r.job_id, r.starts_at)), Some(("long".to_string(), secs(200))));
+        s.complete_due(secs(200));
+        assert_eq!(ids(s.schedule(secs(200))), ["long"]);
+    }
+
+    #[test]
+    fn backfill_lets_a_long_job_use_nodes_the_reservation_does_not_need() {
+        let mut s = BuiltinScheduler::new(
+            vec![node("a", 8), node("b", 8), node("c", 8)],
+            vec![queue("default", QueuePolicy::Backfill)],
+        )
+        .unwrap();
+        s.start_now(job("hog-a", "default", 1, 8, 100), secs(0)).unwrap();
+        s.start_now(job("hog-b", "default", 1, 4, 300), secs(0)).unwrap();
+        s.submit(job("gang", "default", 2, 8, 100), secs(1)).unwrap();
+        s.submit(job("long", "default", 1, 4, 1_000), secs(2)).unwrap();
+        s.submit(job("too-long", "default", 1, 1, 1_000), secs(3)).unwrap();
+        let started = s.schedule(secs(3));
+        assert_eq!(started.len(), 1);
+        assert_eq!((started[0].job_id.as_str(), started[0].nodes.as_slice()), ("long", &["b".to_string()][..]));
+        assert_eq!(s.reservation().unwrap().nodes, ["a", "c"], "b is busy until 300 s, so the gang takes a and c");
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["gang"]);
+    }
+
+    #[test]
+    fn backfill_lets_a_long_job_use_only_the_spare_of_a_reserved_node() {
+        let mut s = BuiltinScheduler::new(vec![node("a", 8)], vec![queue("default", QueuePolicy::Backfill)]).unwrap();
+        s.start_now(job("hog", "default", 1, 4, 100), secs(0)).unwrap();
+        // The head needs 6 GPUs: at 100 s, 8 are free, so 2 are spare.
+        s.submit(job("head", "default", 1, 6, 100), secs(1)).unwrap();
+        s.submit(job("long-1", "default", 1, 2, 1_000), secs(2)).unwrap();
+        s.submit(job("long-2", "default", 1, 2, 1_000), secs(3)).unwrap();
+        s.submit(job("short", "default", 1, 2, 40), secs(4)).unwrap();
+        assert_eq!(ids(s.schedule(secs(4))), ["long-1", "short"]);
+        assert_eq!(s.reservation().unwrap().starts_at, secs(100));
+        assert!(
+            matches!(s.start_now(job("offer", "default", 1, 1, 1_000), secs(5)), Err(Error::DoesNotFitNow { .. })),
+            "the offer path respects the reservation too"
+        );
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["head"]);
+        s.complete_due(secs(1_004));
+        assert_eq!(ids(s.schedule(secs(1_004))), ["long-2"]);
+    }
+
+    #[test]
+    fn a_strict_queue_does_not_reserve_but_respects_another_queues_reservation() {
+        let mut s = BuiltinScheduler::new(
+            vec![node("a", 8), node("b", 8)],
+            vec![queue("batch", QueuePolicy::Backfill), queue("prod", QueuePolicy::Strict)],
+        )
+        .unwrap();
+        s.start_now(job("hog", "batch", 1, 8, 100), secs(0)).unwrap();
+        s.submit(job("gang", "batch", 2, 8, 100), secs(1)).unwrap();
+        assert!(s.schedule(secs(1)).is_empty());
+        assert_eq!(s.reservation().unwrap().job_id, "gang");
+        // prod's head would still run at 100 s on reserved b, so it waits, and being strict it
+        // blocks prod-short, which would have ended in time.
+        s.submit(job("prod-long", "prod", 1, 1, 500), secs(2)).unwrap();
+        s.submit(job("prod-short", "prod", 1, 1, 10), secs(3)).unwrap();
+        assert!(s.schedule(secs(3)).is_empty());
+        assert_eq!(s.reservation().unwrap().job_id, "gang");
+        s.complete_due(secs(100));
+        assert_eq!(ids(s.schedule(secs(100))), ["gang"]);
+    }
+
+    #[test]
+    fn the_reservation_stays_with_its_holder_until_it_starts_or_is_cancelled() {
+        let mut s = BuiltinScheduler::new(
+            vec![node("a", 8), node("b", 8)],
+            vec![queue("x", QueuePolicy::Backfill), queue("y", QueuePolicy::Backfill)],
+        )
+        .unwrap();
+        s.start_now(job("hog", "x", 1, 8, 100), secs(0)).unwrap();
+        s.submit(job("gang-y", "y", 2, 8, 100), secs(1)).unwrap();
+        assert!(s.schedule(secs(1)).is_empty());
+        assert_eq!(s.reservation().unwrap().job_id, "gang-y");
+        // A more urgent gang in x, whose share is now the smaller one after hog is cancelled,
+        // does not take the reservation over.
+        let mut urgent = job("gang-x", "x", 2, 8, 100);
+        urgent.priority = 90;
+        s.submit(urgent, secs(2)).unwrap();
+        assert!(s.schedule(secs(2)).is_empty());
+        assert_eq!(s.reservation().unwrap().job_id, "gang-y");
+        s.cancel("hog");
+        assert_eq!(ids(s.schedule(secs(3))), ["gang-y"], "the holder goes first");
+        assert_eq!(s.reservation().unwrap().job_id, "gang-x");
+        assert_eq!(s.cancel("gang-x"), Cancelled::WasPending);
+        assert_eq!(s.reservation(), None);
+    }
+
+    #[test]
+    fn a_job_past_its_estimate_is_expected_to_end_now() {
+        let mut s = BuiltinScheduler::new(vec![node("a", 8)], vec![queue("default", QueuePolicy::Backfill)]).unwrap();
+        s.start_now(job("hog", "default", 1, 8, 100), secs(0)).unwrap();
+        s.submit(job("head", "default", 1, 8, 100), secs(1)).unwrap();
+        // The caller has not completed hog yet at 150 s (it overran, as far as the member knows).
+        assert!(s.schedule(secs(150)).is_empty());
+        assert_eq!(s.reservation().unwrap().starts_at, secs(150));
+    }
+}

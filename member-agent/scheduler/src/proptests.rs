@@ -490,7 +490,8 @@ fn random_runs_do_make_and_keep_reservations() {
         let queues = vec![QueueSpec::new("q0", 1.0)];
         let Ok(scheduler) = BuiltinScheduler::new(declared.clone(), queues.clone()) else { continue };
         let mut driver = Driver { scheduler, declared, now: Duration::ZERO, promised: BTreeMap::new(), kept: 0 };
-        let ops = prop::collection::vec(backfill_op(), 60).new_tree(&mut runner).map(|t| t.current()).unwrap_or_default();
+        let ops =
+            prop::collection::vec(backfill_op(), 60).new_tree(&mut runner).map(|t| t.current()).unwrap_or_default();
         let mut next_id = 0u32;
         for op in ops {
             match op {

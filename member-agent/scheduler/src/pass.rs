@@ -27,7 +27,9 @@
 //! pending job is visited at most once per pass. A job is rejected without a placement attempt
 //! when its gang needs more GPUs than are free, or when a job of the same shape already failed in
 //! the pass under the same or looser rules; the pass ends a queue at once when no GPU is free.
-//! The holder's plan is recomputed once per pass (sorting the running jobs by estimated end).
+//! The holder's plan (sorting the running jobs by estimated end) is made again only when a job
+//! ended before its estimate or the planned start has passed; otherwise it stays valid, since
+//! starts since then kept to its spare.
 
 use std::ops::Bound;
 use std::time::Duration;
@@ -127,8 +129,9 @@ impl BuiltinScheduler {
         }
     }
 
-    /// Starts the reservation's holder if it fits now, else recomputes its plan from the current
-    /// running jobs. Drops a reservation whose holder is no longer pending.
+    /// Starts the reservation's holder if it fits now. Otherwise keeps its plan, or plans again
+    /// when a job ended before its estimate or the planned start has passed (a job overran).
+    /// Drops a reservation whose holder is no longer pending.
     fn start_or_replan_holder(&mut self, now: Duration) -> Option<Started> {
         let held = self.reservation.take()?;
         let job = &self.queues.get(held.queue)?.pending.get(&held.key)?.job;
@@ -136,7 +139,14 @@ impl BuiltinScheduler {
         if let Some(placement) = self.place_now(job, now) {
             return self.start_pending(held.queue, &held.key, placement, now);
         }
+        if !self.replan && now <= held.plan.at {
+            // Nothing since the plan can make it earlier: ends at their estimates leave the
+            // projection as it was, and starts since then kept to the spare.
+            self.reservation = Some(held);
+            return None;
+        }
         let plan = self.plan(job, now)?;
+        self.replan = false;
         self.reservation = Some(Held { plan, ..held });
         None
     }
@@ -145,6 +155,7 @@ impl BuiltinScheduler {
     fn reserve(&mut self, queue: usize, key: &PendingKey, now: Duration) {
         let Some(pending) = self.queues.get(queue).and_then(|q| q.pending.get(key)) else { return };
         if let Some(plan) = self.plan(&pending.job, now) {
+            self.replan = false;
             self.reservation = Some(Held { job_id: pending.job.id.clone(), queue, key: key.clone(), plan });
         }
     }

@@ -55,6 +55,9 @@ pub struct BuiltinScheduler {
     clock: Duration,
     /// The pending job holding the member's backfill reservation, and its plan.
     pub(super) reservation: Option<Held>,
+    /// A running job ended before its estimate since the plan was made, so the reservation may
+    /// start earlier than planned: the next pass plans again.
+    pub(super) replan: bool,
 }
 
 /// A running job with what it holds.
@@ -135,6 +138,7 @@ impl BuiltinScheduler {
             completions: BTreeSet::new(),
             clock: Duration::ZERO,
             reservation: None,
+            replan: false,
         })
     }
 
@@ -333,6 +337,9 @@ impl BuiltinScheduler {
     /// Removes a running job and gives back everything it held.
     fn release(&mut self, job_id: &str) -> Option<RunningJob> {
         let running = self.running.remove(job_id)?;
+        if self.clock < running.estimated_end() {
+            self.replan = true;
+        }
         let job = &running.view.job;
         for &index in &running.nodes {
             self.nodes[index].give_back(job);

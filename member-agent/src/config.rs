@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::kubernetes::KubernetesConfig;
 use crate::backend::process::{GpuDiscovery, ProcessConfig};
-use crate::builtin::{NodeSpec, QueueSpec};
+use crate::builtin::{NodeSpec, QueuePolicy, QueueSpec};
 
 pub use meridian_proto::config_file::ConfigError as Error;
 
@@ -107,6 +107,10 @@ pub struct QueueConfig {
     /// Fair-share weight.
     #[serde(default = "one")]
     pub weight: f64,
+    /// What a job that cannot start does to the jobs behind it: `strict`, `bestEffort` or
+    /// `backfill` (the default; see [`QueuePolicy`]).
+    #[serde(default)]
+    pub policy: QueuePolicy,
 }
 
 /// `count` identical nodes named `{shape}-{index}`.
@@ -150,7 +154,7 @@ fn one() -> f64 {
     1.0
 }
 fn default_queues() -> Vec<QueueConfig> {
-    vec![QueueConfig { name: "default".into(), weight: 1.0 }]
+    vec![QueueConfig { name: "default".into(), weight: 1.0, policy: QueuePolicy::default() }]
 }
 fn default_report_interval() -> HumanDuration {
     HumanDuration::from_secs(2)
@@ -316,7 +320,7 @@ impl AgentConfig {
 
     /// Declared queues.
     pub fn queue_specs(&self) -> Vec<QueueSpec> {
-        self.queues.iter().map(|q| QueueSpec { name: q.name.clone(), weight: q.weight }).collect()
+        self.queues.iter().map(|q| QueueSpec { name: q.name.clone(), weight: q.weight, policy: q.policy }).collect()
     }
 }
 
@@ -412,6 +416,19 @@ mod tests {
             let config = AgentConfig::parse(text, Path::new(file)).unwrap();
             assert_eq!(config.runner, RunnerKind::Simulated, "{file}");
         }
+    }
+
+    #[test]
+    fn queue_policies_parse_in_camel_case_and_default_to_backfill() {
+        let text = format!(
+            "{GOOD}queues:\n  - {{name: prod, weight: 2, policy: strict}}\n  - {{name: batch, policy: bestEffort}}\n  - {{name: default}}\n"
+        );
+        let config = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap();
+        let policies: Vec<QueuePolicy> = config.queue_specs().iter().map(|q| q.policy).collect();
+        assert_eq!(policies, [QueuePolicy::Strict, QueuePolicy::BestEffort, QueuePolicy::Backfill]);
+        let bad = format!("{GOOD}queues:\n  - {{name: prod, policy: fifo}}\n");
+        let err = AgentConfig::parse(&bad, Path::new("a.yaml")).unwrap_err().to_string();
+        assert!(err.contains("queues[0].policy") && err.contains("bestEffort"), "{err}");
     }
 
     #[test]

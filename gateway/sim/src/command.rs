@@ -19,6 +19,7 @@ use super::workload::{self, EstimateError, FleetFacts, HomeCluster, HomeGpuType,
 use super::{RunResult, SimError, Workload};
 use meridian_cli::OutputFormat;
 use meridian_placement::PlacementConfig;
+use meridian_scheduler::QueuePolicy;
 
 /// Largest `--jobs` accepted: beyond this a replay's memory grows past what a laptop offers.
 const MAX_JOBS: usize = 5_000_000;
@@ -72,11 +73,18 @@ pub struct SimArgs {
     /// Check after every event that no node is over-committed (slower).
     #[arg(long)]
     pub check: bool,
+    /// Queue policy of every member, overriding the topology's `memberPolicy`: strict,
+    /// bestEffort or backfill.
+    #[arg(long, value_name = "POLICY")]
+    pub member_policy: Option<QueuePolicy>,
 }
 
 /// Runs the command, writing the report to `out` and progress to stderr.
 pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<(), SimError> {
-    let topology = Topology::load(&args.topology)?;
+    let mut topology = Topology::load(&args.topology)?;
+    if let Some(policy) = args.member_policy {
+        topology.clusters.iter_mut().for_each(|cluster| cluster.member_policy = policy);
+    }
     let policies = policies(args)?;
     let placement = match &args.placement {
         Some(path) => {
@@ -320,6 +328,7 @@ mod tests {
             burst_after: HumanDuration::from_secs(1800),
             placement: None,
             check: true,
+            member_policy: None,
         }
     }
 
@@ -464,11 +473,8 @@ mod tests {
             // Run time depends on the GPU type a job lands on (`gpuSpeed`), so the busy time the
             // clusters count must equal what the outcomes ran, job by job.
             let used: u64 = run.clusters.iter().map(|c| c.busy_gpu_secs).sum();
-            let ran: u64 = run
-                .outcomes
-                .iter()
-                .map(|o| workload.jobs[o.job as usize].gpus() * (o.end_secs - o.start_secs))
-                .sum();
+            let ran: u64 =
+                run.outcomes.iter().map(|o| workload.jobs[o.job as usize].gpus() * (o.end_secs - o.start_secs)).sum();
             assert_eq!(used, ran, "{policy}");
         }
     }

@@ -137,14 +137,15 @@ impl<'a> Replay<'a> {
         config: &'a SimConfig,
         progress: &'a AtomicU64,
     ) -> Result<Self, SimError> {
-        let mut queues: Vec<QueueSpec> =
-            workload.tenants.iter().map(|t| QueueSpec { name: t.name.clone(), weight: 1.0 }).collect();
+        let mut queues: Vec<QueueSpec> = workload.tenants.iter().map(|t| QueueSpec::new(t.name.clone(), 1.0)).collect();
         if !workload.tenants.iter().any(|t| t.name == "default") {
-            queues.push(QueueSpec { name: "default".into(), weight: 1.0 });
+            queues.push(QueueSpec::new("default", 1.0));
         }
         let mut members = Vec::with_capacity(topology.clusters.len());
         for cluster in &topology.clusters {
-            let scheduler = BuiltinScheduler::new(cluster.nodes.clone(), queues.clone())
+            let policy = cluster.member_policy;
+            let member_queues = queues.iter().map(|q| QueueSpec { policy, ..q.clone() }).collect();
+            let scheduler = BuiltinScheduler::new(cluster.nodes.clone(), member_queues)
                 .map_err(|e| SimError::Invalid(format!("cluster `{}`: {e}", cluster.info.name)))?;
             let nodes = cluster
                 .nodes

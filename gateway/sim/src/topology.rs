@@ -12,7 +12,7 @@ use std::path::Path;
 use meridian_proto::config_file;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
-use meridian_scheduler::NodeSpec;
+use meridian_scheduler::{NodeSpec, QueuePolicy};
 use serde::Deserialize;
 
 use super::SimError;
@@ -53,6 +53,9 @@ pub struct SimCluster {
     /// Every node, expanded from the file's node groups and named `{cluster}-{shape}-{i:03}`
     /// (`i` counts from 0 within each shape).
     pub nodes: Vec<NodeSpec>,
+    /// The policy of every local queue of the member (`memberPolicy`, per cluster or for the
+    /// whole fleet; default `backfill`).
+    pub member_policy: QueuePolicy,
 }
 
 /// The file as written.
@@ -67,6 +70,9 @@ struct TopologyFile {
     network: NetworkTable,
     #[serde(default)]
     gpu_speed: BTreeMap<String, f64>,
+    /// Queue policy of every member without its own `memberPolicy`.
+    #[serde(default)]
+    member_policy: QueuePolicy,
 }
 
 /// One cluster as written.
@@ -81,6 +87,9 @@ struct ClusterFile {
     #[serde(default)]
     prices: BTreeMap<String, f64>,
     nodes: Vec<NodeGroupFile>,
+    /// Queue policy of this member's local queues; the file's `memberPolicy` if absent.
+    #[serde(default)]
+    member_policy: Option<QueuePolicy>,
 }
 
 /// `count` identical nodes of one shape, as written.
@@ -232,7 +241,8 @@ impl TopologyFile {
     fn build(self, catalog: &GpuCatalog) -> Topology {
         let mut network = NetworkTable::default_seeded();
         network.extend(&self.network);
-        let clusters = self.clusters.into_iter().map(|cluster| cluster.build(catalog)).collect();
+        let fleet_policy = self.member_policy;
+        let clusters = self.clusters.into_iter().map(|cluster| cluster.build(catalog, fleet_policy)).collect();
         Topology { name: self.name, description: self.description, clusters, network, gpu_speed: self.gpu_speed }
     }
 }
@@ -310,8 +320,9 @@ impl ClusterFile {
         }
     }
 
-    /// The checked cluster, nodes expanded.
-    fn build(self, catalog: &GpuCatalog) -> SimCluster {
+    /// The checked cluster, nodes expanded; `fleet_policy` unless it names its own policy.
+    fn build(self, catalog: &GpuCatalog, fleet_policy: QueuePolicy) -> SimCluster {
+        let member_policy = self.member_policy.unwrap_or(fleet_policy);
         let mut nodes = Vec::with_capacity(self.nodes.iter().map(|g| g.count as usize).sum());
         for group in &self.nodes {
             // `problems` guarantees a memory for every group; 0 is unreachable.
@@ -337,7 +348,7 @@ impl ClusterFile {
             supports_bare_commands: true,
             labels: Default::default(),
         };
-        SimCluster { info, nodes }
+        SimCluster { info, nodes, member_policy }
     }
 }
 
@@ -385,7 +396,7 @@ clusters:
 
     fn every_cluster_is_schedulable(topology: &Topology) {
         for cluster in &topology.clusters {
-            let queues = vec![QueueSpec { name: "default".into(), weight: 1.0 }];
+            let queues = vec![QueueSpec::new("default", 1.0)];
             if let Err(e) = BuiltinScheduler::new(cluster.nodes.clone(), queues) {
                 panic!("cluster {}: {e}", cluster.info.name);
             }
@@ -606,5 +617,17 @@ clusters:
             assert_eq!(topology.speed("a100-80g"), 1.0, "A100 is the reference");
             assert!(topology.speed("h100") > 2.0 && topology.speed("v100") < 0.5, "{path}");
         }
+    }
+
+    #[test]
+    fn member_policy_defaults_to_backfill_and_a_cluster_may_override_the_fleet() {
+        assert_eq!(parse(SMALL).unwrap().clusters[0].member_policy, QueuePolicy::Backfill);
+        let two = format!(
+            "{SMALL}  - name: b\n    region: r1\n    tier: owned\n    memberPolicy: bestEffort\n    prices: {{v100: 0.8}}\n    nodes:\n      - {{shape: dgx, gpuType: v100, count: 1, gpusPerNode: 8, cpuPerNode: 40, memoryGiBPerNode: 512}}\nmemberPolicy: strict\n"
+        );
+        let policies: Vec<QueuePolicy> = parse(&two).unwrap().clusters.iter().map(|c| c.member_policy).collect();
+        assert_eq!(policies, [QueuePolicy::Strict, QueuePolicy::BestEffort]);
+        let message = parse_error(&format!("{SMALL}memberPolicy: fifo\n"));
+        assert!(message.contains("memberPolicy") && message.contains("bestEffort"), "{message}");
     }
 }

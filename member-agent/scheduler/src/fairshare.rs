@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{LocalJob, PendingJob};
+use super::{LocalJob, PendingJob, QueuePolicy};
 
 /// Amounts of the three resources the scheduler shares, widened to u64 so sums never overflow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,6 +47,8 @@ pub(super) struct QueueState {
     pub(super) name: String,
     /// Fair-share weight (finite, > 0, checked at construction).
     pub(super) weight: f64,
+    /// What a job that cannot start does to the jobs behind it.
+    pub(super) policy: QueuePolicy,
     /// Waiting jobs in queue order; the first entry is the head.
     pub(super) pending: BTreeMap<PendingKey, PendingJob>,
     /// GPUs the waiting jobs need, kept as a running sum so reports need no rescan.
@@ -105,10 +107,11 @@ impl PendingKey {
 
 impl QueueState {
     /// An empty queue.
-    pub(super) fn new(name: String, weight: f64) -> Self {
+    pub(super) fn new(name: String, weight: f64, policy: QueuePolicy) -> Self {
         Self {
             name,
             weight,
+            policy,
             pending: BTreeMap::new(),
             pending_gpus: 0,
             pending_gpu_secs: 0,
@@ -211,8 +214,8 @@ mod tests {
     #[test]
     fn weight_divides_the_share_and_ties_go_to_the_first_queue() {
         let totals = Usage { gpus: 10, cpu: 0, memory_gib: 0 };
-        let mut heavy = QueueState::new("heavy".into(), 2.0);
-        let mut light = QueueState::new("light".into(), 1.0);
+        let mut heavy = QueueState::new("heavy".into(), 2.0, QueuePolicy::default());
+        let mut light = QueueState::new("light".into(), 1.0, QueuePolicy::default());
         heavy.used.gpus = 4;
         light.used.gpus = 2;
         assert!((heavy.weighted_share(&totals) - light.weighted_share(&totals)).abs() < 1e-12);
@@ -228,8 +231,8 @@ mod tests {
     #[test]
     fn tied_shares_go_to_the_queue_with_less_accrued_share() {
         let totals = Usage { gpus: 16, cpu: 0, memory_gib: 0 };
-        let mut heavy = QueueState::new("heavy".into(), 2.0);
-        let mut light = QueueState::new("light".into(), 1.0);
+        let mut heavy = QueueState::new("heavy".into(), 2.0, QueuePolicy::default());
+        let mut light = QueueState::new("light".into(), 1.0, QueuePolicy::default());
         // Heavy held more than its share for the first 10 s, so it has accrued more.
         heavy.used.gpus = 12;
         light.used.gpus = 5;
@@ -248,7 +251,7 @@ mod tests {
 
     #[test]
     fn queue_order_is_priority_then_submit_time_then_id() {
-        let mut queue = QueueState::new("q".into(), 1.0);
+        let mut queue = QueueState::new("q".into(), 1.0, QueuePolicy::default());
         for (id, priority, at) in [("late-high", 90, 5), ("b-early", 50, 1), ("a-early", 50, 1), ("first", 10, 0)] {
             let job = local_job(id, "q", priority, Duration::ZERO);
             let at = Duration::from_secs(at);
@@ -274,8 +277,7 @@ mod tests {
                 labels: Default::default(),
             })
             .collect();
-        let queues =
-            vec![QueueSpec { name: "heavy".into(), weight: 2.0 }, QueueSpec { name: "light".into(), weight: 1.0 }];
+        let queues = vec![QueueSpec::new("heavy", 2.0), QueueSpec::new("light", 1.0)];
         let mut scheduler = BuiltinScheduler::new(nodes, queues).unwrap();
         let mut next_id = 0u64;
         let mut gpu_secs = BTreeMap::<String, f64>::new();

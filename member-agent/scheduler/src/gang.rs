@@ -75,12 +75,17 @@ impl Node {
 /// Chooses a node for every replica of `job` given what is free now, or `None` when the whole
 /// gang does not fit. Returns node indices, one per replica, grouped by node.
 pub(super) fn place(nodes: &[Node], job: &LocalJob) -> Option<Vec<usize>> {
-    place_with(nodes, job, |node| node.free)
+    place_with(nodes, job, |_, node| node.free)
+}
+
+/// Like [`place`], but with `free[i]` free on node `i` instead of what is free now (a projection).
+pub(super) fn place_on(nodes: &[Node], job: &LocalJob, free: &[NodeFree]) -> Option<Vec<usize>> {
+    place_with(nodes, job, |index, _| free.get(index).copied().unwrap_or_default())
 }
 
 /// Whether `job` would fit if every node were empty.
 pub(super) fn fits_empty(nodes: &[Node], job: &LocalJob) -> bool {
-    place_with(nodes, job, Node::capacity).is_some()
+    place_with(nodes, job, |_, node| node.capacity()).is_some()
 }
 
 /// Why `job` would not fit even with every node empty, naming the first rule no node meets:
@@ -129,7 +134,12 @@ fn node_labels(nodes: &[Node]) -> String {
     shapes.iter().map(|(shape, labels)| format!("{shape}: {labels}")).collect::<Vec<_>>().join("; ")
 }
 
-fn place_with(nodes: &[Node], job: &LocalJob, free_of: impl Fn(&Node) -> NodeFree) -> Option<Vec<usize>> {
+/// The placement rules of this module, with `free_of(index, node)` saying what is free on a node.
+pub(super) fn place_with(
+    nodes: &[Node],
+    job: &LocalJob,
+    free_of: impl Fn(usize, &Node) -> NodeFree,
+) -> Option<Vec<usize>> {
     let mut remaining = job.replicas;
     if remaining == 0 {
         return None;
@@ -140,7 +150,7 @@ fn place_with(nodes: &[Node], job: &LocalJob, free_of: impl Fn(&Node) -> NodeFre
         .filter(|(_, node)| node.accepts(job))
         .map(|(index, node)| Candidate {
             index,
-            capacity: free_of(node).replicas_fitting(job.gpus, job.cpu, job.memory_gib).min(remaining),
+            capacity: free_of(index, node).replicas_fitting(job.gpus, job.cpu, job.memory_gib).min(remaining),
         })
         .filter(|c| c.capacity > 0)
         .collect();
@@ -152,7 +162,7 @@ fn place_with(nodes: &[Node], job: &LocalJob, free_of: impl Fn(&Node) -> NodeFre
     // Leftover after placing `count` replicas: what best fit minimises (GPUs first, since they
     // are what big gangs need whole).
     let leftover = |c: &Candidate, count: u32| {
-        let free = free_of(&nodes[c.index]);
+        let free = free_of(c.index, &nodes[c.index]);
         (
             free.gpus.saturating_sub(count.saturating_mul(job.gpus)),
             free.cpu.saturating_sub(count.saturating_mul(job.cpu)),

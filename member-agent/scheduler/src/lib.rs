@@ -11,8 +11,11 @@
 //!   spans nodes. Nodes are chosen best fit, fewest nodes (`gang.rs`).
 //! - **Weighted dominant resource fairness between queues** (`fairshare.rs`): the queue whose
 //!   dominant share divided by its weight is smallest goes first.
-//! - **Strict order inside a queue, no backfill.** Priority (higher first), then submit time, then
-//!   job id. A queue whose head does not fit waits; other queues may proceed meanwhile.
+//! - **Order inside a queue**: priority (higher first), then submit time, then job id. What a job
+//!   that cannot start now does to the jobs behind it is the queue's [`QueuePolicy`]: `strict`
+//!   (it blocks them), `bestEffort` (they may start in its place) or `backfill` (the default: EASY
+//!   backfill, they may start if they do not delay the member's one reservation; `pass.rs` and
+//!   `reservation.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,8 +26,10 @@ use meridian_proto::spec::JobSpec;
 
 mod fairshare;
 mod gang;
+mod pass;
 mod remaining;
 mod report;
+mod reservation;
 mod scheduler;
 
 #[cfg(test)]
@@ -59,7 +64,7 @@ pub struct NodeSpec {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A local queue and its fair-share weight.
+/// A local queue: its fair-share weight and what a job that cannot start does to those behind it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueSpec {
     /// Unique queue name; [`BuiltinScheduler::queue_for`] maps tenants to queues by it.
@@ -67,6 +72,78 @@ pub struct QueueSpec {
     /// Relative weight (finite, > 0): a queue of weight 2 is entitled to twice the share of a
     /// queue of weight 1 when both have work.
     pub weight: f64,
+    /// How the queue treats a job that cannot start now.
+    pub policy: QueuePolicy,
+}
+
+impl QueueSpec {
+    /// A queue of `weight` with the default policy ([`QueuePolicy::Backfill`]).
+    pub fn new(name: impl Into<String>, weight: f64) -> Self {
+        Self { name: name.into(), weight, policy: QueuePolicy::default() }
+    }
+}
+
+/// How a queue treats a pending job that cannot start now (named as in the agent config).
+///
+/// Every decision uses a job's `run_for`, the member's estimate of its run time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum QueuePolicy {
+    /// Strict FIFO: the first job that cannot start blocks every job behind it in its queue
+    /// (other queues go on). Never takes the member's reservation.
+    Strict,
+    /// Kueue's `BestEffortFIFO`: a job that cannot start is passed over and later jobs of the
+    /// queue may start in its place; nothing is reserved for it.
+    BestEffort,
+    /// EASY backfill (Slurm's backfill plugin, Volcano's backfill action): like `bestEffort`, but
+    /// the first job that cannot start, in the order the pass visits jobs, holds the member's one
+    /// reservation at its earliest start time on specific nodes, and no later start may delay it.
+    #[default]
+    Backfill,
+}
+
+impl QueuePolicy {
+    /// Every policy, in documentation order.
+    pub const ALL: [QueuePolicy; 3] = [QueuePolicy::Strict, QueuePolicy::BestEffort, QueuePolicy::Backfill];
+
+    /// The policy's name as written in configs and on the command line (`bestEffort`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QueuePolicy::Strict => "strict",
+            QueuePolicy::BestEffort => "bestEffort",
+            QueuePolicy::Backfill => "backfill",
+        }
+    }
+}
+
+impl std::fmt::Display for QueuePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for QueuePolicy {
+    type Err = String;
+
+    /// Parses a policy name as [`QueuePolicy::name`] writes it; the error lists the names.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
+            format!("unknown queue policy `{s}`; use one of {}", names.join(", "))
+        })
+    }
+}
+
+/// The member's reservation, as shown by [`BuiltinScheduler::reservation`]: the job that holds it
+/// and where and when it is expected to start if running jobs end at their estimates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// The pending job holding the reservation.
+    pub job_id: String,
+    /// Its earliest start time, from the running jobs' estimated ends.
+    pub starts_at: Duration,
+    /// One node name per replica of its planned placement at `starts_at`.
+    pub nodes: Vec<String>,
 }
 
 /// A job as the builtin scheduler sees it: one gang of identical replicas.
@@ -94,7 +171,8 @@ pub struct LocalJob {
     /// empty matches every node.
     pub node_selector: Selector,
     /// How long the member believes the job runs once started: the spec's runtime estimate (cut
-    /// at its limit). Everything the scheduler decides or reports (releases, waits) uses this.
+    /// at its limit). Everything the scheduler decides or reports (releases, waits, reservations
+    /// and backfill) uses this.
     pub run_for: Duration,
     /// How long the job really runs once started, when that differs from the estimate: set only
     /// by the simulator, which knows the truth; `None` means exactly `run_for` (the builtin

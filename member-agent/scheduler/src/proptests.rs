@@ -1,13 +1,14 @@
 //! Properties of the whole scheduler under random sequences of calls, checked through its public
-//! API only: no node is ever over-committed, every started gang is whole, and no job is both
-//! pending and running.
+//! API only: no node is ever over-committed, every started gang is whole, no job is both
+//! pending and running, and (when jobs end at their estimates) backfill never delays the job
+//! holding the reservation past the start the reservation promised.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::{BuiltinScheduler, LocalJob, NodeSpec, QueueSpec, Started};
+use super::{BuiltinScheduler, LocalJob, NodeSpec, QueuePolicy, QueueSpec, Started};
 
 /// One call on the scheduler.
 #[derive(Debug, Clone)]
@@ -123,7 +124,9 @@ impl JobShape {
 }
 
 /// Checks every property that must hold between calls.
-fn check(scheduler: &BuiltinScheduler, specs: &BTreeMap<String, NodeSpec>) -> Result<(), TestCaseError> {
+fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), TestCaseError> {
+    let specs: BTreeMap<String, NodeSpec> = declared.iter().map(|n| (n.name.clone(), n.clone())).collect();
+    let specs = &specs;
     // Recompute what running jobs hold on each node from their assignments.
     let mut held: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for running in scheduler.running() {
@@ -152,7 +155,6 @@ fn check(scheduler: &BuiltinScheduler, specs: &BTreeMap<String, NodeSpec>) -> Re
     }
     prop_assert_eq!(reported, specs.len());
     // Inventory lists nodes in declaration order within each shape.
-    let declared = nodes();
     let mut free_by_name = BTreeMap::new();
     for shape in &inventory.shapes {
         let names = declared.iter().filter(|n| n.shape == shape.name).map(|n| n.name.as_str());
@@ -203,12 +205,12 @@ proptest! {
     #[test]
     fn random_calls_never_overcommit_a_node_or_split_a_gang(ops in prop::collection::vec(op(), 1..120)) {
         let queues = vec![
-            QueueSpec { name: "default".into(), weight: 1.0 },
-            QueueSpec { name: "research".into(), weight: 2.0 },
-            QueueSpec { name: "prod".into(), weight: 0.5 },
+            QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new("default", 1.0) },
+            QueueSpec { policy: QueuePolicy::BestEffort, ..QueueSpec::new("research", 2.0) },
+            QueueSpec { policy: QueuePolicy::Backfill, ..QueueSpec::new("prod", 0.5) },
         ];
         let mut scheduler = BuiltinScheduler::new(nodes(), queues).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let specs: BTreeMap<String, NodeSpec> = nodes().into_iter().map(|n| (n.name.clone(), n)).collect();
+        let declared = nodes();
         let mut now = Duration::ZERO;
         let mut next_id = 0u32;
         for op in ops {
@@ -247,7 +249,264 @@ proptest! {
                     scheduler.cancel(&format!("job-{id}"));
                 }
             }
-            check(&scheduler, &specs)?;
+            check(&scheduler, &declared)?;
         }
     }
+}
+
+/// One call in the backfill property: like [`Op`], over a random member.
+#[derive(Debug, Clone)]
+enum BackfillOp {
+    Submit(BackfillJob),
+    StartNow(BackfillJob),
+    Schedule,
+    /// Let this many seconds pass, completing jobs and scheduling at every estimated end on the
+    /// way (as the agent and the simulator do).
+    Advance(u64),
+    /// Cancel the job with this sequence number, whatever its state, then schedule.
+    Cancel(u32),
+}
+
+/// A random job for a random member, before it gets an id.
+#[derive(Debug, Clone)]
+struct BackfillJob {
+    queue: usize,
+    priority: u32,
+    replicas: u32,
+    gpus: u32,
+    cpu: u32,
+    memory_gib: u32,
+    run_secs: u64,
+}
+
+impl BackfillJob {
+    fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
+        LocalJob {
+            id: format!("job-{id}"),
+            queue: queues[self.queue % queues.len()].name.clone(),
+            priority: self.priority,
+            replicas: self.replicas,
+            gpus: self.gpus,
+            cpu: self.cpu,
+            memory_gib: self.memory_gib,
+            gpu_types: Vec::new(),
+            gpu_memory_gib: 0,
+            node_selector: Default::default(),
+            run_for: Duration::from_secs(self.run_secs),
+            actual: None,
+        }
+    }
+}
+
+/// 1 to 5 nodes of different sizes, each its own shape.
+fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
+    prop::collection::vec((1u32..=8, 4u32..=32, 32u32..=256), 1..6).prop_map(|sizes| {
+        sizes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (gpus, cpu, memory_gib))| NodeSpec {
+                name: format!("n{i}"),
+                shape: format!("s{i}"),
+                gpu_type: "h100".into(),
+                gpu_memory_gib: 80,
+                gpus,
+                cpu,
+                memory_gib,
+                labels: Default::default(),
+            })
+            .collect()
+    })
+}
+
+/// 1 to 3 queues with random weights and policies, at least one of them `backfill`.
+fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
+    let policy = prop_oneof![Just(QueuePolicy::Strict), Just(QueuePolicy::BestEffort), Just(QueuePolicy::Backfill)];
+    prop::collection::vec((policy, prop_oneof![Just(0.5), Just(1.0), Just(2.0)]), 0..3).prop_map(|rest| {
+        let mut queues = vec![QueueSpec::new("q0", 1.0)];
+        queues.extend(
+            rest.into_iter()
+                .enumerate()
+                .map(|(i, (policy, weight))| QueueSpec { policy, ..QueueSpec::new(format!("q{}", i + 1), weight) }),
+        );
+        queues
+    })
+}
+
+fn backfill_job() -> impl Strategy<Value = BackfillJob> {
+    (0usize..3, 0u32..3, 1u32..4, 1u32..9, 0u32..12, 0u32..96, 0u64..60).prop_map(
+        |(queue, priority, replicas, gpus, cpu, memory_gib, run_secs)| BackfillJob {
+            queue,
+            priority: priority * 25,
+            replicas,
+            gpus,
+            cpu,
+            memory_gib,
+            run_secs,
+        },
+    )
+}
+
+fn backfill_op() -> impl Strategy<Value = BackfillOp> {
+    prop_oneof![
+        5 => backfill_job().prop_map(BackfillOp::Submit),
+        2 => backfill_job().prop_map(BackfillOp::StartNow),
+        2 => Just(BackfillOp::Schedule),
+        3 => (0u64..40).prop_map(BackfillOp::Advance),
+        1 => (0u32..60).prop_map(BackfillOp::Cancel),
+    ]
+}
+
+/// Drives a scheduler and checks the reservation promises as it goes.
+struct Driver {
+    scheduler: BuiltinScheduler,
+    declared: Vec<NodeSpec>,
+    now: Duration,
+    /// Every job that held the reservation and has not started or left, with the earliest start
+    /// any reservation promised it.
+    promised: BTreeMap<String, Duration>,
+    /// How many jobs started while holding a promise.
+    kept: u32,
+}
+
+impl Driver {
+    /// Checks a pass's starts against the promises, then the invariants and the new reservation.
+    fn after_starts(&mut self, started: Vec<Started>) -> Result<(), TestCaseError> {
+        for job in started {
+            check_started(&job, &self.scheduler, self.now)?;
+            if let Some(promise) = self.promised.remove(&job.job_id) {
+                prop_assert!(
+                    self.now <= promise,
+                    "{} started at {:?}, after its reservation promised {:?}",
+                    job.job_id,
+                    self.now,
+                    promise
+                );
+                self.kept += 1;
+            }
+        }
+        self.observe()
+    }
+
+    /// Checks the invariants and records the reservation's promise.
+    fn observe(&mut self) -> Result<(), TestCaseError> {
+        check(&self.scheduler, &self.declared)?;
+        // A holder keeps the reservation until it starts or is cancelled.
+        let holder = self.scheduler.reservation();
+        for id in self.promised.keys() {
+            prop_assert_eq!(Some(id), holder.as_ref().map(|r| &r.job_id), "{} lost its reservation", id);
+        }
+        if let Some(reservation) = holder {
+            prop_assert!(reservation.starts_at >= self.now, "a reservation in the past");
+            prop_assert!(self.scheduler.pending().any(|p| p.job.id == reservation.job_id), "the holder is not pending");
+            let promise = self.promised.entry(reservation.job_id).or_insert(reservation.starts_at);
+            *promise = (*promise).min(reservation.starts_at);
+        }
+        Ok(())
+    }
+
+    /// Completes and schedules at every estimated end until nothing runs.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        self.advance(self.now)?;
+        while let Some(next) = self.scheduler.next_completion() {
+            self.advance(next)?;
+        }
+        Ok(())
+    }
+
+    /// Completes and schedules at every estimated end up to `until`, then schedules at `until`.
+    fn advance(&mut self, until: Duration) -> Result<(), TestCaseError> {
+        while let Some(next) = self.scheduler.next_completion().filter(|next| *next <= until) {
+            self.now = next;
+            self.scheduler.complete_due(next);
+            let started = self.scheduler.schedule(next);
+            self.after_starts(started)?;
+        }
+        self.now = until;
+        let started = self.scheduler.schedule(until);
+        self.after_starts(started)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn backfill_never_delays_the_reserved_head(
+        declared in node_set(),
+        queues in queue_set(),
+        ops in prop::collection::vec(backfill_op(), 1..100),
+    ) {
+        let scheduler = BuiltinScheduler::new(declared.clone(), queues.clone())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut driver = Driver { scheduler, declared, now: Duration::ZERO, promised: BTreeMap::new(), kept: 0 };
+        let mut next_id = 0u32;
+        for op in ops {
+            match op {
+                BackfillOp::Submit(shape) => {
+                    let job = shape.into_job(next_id, &queues);
+                    next_id += 1;
+                    // Jobs that can never fit are refused; the rest queue.
+                    let _ = driver.scheduler.submit(job, driver.now);
+                    driver.observe()?;
+                }
+                BackfillOp::StartNow(shape) => {
+                    let job = shape.into_job(next_id, &queues);
+                    next_id += 1;
+                    if let Ok(started) = driver.scheduler.start_now(job, driver.now) {
+                        driver.after_starts(vec![started])?;
+                    }
+                }
+                BackfillOp::Schedule => {
+                    let started = driver.scheduler.schedule(driver.now);
+                    driver.after_starts(started)?;
+                }
+                BackfillOp::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs))?,
+                BackfillOp::Cancel(id) => {
+                    let id = format!("job-{id}");
+                    driver.scheduler.cancel(&id);
+                    driver.promised.remove(&id);
+                    driver.observe()?;
+                    // Freed resources are offered at once, as the agent's next pass does.
+                    let started = driver.scheduler.schedule(driver.now);
+                    driver.after_starts(started)?;
+                }
+            }
+        }
+        // Run everything out: each holder starts in time, and nothing stays reserved.
+        driver.drain()?;
+        prop_assert!(driver.promised.is_empty(), "never started: {:?}", driver.promised);
+        prop_assert!(driver.scheduler.reservation().is_none());
+        prop_assert_eq!(driver.scheduler.pending().count(), 0, "jobs left pending on an idle member");
+    }
+}
+
+/// The backfill property is not vacuous: over many random runs, reservations are made and kept.
+#[test]
+fn random_runs_do_make_and_keep_reservations() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut kept = 0;
+    for _ in 0..64 {
+        let declared = node_set().new_tree(&mut runner).map(|t| t.current()).unwrap_or_default();
+        let queues = vec![QueueSpec::new("q0", 1.0)];
+        let Ok(scheduler) = BuiltinScheduler::new(declared.clone(), queues.clone()) else { continue };
+        let mut driver = Driver { scheduler, declared, now: Duration::ZERO, promised: BTreeMap::new(), kept: 0 };
+        let ops =
+            prop::collection::vec(backfill_op(), 60).new_tree(&mut runner).map(|t| t.current()).unwrap_or_default();
+        let mut next_id = 0u32;
+        for op in ops {
+            match op {
+                BackfillOp::Submit(shape) | BackfillOp::StartNow(shape) => {
+                    let _ = driver.scheduler.submit(shape.into_job(next_id, &queues), driver.now);
+                    next_id += 1;
+                }
+                BackfillOp::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs)).unwrap(),
+                BackfillOp::Schedule | BackfillOp::Cancel(_) => driver.advance(driver.now).unwrap(),
+            }
+        }
+        driver.drain().unwrap();
+        kept += driver.kept;
+    }
+    assert!(kept >= 20, "only {kept} reservations were kept over 64 runs; the property would be vacuous");
 }

@@ -158,7 +158,7 @@ mod tests {
         };
         BuiltinScheduler::new(
             vec![node("a", "dgx", 8), node("b", "small", 2), node("c", "dgx", 8)],
-            vec![QueueSpec { name: "default".into(), weight: 1.0 }, QueueSpec { name: "research".into(), weight: 3.0 }],
+            vec![QueueSpec::new("default", 1.0), QueueSpec::new("research", 3.0)],
         )
         .unwrap()
     }

@@ -3,11 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use super::fairshare::{PendingKey, QueueState, Usage, queues_by_share};
+use super::fairshare::{PendingKey, QueueState, Usage};
 use super::gang::{self, Node};
-use super::{Cancelled, Error, LocalJob, NodeSpec, PendingJob, QueueSpec, Result, RunningJob, Started};
+use super::reservation::Held;
+use super::{Cancelled, Error, LocalJob, NodeSpec, PendingJob, QueuePolicy, QueueSpec, Result, RunningJob, Started};
 
-/// Meridian's builtin local scheduler: gang placement with weighted DRF between queues.
+/// Meridian's builtin local scheduler: gang placement with weighted DRF between queues, and per
+/// queue strict, best-effort or backfilling order.
 ///
 /// Pure and deterministic: no I/O, no clock (every time-dependent call takes `now`), no hash-map
 /// iteration in any decision. Same calls in the same order give the same results.
@@ -17,13 +19,16 @@ use super::{Cancelled, Error, LocalJob, NodeSpec, PendingJob, QueueSpec, Result,
 /// - **Between queues**, [`schedule`](Self::schedule) repeatedly offers free capacity to the queue
 ///   with the smallest weighted dominant share whose head job fits now; tied shares go to the
 ///   queue with less share accrued over time (see `fairshare.rs`), then to the first declared.
-/// - **Inside a queue, no backfill**: a head that does not fit blocks the jobs behind it, so a big
-///   gang is not starved by a stream of small jobs from its own queue. Other queues keep going.
-///   Known limit: there is no reservation, so a queue whose head needs a whole empty node can
-///   still wait behind other queues' small jobs while those queues have a lower share.
-/// - **[`start_now`](Self::start_now)** (the gateway's offer path) never overtakes a pending job of
-///   equal or higher priority in the job's queue, keeping the in-queue order that `schedule`
-///   follows; it may start a job while other queues have blocked heads, as `schedule` would.
+/// - **Inside a queue**, the queue's [`QueuePolicy`]: a `strict` queue's head that does not fit
+///   blocks the jobs behind it; a `bestEffort` queue passes over it; a `backfill` queue passes
+///   over it too, but the first such job (in the order the pass visits jobs: queues by share,
+///   jobs by priority) takes the member's one reservation, which every later start respects
+///   (see `pass.rs` for the pass and how the reservation and fair share interact, and
+///   `reservation.rs` for the plan and why it is never delayed).
+/// - **[`start_now`](Self::start_now)** (the gateway's offer path) respects the reservation, and in
+///   a `strict` queue never overtakes a pending job of equal or higher priority, keeping the
+///   in-queue order that `schedule` follows; it may start a job while other queues have blocked
+///   heads, as `schedule` would.
 #[derive(Debug, Clone)]
 pub struct BuiltinScheduler {
     /// Managed nodes in declaration order.
@@ -50,6 +55,11 @@ pub struct BuiltinScheduler {
     /// The latest `now` any call passed: `cancel` takes no time, so a cancelled job's queue is
     /// charged its share up to this point.
     clock: Duration,
+    /// The pending job holding the member's backfill reservation, and its plan.
+    pub(super) reservation: Option<Held>,
+    /// A running job ended before its estimate since the plan was made, so the reservation may
+    /// start earlier than planned: the next pass plans again.
+    pub(super) replan: bool,
 }
 
 /// A running job with what it holds.
@@ -60,7 +70,14 @@ pub(super) struct Running {
     /// Queue index whose share the job counts against.
     queue: usize,
     /// Node index per replica.
-    nodes: Vec<usize>,
+    pub(super) nodes: Vec<usize>,
+}
+
+impl Running {
+    /// When the member expects the job to end: its start plus its estimate (`run_for`).
+    pub(super) fn estimated_end(&self) -> Duration {
+        self.view.started_at.checked_add(self.view.job.run_for).unwrap_or(Duration::MAX)
+    }
 }
 
 impl BuiltinScheduler {
@@ -114,7 +131,7 @@ impl BuiltinScheduler {
         Ok(Self {
             nodes: nodes.into_iter().map(Node::new).collect(),
             shapes,
-            queues: queues.into_iter().map(|q| QueueState::new(q.name, q.weight)).collect(),
+            queues: queues.into_iter().map(|q| QueueState::new(q.name, q.weight, q.policy)).collect(),
             queue_index,
             free_gpus: totals.gpus,
             totals,
@@ -122,6 +139,8 @@ impl BuiltinScheduler {
             running: BTreeMap::new(),
             completions: BTreeSet::new(),
             clock: Duration::ZERO,
+            reservation: None,
+            replan: false,
         })
     }
 
@@ -151,14 +170,17 @@ impl BuiltinScheduler {
     }
 
     /// The gateway's offer path: starts `job` at once if its whole gang fits on the free nodes
-    /// now, else returns an error and changes nothing.
+    /// now without delaying the member's reservation, else returns an error and changes nothing.
     ///
-    /// Refuses with [`Error::WouldOvertake`] when a pending job of equal or higher priority waits
-    /// in the same queue, since `schedule` would run that one first. Lower-priority pending jobs
-    /// do not block it: the job would be ordered ahead of them anyway.
+    /// In a `strict` queue, refuses with [`Error::WouldOvertake`] when a pending job of equal or
+    /// higher priority waits in the same queue, since `schedule` would run that one first.
+    /// Lower-priority pending jobs do not block it: the job would be ordered ahead of them
+    /// anyway. In `bestEffort` and `backfill` queues a job that fits may start past waiting ones,
+    /// as `schedule` would let it.
     pub fn start_now(&mut self, job: LocalJob, now: Duration) -> Result<Started> {
         let queue = self.admit(&job)?;
-        if let Some((_, head)) = self.queues[queue].head()
+        if self.queues[queue].policy == QueuePolicy::Strict
+            && let Some((_, head)) = self.queues[queue].head()
             && head.job.priority >= job.priority
         {
             return Err(Error::WouldOvertake {
@@ -167,31 +189,9 @@ impl BuiltinScheduler {
                 ahead: head.job.id.clone(),
             });
         }
-        match self.place_now(&job) {
+        match self.place_now(&job, now) {
             Some(placement) => Ok(self.start(job, queue, placement, now)),
             None => Err(Error::DoesNotFitNow { job_id: job.id }),
-        }
-    }
-
-    /// Starts whatever pending jobs the policy allows now, in the order they start.
-    ///
-    /// Repeatedly takes the queue with the smallest weighted share whose head fits and starts
-    /// that head. A queue whose head does not fit is skipped for the rest of the call: starting
-    /// jobs only takes resources, so the head cannot come to fit before the next call.
-    pub fn schedule(&mut self, now: Duration) -> Vec<Started> {
-        self.advance_to(now);
-        let mut started = Vec::new();
-        let mut blocked = vec![false; self.queues.len()];
-        'rounds: loop {
-            for queue in queues_by_share(&self.queues, &self.totals, &blocked) {
-                if let Some(job) = self.start_head(queue, now) {
-                    started.push(job);
-                    // Shares changed: recompute the order.
-                    continue 'rounds;
-                }
-                blocked[queue] = true;
-            }
-            return started;
         }
     }
 
@@ -237,6 +237,9 @@ impl BuiltinScheduler {
     pub fn cancel(&mut self, job_id: &str) -> Cancelled {
         if let Some((queue, key)) = self.pending_index.remove(job_id) {
             self.queues[queue].remove(&key);
+            if self.reservation.as_ref().is_some_and(|held| held.job_id == job_id) {
+                self.reservation = None;
+            }
             return Cancelled::WasPending;
         }
         if self.release(job_id).is_some() {
@@ -266,7 +269,7 @@ impl BuiltinScheduler {
     }
 
     /// Moves the clock to `now` (never back) and brings every queue's accrued share up to it.
-    fn advance_to(&mut self, now: Duration) {
+    pub(super) fn advance_to(&mut self, now: Duration) {
         self.clock = self.clock.max(now);
         for queue in &mut self.queues {
             queue.accrue(&self.totals, self.clock);
@@ -294,20 +297,30 @@ impl BuiltinScheduler {
         Ok(queue)
     }
 
-    /// A placement on the free nodes now, if the whole gang fits.
-    fn place_now(&self, job: &LocalJob) -> Option<Vec<usize>> {
+    /// A placement on the free nodes now for `job` started at `now`, if the whole gang fits
+    /// without delaying the reservation: a job that would still run at the reservation's start
+    /// may use only the spare of the reserved nodes.
+    pub(super) fn place_now(&self, job: &LocalJob, now: Duration) -> Option<Vec<usize>> {
         if job.total_gpus() > self.free_gpus {
             return None;
         }
-        gang::place(&self.nodes, job)
+        match &self.reservation {
+            Some(held) if !held.plan.ends_in_time(now, job.run_for) => {
+                gang::place_with(&self.nodes, job, |index, node| held.plan.usable(index, node.free))
+            }
+            _ => gang::place(&self.nodes, job),
+        }
     }
 
-    /// Starts the head of `queue` if it fits now.
-    fn start_head(&mut self, queue: usize, now: Duration) -> Option<Started> {
-        let (key, head) = self.queues[queue].head()?;
-        let placement = self.place_now(&head.job)?;
-        let key = key.clone();
-        let pending = self.queues[queue].remove(&key)?;
+    /// Removes the pending job at `key` of `queue` and starts it on `placement`.
+    pub(super) fn start_pending(
+        &mut self,
+        queue: usize,
+        key: &PendingKey,
+        placement: Vec<usize>,
+        now: Duration,
+    ) -> Option<Started> {
+        let pending = self.queues[queue].remove(key)?;
         self.pending_index.remove(&pending.job.id);
         Some(self.start(pending.job, queue, placement, now))
     }
@@ -316,6 +329,13 @@ impl BuiltinScheduler {
     fn start(&mut self, job: LocalJob, queue: usize, placement: Vec<usize>, now: Duration) -> Started {
         for &index in &placement {
             self.nodes[index].take(&job);
+        }
+        if let Some(held) = &mut self.reservation
+            && !held.plan.ends_in_time(now, job.run_for)
+        {
+            for &index in &placement {
+                held.plan.take(index, &job);
+            }
         }
         self.clock = self.clock.max(now);
         let usage = Usage::of_job(&job);
@@ -335,6 +355,9 @@ impl BuiltinScheduler {
     /// Removes a running job and gives back everything it held.
     fn release(&mut self, job_id: &str) -> Option<RunningJob> {
         let running = self.running.remove(job_id)?;
+        if self.clock < running.estimated_end() {
+            self.replan = true;
+        }
         let job = &running.view.job;
         for &index in &running.nodes {
             self.nodes[index].give_back(job);
@@ -374,7 +397,16 @@ mod tests {
     }
 
     fn queue(name: &str, weight: f64) -> QueueSpec {
-        QueueSpec { name: name.into(), weight }
+        QueueSpec::new(name, weight)
+    }
+
+    fn strict(name: &str) -> QueueSpec {
+        QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new(name, 1.0) }
+    }
+
+    /// Two 8-GPU nodes and two strict queues, `default` and `team`.
+    fn two_nodes_strict() -> BuiltinScheduler {
+        BuiltinScheduler::new(vec![node("a", 8), node("b", 8)], vec![strict("default"), strict("team")]).unwrap()
     }
 
     fn job(id: &str, queue: &str, replicas: u32, gpus: u32) -> LocalJob {
@@ -497,8 +529,8 @@ mod tests {
     }
 
     #[test]
-    fn start_now_does_not_overtake_equal_or_higher_priority_in_its_queue() {
-        let mut s = two_nodes();
+    fn start_now_in_a_strict_queue_does_not_overtake_equal_or_higher_priority() {
+        let mut s = two_nodes_strict();
         s.start_now(job("hog", "default", 1, 8), secs(0)).unwrap();
         s.submit(job("gang", "default", 2, 8), secs(0)).unwrap();
         assert!(matches!(s.start_now(job("same", "default", 1, 1), secs(1)), Err(Error::WouldOvertake { .. })));
@@ -509,8 +541,8 @@ mod tests {
     }
 
     #[test]
-    fn blocked_head_blocks_its_queue_but_not_other_queues() {
-        let mut s = two_nodes();
+    fn strict_blocked_head_blocks_its_queue_but_not_other_queues() {
+        let mut s = two_nodes_strict();
         s.start_now(job("hog", "default", 1, 8), secs(0)).unwrap();
         s.submit(job("gang", "default", 2, 8), secs(1)).unwrap();
         s.submit(job("behind", "default", 1, 1), secs(2)).unwrap();

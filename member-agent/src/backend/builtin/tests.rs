@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::backend::JobEventReceiver;
-use crate::builtin::{NodeSpec, QueueSpec};
+use crate::builtin::{NodeSpec, QueuePolicy, QueueSpec};
 
 fn node(name: &str, gpus: u32) -> NodeSpec {
     NodeSpec {
@@ -45,11 +45,13 @@ fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
 
 /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
 fn backend() -> (BuiltinBackend, JobEventReceiver) {
-    let scheduler = BuiltinScheduler::new(
-        vec![node("n-0", 8)],
-        vec![QueueSpec { name: "a".into(), weight: 1.0 }, QueueSpec { name: "b".into(), weight: 1.0 }],
-    )
-    .unwrap();
+    backend_with(QueuePolicy::default())
+}
+
+/// Like [`backend`], with both queues under `policy`.
+fn backend_with(policy: QueuePolicy) -> (BuiltinBackend, JobEventReceiver) {
+    let queue = |name: &str| QueueSpec { policy, ..QueueSpec::new(name, 1.0) };
+    let scheduler = BuiltinScheduler::new(vec![node("n-0", 8)], vec![queue("a"), queue("b")]).unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     (BuiltinBackend::new(scheduler, 1.0, tx).unwrap(), rx)
 }
@@ -103,7 +105,9 @@ async fn a_job_queues_locally_when_the_cluster_is_busy_and_starts_when_capacity_
 
 #[tokio::test(start_paused = true)]
 async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() {
-    let (backend, mut events) = backend();
+    // Strict queues: under backfill, `a-2` would take the member's reservation when it blocks
+    // (before `b-1` arrives) and keep it, so it would go first.
+    let (backend, mut events) = backend_with(QueuePolicy::Strict);
     // Queue `a` holds the whole node; `a` and then `b` queue one job each behind it.
     backend.submit(&assignment("a-1", 1, spec("a", 8, 100))).await.unwrap();
     assert!(matches!(

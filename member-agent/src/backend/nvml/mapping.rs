@@ -316,11 +316,7 @@ mod tests {
         for readings in [dgx_h100(), a100_with_mig(), l4_host()] {
             let nodes = host_nodes(&readings, &BTreeMap::new()).unwrap();
             let specs = nodes.into_iter().map(|n| n.spec).collect();
-            crate::builtin::BuiltinScheduler::new(
-                specs,
-                vec![crate::builtin::QueueSpec { name: "default".into(), weight: 1.0 }],
-            )
-            .unwrap();
+            crate::builtin::BuiltinScheduler::new(specs, vec![crate::builtin::QueueSpec::new("default", 1.0)]).unwrap();
         }
     }
 }

@@ -34,6 +34,8 @@ mod scheduler;
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod testkit;
 
 pub use remaining::{OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION};
 pub use report::MAX_RELEASE_BUCKETS;

@@ -200,38 +200,9 @@ impl BuiltinScheduler {
 // Tests may panic on a broken expectation; that is how they fail.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use super::super::{Cancelled, Error, NodeSpec, QueueSpec, Reservation};
+    use super::super::testkit::{job, node};
+    use super::super::{Cancelled, Error, QueueSpec, Reservation};
     use super::*;
-
-    fn node(name: &str, gpus: u32) -> NodeSpec {
-        NodeSpec {
-            name: name.into(),
-            shape: format!("h100x{gpus}"),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus,
-            cpu: 64,
-            memory_gib: 512,
-            labels: Default::default(),
-        }
-    }
-
-    fn job(id: &str, queue: &str, replicas: u32, gpus: u32, run_secs: u64) -> LocalJob {
-        LocalJob {
-            id: id.into(),
-            queue: queue.into(),
-            priority: 50,
-            replicas,
-            gpus,
-            cpu: 4,
-            memory_gib: 32,
-            gpu_types: Vec::new(),
-            gpu_memory_gib: 0,
-            node_selector: Default::default(),
-            run_for: secs(run_secs),
-            actual: None,
-        }
-    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)

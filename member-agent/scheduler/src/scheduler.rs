@@ -381,20 +381,8 @@ fn same_shape(a: &NodeSpec, b: &NodeSpec) -> bool {
 // Tests may panic on a broken expectation; that is how they fail.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use super::super::testkit::{self, node};
     use super::*;
-
-    fn node(name: &str, gpus: u32) -> NodeSpec {
-        NodeSpec {
-            name: name.into(),
-            shape: format!("h100x{gpus}"),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus,
-            cpu: 64,
-            memory_gib: 512,
-            labels: Default::default(),
-        }
-    }
 
     fn queue(name: &str, weight: f64) -> QueueSpec {
         QueueSpec::new(name, weight)
@@ -409,21 +397,9 @@ mod tests {
         BuiltinScheduler::new(vec![node("a", 8), node("b", 8)], vec![strict("default"), strict("team")]).unwrap()
     }
 
+    /// A job estimated (and running) 100 s.
     fn job(id: &str, queue: &str, replicas: u32, gpus: u32) -> LocalJob {
-        LocalJob {
-            id: id.into(),
-            queue: queue.into(),
-            priority: 50,
-            replicas,
-            gpus,
-            cpu: 4,
-            memory_gib: 32,
-            gpu_types: Vec::new(),
-            gpu_memory_gib: 0,
-            node_selector: Default::default(),
-            run_for: Duration::from_secs(100),
-            actual: None,
-        }
+        testkit::job(id, queue, replicas, gpus, 100)
     }
 
     fn two_nodes() -> BuiltinScheduler {

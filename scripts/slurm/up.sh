@@ -34,7 +34,9 @@ die() {
     exit 1
 }
 
-# 1. Packages (keep their services from starting on install: policy-rc.d says no).
+# 1. Packages (keep their services from starting on install: policy-rc.d says no). Debian 12
+# splits Slurm (the `slurm-wlm` suite, 22.05) into these; when a distribution lacks the split
+# names, the `slurm-wlm` metapackage is tried instead.
 packages="slurmctld slurmd slurm-client munge"
 missing=no
 for tool in slurmctld slurmd sbatch munged; do command -v "$tool" >/dev/null || missing=yes; done
@@ -53,6 +55,11 @@ if [ "$missing" = yes ]; then
     install_ok=yes
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         $packages >/dev/null; } || install_ok=no
+    if [ "$install_ok" = no ]; then
+        extra=${packages#slurmctld slurmd slurm-client munge}
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge $extra \
+            >/dev/null && install_ok=yes
+    fi
     [ "$created_policy" = yes ] && rm -f /usr/sbin/policy-rc.d
     [ "$install_ok" = yes ] || die "apt-get install $packages failed"
 fi

@@ -8,7 +8,9 @@
 #
 # Real services:
 # - Slurm (controller, four fake-GPU nodes, munge) from Debian's packages, for the Slurm
-#   backend's tests: `scripts/slurm/up.sh` installs the packages when they are missing and starts
+#   backend's tests: `scripts/slurm/up.sh` installs the packages when they are missing (Debian's
+#   slurmctld, slurmd, slurm-client and munge, the split `slurm-wlm` suite, falling back to the
+#   `slurm-wlm` metapackage; plus slurmdbd and mariadb-server for accounting) and starts
 #   a private cluster under a temporary directory; it is stopped on exit by the PIDs it wrote.
 #   The Slurm tests fail (they do not skip) without it; set MERIDIAN_SKIP_SLURM=1 to skip them
 #   knowingly on a machine that cannot run Slurm. It starts in accounting mode (`--accounting`:

@@ -38,7 +38,8 @@ pub struct SimArgs {
     #[arg(long, value_name = "NAME", requires = "load")]
     pub profile: Option<String>,
     /// Offered load of the synthetic workload: GPU-hours offered ÷ GPU-hours the owned clusters
-    /// have over the arrival window (1.0 = exactly full).
+    /// have over the arrival window (1.0 = exactly full), both in reference-GPU hours (each GPU
+    /// weighted by its type's `gpuSpeed`).
     #[arg(long, value_name = "X")]
     pub load: Option<f64>,
     /// Number of synthetic jobs (default: the profile's).
@@ -169,11 +170,13 @@ pub fn home_clusters(topology: &Topology) -> Vec<HomeCluster> {
 }
 
 /// GPUs the load factor is measured against: the owned tier (what is paid for already), or
-/// the whole fleet when it has no owned cluster.
+/// the whole fleet when it has no owned cluster, in reference-GPU equivalents. Durations are
+/// defined on the reference type (`gpuSpeed` 1.0), so a V100 at 0.4 offers 0.4 of a GPU-hour
+/// per hour, and load 1.0 means the owned GPUs can just serve the demand.
 pub fn capacity_gpus(topology: &Topology) -> u64 {
     match topology.owned_gpus() {
-        0 => topology.gpus(),
-        owned => owned,
+        0 => topology.reference_gpus_all(),
+        _ => topology.owned_reference_gpus(),
     }
 }
 

@@ -131,6 +131,28 @@ impl Topology {
         self.clusters.iter().filter(|c| c.info.tier == Tier::Owned).map(SimCluster::gpus).sum()
     }
 
+    /// GPUs of the owned-tier clusters in reference-GPU equivalents (each GPU counts its type's
+    /// `gpuSpeed`; a job's duration is defined on the reference type), rounded, at least 1.
+    pub fn owned_reference_gpus(&self) -> u64 {
+        self.reference_gpus(|c| c.info.tier == Tier::Owned)
+    }
+
+    /// Every cluster's GPUs in reference-GPU equivalents, rounded, at least 1.
+    pub fn reference_gpus_all(&self) -> u64 {
+        self.reference_gpus(|_| true)
+    }
+
+    fn reference_gpus(&self, counted: impl Fn(&SimCluster) -> bool) -> u64 {
+        let total: f64 = self
+            .clusters
+            .iter()
+            .filter(|c| counted(c))
+            .flat_map(SimCluster::gpu_types)
+            .map(|(name, gpus, _)| gpus as f64 * self.speed(&name))
+            .sum();
+        (total.round() as u64).max(1)
+    }
+
     /// Regions of the clusters, sorted, each once.
     pub fn regions(&self) -> Vec<String> {
         let regions: BTreeSet<&str> = self.clusters.iter().map(|c| c.info.region.as_str()).collect();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::testkit;
 use super::{BuiltinScheduler, LocalJob, NodeSpec, QueuePolicy, QueueSpec, Started};
 
 /// One call on the scheduler.
@@ -107,18 +108,12 @@ fn op() -> impl Strategy<Value = Op> {
 impl JobShape {
     fn into_job(self, id: u32) -> LocalJob {
         LocalJob {
-            id: format!("job-{id}"),
-            queue: QUEUES[self.queue].into(),
             priority: self.priority,
-            replicas: self.replicas,
-            gpus: self.gpus,
             cpu: self.cpu,
             memory_gib: self.memory_gib,
             gpu_types: if self.wants_a100 { vec!["a100".into()] } else { Vec::new() },
             gpu_memory_gib: self.gpu_memory_gib,
-            node_selector: Default::default(),
-            run_for: Duration::from_secs(self.run_secs),
-            actual: None,
+            ..testkit::job(&format!("job-{id}"), QUEUES[self.queue], self.replicas, self.gpus, self.run_secs)
         }
     }
 }
@@ -281,19 +276,12 @@ struct BackfillJob {
 
 impl BackfillJob {
     fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
+        let queue = &queues[self.queue % queues.len()].name;
         LocalJob {
-            id: format!("job-{id}"),
-            queue: queues[self.queue % queues.len()].name.clone(),
             priority: self.priority,
-            replicas: self.replicas,
-            gpus: self.gpus,
             cpu: self.cpu,
             memory_gib: self.memory_gib,
-            gpu_types: Vec::new(),
-            gpu_memory_gib: 0,
-            node_selector: Default::default(),
-            run_for: Duration::from_secs(self.run_secs),
-            actual: None,
+            ..testkit::job(&format!("job-{id}"), queue, self.replicas, self.gpus, self.run_secs)
         }
     }
 }

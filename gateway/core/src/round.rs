@@ -49,6 +49,7 @@ impl Core {
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
         let mut snapshot = self.registry.snapshot(&self.config.network);
+        snapshot.set_gpu_speed(&self.config.placement.gpu_speed);
         let mut usage: BTreeMap<String, u32> = BTreeMap::new();
         let mut queued = Vec::new();
         for job in self.active.values() {

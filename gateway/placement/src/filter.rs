@@ -231,7 +231,9 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
                 continue;
             }
         }
-        options.insert(TypeOption { type_id, price }, shapes);
+        // Options compete on the price of work: a type twice as fast does an hour's work in half
+        // an hour.
+        options.insert(TypeOption { type_id, price: price / cluster.speed(type_id) }, shapes);
     }
 
     if !any_type {

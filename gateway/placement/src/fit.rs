@@ -46,7 +46,8 @@ pub(crate) struct Demand {
 pub(crate) struct TypeOption {
     /// The type's id in the cluster's [`FreeIndex`]: the index of its first shape.
     pub(crate) type_id: usize,
-    /// US$ per GPU-hour of the type on this cluster.
+    /// US$ per reference GPU-hour of work on this type here: its hourly price ÷ its relative
+    /// speed ([`PlacementConfig::gpu_speed`](crate::PlacementConfig::gpu_speed); 1 when unknown).
     pub(crate) price: f64,
 }
 

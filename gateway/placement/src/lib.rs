@@ -91,8 +91,16 @@ pub fn place_waited(
         // Also true when no owned cluster fits.
         let owned_is_slow = waited_secs + best_owned_wait > after_secs as f64;
         if owned_is_slow {
-            // Past the threshold the owner values time more than money (within the budget).
-            let weight = config.usd_to_seconds * config.burst_usd_weight;
+            // Past the threshold the owner values time more than money (within the budget), and
+            // the more so the longer the owned clusters would keep the job waiting: a wait of k
+            // times `burst.after` divides the weight of a dollar by k.
+            let owned_total = waited_secs + best_owned_wait;
+            let patience = if owned_total.is_finite() && owned_total > 0.0 {
+                (after_secs as f64 / owned_total).min(1.0)
+            } else {
+                0.0
+            };
+            let weight = config.usd_to_seconds * config.burst_usd_weight * patience;
             for candidate in &mut candidates {
                 if let Verdict::Scored(score) = &mut candidate.verdict {
                     score.reweigh_cost(weight, config);

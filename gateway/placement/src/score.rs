@@ -2,9 +2,13 @@
 //!
 //! ```text
 //! total = max(expected wait, data transfer time)          // data copies while the job waits
-//!       + usd_to_seconds × (compute US$ + egress US$)         // × burst_usd_weight past burst.after
+//!       + usd_to_seconds × (compute US$ + egress US$)     // × burst_usd_weight × after ÷ owned wait,
+//!                                                         //   past burst.after
+//! compute US$ = GPUs × price of the type ÷ its speed × runtime estimate
 //!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
 //! ```
+
+use std::collections::BTreeMap;
 
 use meridian_proto::inventory::GpuRelease;
 use meridian_proto::spec::DataRef;
@@ -42,6 +46,11 @@ pub struct PlacementConfig {
     /// enough that most jobs never need a hold, short enough that a large gang is not starved
     /// by a stream of small ones.
     pub hold_after_secs: f64,
+    /// Relative training throughput per GPU type (`h100: 2.5`, `v100: 0.4`); a type not listed
+    /// counts as 1. A job's `runtime.estimate` is read as its run time on a type of speed 1, so on
+    /// a type of speed 2 it costs half as many GPU-hours: the cheapest type for a job is the one
+    /// with the lowest price ÷ speed. Empty (the default): every type is equally fast.
+    pub gpu_speed: BTreeMap<String, f64>,
 }
 
 impl Default for PlacementConfig {
@@ -52,6 +61,7 @@ impl Default for PlacementConfig {
             unknown_wait_secs: 21_600.0,
             burst_usd_weight: 0.1,
             hold_after_secs: 1_800.0,
+            gpu_speed: BTreeMap::new(),
         }
     }
 }
@@ -70,6 +80,12 @@ impl PlacementConfig {
         .into_iter()
         .filter(|(_, value)| !(value.is_finite() && *value >= 0.0))
         .map(|(field, value)| format!("{prefix}{field}: {value} must be a finite number >= 0"))
+        .chain(
+            self.gpu_speed
+                .iter()
+                .filter(|(_, speed)| !(speed.is_finite() && **speed > 0.0))
+                .map(|(gpu, speed)| format!("{prefix}gpuSpeed.{gpu}: {speed} must be a finite number > 0")),
+        )
         .collect()
     }
 }
@@ -90,7 +106,8 @@ pub struct ScoreBreakdown {
     pub expected_start_secs: f64,
     /// US$ of egress for that copy.
     pub egress_usd: f64,
-    /// US$ for the gang's GPUs over the runtime estimate (charge-back rate on owned clusters).
+    /// US$ for the gang's GPUs over the runtime estimate on this GPU type (the estimate ÷ the
+    /// type's speed; charge-back rate on owned clusters).
     pub compute_usd: f64,
     /// 0..1: mean share of a touched node's GPUs left free after placing (0 = fills nodes).
     pub fragmentation: f64,

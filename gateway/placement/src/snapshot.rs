@@ -1,5 +1,6 @@
 //! What placement reads about the federation for one placement cycle.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -33,6 +34,10 @@ pub struct ClusterSnapshot {
     region: Name,
     /// US$ per GPU-hour of each shape's GPU type (`info.price`), looked up once.
     prices: Vec<f64>,
+    /// Relative throughput of each shape's GPU type ([`PlacementConfig::gpu_speed`]); empty: all 1.
+    ///
+    /// [`PlacementConfig::gpu_speed`]: crate::PlacementConfig::gpu_speed
+    speeds: Vec<f64>,
     /// GPUs of federation-queue jobs decided, earlier in this placement cycle, to wait for this
     /// cluster: they are ahead of any job placed later in the cycle.
     waiting_gpus: u64,
@@ -67,6 +72,7 @@ impl ClusterSnapshot {
             name,
             region,
             prices,
+            speeds: Vec::new(),
             waiting_gpus: 0,
             labels_text: OnceLock::new(),
             node_labels_text: OnceLock::new(),
@@ -113,6 +119,22 @@ impl ClusterSnapshot {
     /// US$ per GPU-hour of the GPU type of shape `shape`.
     pub(crate) fn price(&self, shape: usize) -> f64 {
         self.prices.get(shape).copied().unwrap_or(0.0)
+    }
+
+    /// Relative throughput of the GPU type of shape `shape` (1 when not known).
+    pub(crate) fn speed(&self, shape: usize) -> f64 {
+        self.speeds.get(shape).copied().unwrap_or(1.0)
+    }
+
+    /// Sets each GPU type's relative throughput from `table` (type → speed; a type it does not
+    /// list, and a speed that is not a positive number, count as 1).
+    pub fn set_gpu_speed(&mut self, table: &BTreeMap<String, f64>) {
+        self.speeds = self
+            .inventory
+            .shapes
+            .iter()
+            .map(|s| table.get(&s.gpu_type).copied().filter(|v| v.is_finite() && *v > 0.0).unwrap_or(1.0))
+            .collect();
     }
 
     /// The cluster's nodes and their index, for best fit, every node considered.
@@ -210,6 +232,17 @@ impl FederationSnapshot {
     /// A snapshot of `clusters` with the given network table.
     pub fn new(clusters: Vec<ClusterSnapshot>, network: NetworkTable) -> Self {
         Self { clusters, network }
+    }
+
+    /// Sets every cluster's GPU speeds ([`ClusterSnapshot::set_gpu_speed`]); an empty table
+    /// changes nothing.
+    pub fn set_gpu_speed(&mut self, table: &BTreeMap<String, f64>) {
+        if table.is_empty() {
+            return;
+        }
+        for cluster in &mut self.clusters {
+            cluster.set_gpu_speed(table);
+        }
     }
 
     /// The cluster named `name`.

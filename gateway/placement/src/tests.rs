@@ -733,12 +733,30 @@ fn past_the_burst_threshold_hours_of_waiting_outweigh_the_cloud_price() {
 
     let d = place(&spec, &fed, &PlacementConfig::default());
     assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
+    // 60 s per $ × 0.1 past the threshold, divided by 12: the owned wait (6 h) is 12 × `after`.
     let weight = d.chosen_candidate().and_then(|c| c.score()).map(|s| s.usd_weight_secs);
-    assert_eq!(weight, Some(6.0));
+    assert_eq!(weight, Some(0.5));
 
-    // Counting every dollar at full weight, the same cluster would wait six hours to save $800.
-    let full_price = PlacementConfig { burst_usd_weight: 1.0, ..PlacementConfig::default() };
+    // Counting every dollar at twelve times full weight, the same cluster would wait six hours to
+    // save $800.
+    let full_price = PlacementConfig { usd_to_seconds: 720.0, burst_usd_weight: 1.0, ..PlacementConfig::default() };
     assert_eq!(chosen(&place(&spec, &fed, &full_price)), Some("owned"));
+}
+
+#[test]
+fn the_longer_owned_clusters_would_keep_a_job_waiting_the_less_a_dollar_weighs() {
+    let cloud = priced(cluster("cloud", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8])]), "h100", 6.98);
+    let mut spec = job(1, 8);
+    spec.placement.burst = BurstPolicy::After { after: HumanDuration::from_secs(1800), max_usd_per_hour: None };
+    let weight_at = |owned_wait_secs: u64| {
+        let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0])], owned_wait_secs);
+        let d = place(&spec, &federation(vec![owned, cloud.clone()]), &PlacementConfig::default());
+        d.candidates.iter().find(|c| c.cluster == "cloud").and_then(|c| c.score()).map(|s| s.usd_weight_secs)
+    };
+    assert_eq!(weight_at(3600), Some(3.0), "twice `after`: half of 6 s per $");
+    assert_eq!(weight_at(4 * 3600), Some(0.75), "8 × `after`: an eighth");
+    // Below the threshold the cloud is not a candidate at all.
+    assert_eq!(weight_at(600), None);
 }
 
 // --- the free-GPU index against a scan of every node --------------------------------------------
@@ -811,4 +829,43 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn gpu_speed_makes_the_faster_type_cheaper_per_unit_of_work() {
+    // $0.70 per V100-hour is cheaper by the hour than $1.20 per A100-hour, but a V100 does 0.4 of
+    // an A100's work: per unit of work it costs $1.75.
+    let mixed = cluster("mixed", "us-east", Tier::Owned, vec![shape("v100", 8, &[8]), shape("a100", 8, &[8])]);
+    let mixed = priced(priced(mixed, "v100", 0.7), "a100", 1.2);
+    let mut spec = job(1, 1);
+    spec.runtime.estimate = HumanDuration::from_secs(10 * 3600);
+    let blind = place(&spec, &federation(vec![mixed.clone()]), &PlacementConfig::default());
+    let blind = blind.chosen_candidate().and_then(|c| c.score()).cloned().unwrap();
+    assert_eq!(blind.gpu_type, "v100");
+    assert!((blind.compute_usd - 7.0).abs() < 1e-9, "{}", blind.compute_usd);
+
+    let speeds = PlacementConfig {
+        gpu_speed: [("v100".to_owned(), 0.4), ("a100".to_owned(), 1.0)].into_iter().collect(),
+        ..PlacementConfig::default()
+    };
+    let mut fed = federation(vec![mixed]);
+    fed.set_gpu_speed(&speeds.gpu_speed);
+    let aware = place(&spec, &fed, &speeds);
+    let aware = aware.chosen_candidate().and_then(|c| c.score()).cloned().unwrap();
+    assert_eq!(aware.gpu_type, "a100");
+    assert!((aware.compute_usd - 12.0).abs() < 1e-9, "{}", aware.compute_usd);
+}
+
+#[test]
+fn a_gpu_speed_must_be_a_positive_number() {
+    let config = PlacementConfig {
+        gpu_speed: [("v100".to_owned(), 0.0), ("h100".to_owned(), f64::NAN), ("a100".to_owned(), 1.0)]
+            .into_iter()
+            .collect(),
+        ..PlacementConfig::default()
+    };
+    let problems = config.problems("placement.");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems.iter().any(|p| p.starts_with("placement.gpuSpeed.v100: 0")), "{problems:?}");
+    assert!(problems.iter().any(|p| p.starts_with("placement.gpuSpeed.h100: NaN")), "{problems:?}");
 }

@@ -100,8 +100,14 @@ struct Agent {
 
 impl Federation {
     pub(super) fn new(topology: &Topology, config: &SimConfig, jobs: usize) -> Self {
+        let mut placement = config.placement.clone();
+        // The gateway knows the fleet's GPU speeds as an operator would configure them (the
+        // `cheapest` baseline reads the same table), unless `--placement` gave its own.
+        if placement.gpu_speed.is_empty() {
+            placement.gpu_speed = topology.gpu_speed.clone();
+        }
         let core_config = CoreConfig {
-            placement: config.placement.clone(),
+            placement,
             network: topology.network.clone(),
             cluster_timeout: NEVER,
             lost_job_timeout: NEVER,

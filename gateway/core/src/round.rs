@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use meridian_placement::FederationSnapshot;
 use meridian_placement::Holds;
-use meridian_placement::queue::{FairQueue, QueuedJob};
+use meridian_placement::queue::{FairQueue, QueuedJob, Usage};
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::GatewayCommand;
 
@@ -50,7 +51,7 @@ impl Core {
         self.round_wanted = false;
         let mut snapshot = self.registry.snapshot(&self.config.network);
         snapshot.set_gpu_speed(&self.config.placement.gpu_speed);
-        let mut usage: BTreeMap<String, u32> = BTreeMap::new();
+        let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         let mut queued = Vec::new();
         for job in self.active.values() {
             if job.state == JobState::Offered {
@@ -62,21 +63,16 @@ impl Core {
                 }
             }
             if holds_gpus(job.state) {
+                let held = Usage::of(&queued_job(job));
                 match usage.get_mut(job.spec.tenant.as_str()) {
-                    Some(gpus) => *gpus += job.spec.total_gpus(),
+                    Some(tenant) => tenant.add(held),
                     None => {
-                        usage.insert(job.spec.tenant.clone(), job.spec.total_gpus());
+                        usage.insert(job.spec.tenant.clone(), held);
                     }
                 }
             }
             if job.state == JobState::Queued {
-                queued.push(QueuedJob {
-                    id: job.id.clone(),
-                    tenant: job.spec.tenant.clone(),
-                    priority: job.spec.priority,
-                    submitted_at_ms: job.submitted_at_ms,
-                    gpus: job.spec.total_gpus(),
-                });
+                queued.push(queued_job(job));
             }
         }
         if queued.is_empty() {
@@ -93,7 +89,7 @@ impl Core {
             });
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
-        let mut queue = FairQueue::new(queued, &usage, |t| self.config.tenant_weight(t));
+        let mut queue = FairQueue::new(queued, &usage, capacity(&snapshot), |t| self.config.tenant_weight(t));
         let cluster_index: HashMap<String, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
@@ -178,4 +174,35 @@ impl Core {
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.round_wanted = false;
     }
+}
+
+/// The federation queue's view of `job`: its tenant, order and the whole gang's resources.
+fn queued_job(job: &JobRecord) -> QueuedJob {
+    let (replicas, resources) = (job.spec.gang.replicas, &job.spec.gang.resources);
+    QueuedJob {
+        id: job.id.clone(),
+        tenant: job.spec.tenant.clone(),
+        priority: job.spec.priority,
+        submitted_at_ms: job.submitted_at_ms,
+        gpus: job.spec.total_gpus(),
+        cpu: replicas.saturating_mul(resources.cpu),
+        memory_gib: replicas.saturating_mul(resources.memory_gib),
+    }
+}
+
+/// GPUs, CPU cores and memory of the connected clusters: the denominators of each tenant's
+/// dominant share.
+fn capacity(snapshot: &FederationSnapshot) -> Usage {
+    let mut total = Usage::default();
+    for cluster in snapshot.clusters.iter().filter(|c| c.connected) {
+        for shape in &cluster.inventory().shapes {
+            let nodes = f64::from(shape.node_count());
+            total.add(Usage {
+                gpus: f64::from(shape.gpus_per_node) * nodes,
+                cpu: f64::from(shape.cpu_per_node) * nodes,
+                memory_gib: f64::from(shape.memory_gib_per_node) * nodes,
+            });
+        }
+    }
+    total
 }

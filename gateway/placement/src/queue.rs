@@ -1,9 +1,13 @@
-//! Federation queue order: weighted fair share of GPUs across tenants, then priority and age
-//! within a tenant.
+//! Federation queue order: weighted dominant resource fairness (DRF) across tenants, then
+//! priority and age within a tenant.
 //!
-//! Placement walks jobs in the order [`FairQueue`] yields them. Each time a job is handed out the
-//! caller says whether it was placed; a placed job adds its GPUs to its tenant's usage, so a
-//! tenant that just got GPUs falls behind tenants that have fewer relative to their weight.
+//! A tenant's *dominant share* is the largest of its shares of the federation's GPUs, CPU cores
+//! and memory (what it holds now ÷ what the connected clusters have). Placement walks jobs in the
+//! order [`FairQueue`] yields them: next comes the tenant with the smallest dominant share ÷
+//! weight. Each time a job is handed out the caller says whether it was placed; a placed job adds
+//! its resources to its tenant's usage, so a tenant that just got resources falls behind tenants
+//! that hold less relative to their weight. A tenant of CPU-heavy jobs is charged for the CPU it
+//! takes, not only for its GPUs.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -21,31 +25,79 @@ pub struct QueuedJob {
     pub submitted_at_ms: i64,
     /// GPUs of the whole gang.
     pub gpus: u32,
+    /// CPU cores of the whole gang.
+    pub cpu: u32,
+    /// Memory of the whole gang, GiB.
+    pub memory_gib: u32,
 }
 
-/// Orders queued jobs by weighted GPU fair share across tenants.
+/// Resources held or offered, as DRF counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// GPUs.
+    pub gpus: f64,
+    /// CPU cores.
+    pub cpu: f64,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+}
+
+impl Usage {
+    /// What `job`'s whole gang takes.
+    pub fn of(job: &QueuedJob) -> Self {
+        Self { gpus: f64::from(job.gpus), cpu: f64::from(job.cpu), memory_gib: f64::from(job.memory_gib) }
+    }
+
+    /// Adds `other`.
+    pub fn add(&mut self, other: Usage) {
+        self.gpus += other.gpus;
+        self.cpu += other.cpu;
+        self.memory_gib += other.memory_gib;
+    }
+
+    /// The largest share of `capacity` this usage takes, over the resources `capacity` has. With
+    /// no capacity at all (no cluster connected), GPUs held count as they are.
+    pub fn dominant_share(&self, capacity: &Usage) -> f64 {
+        let shares = [(self.gpus, capacity.gpus), (self.cpu, capacity.cpu), (self.memory_gib, capacity.memory_gib)];
+        let dominant = shares
+            .iter()
+            .filter(|(_, cap)| *cap > 0.0)
+            .map(|(used, cap)| used / cap)
+            .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))));
+        dominant.unwrap_or(self.gpus)
+    }
+}
+
+/// Orders queued jobs by weighted dominant resource share across tenants.
 #[derive(Debug)]
 pub struct FairQueue {
     tenants: BTreeMap<String, TenantQueue>,
+    capacity: Usage,
 }
 
 #[derive(Debug)]
 struct TenantQueue {
     weight: f64,
-    /// GPUs the tenant holds now (offered, bound, running).
-    usage: f64,
+    /// Resources the tenant holds now (offered, bound, running).
+    usage: Usage,
     /// Remaining jobs, best last (so `pop` is O(1)).
     jobs: Vec<QueuedJob>,
 }
 
 impl FairQueue {
-    /// Builds the queue. `usage` is GPUs each tenant holds now; `weight` gives each tenant's weight.
-    pub fn new(jobs: Vec<QueuedJob>, usage: &BTreeMap<String, u32>, weight: impl Fn(&str) -> f64) -> Self {
+    /// Builds the queue. `usage` is what each tenant holds now, `capacity` what the federation
+    /// has (the denominators of the shares); `weight` gives each tenant's weight.
+    pub fn new(
+        jobs: Vec<QueuedJob>,
+        usage: &BTreeMap<String, Usage>,
+        capacity: Usage,
+        weight: impl Fn(&str) -> f64,
+    ) -> Self {
         let mut tenants: BTreeMap<String, TenantQueue> = BTreeMap::new();
         for job in jobs {
             let entry = tenants.entry(job.tenant.clone()).or_insert_with(|| TenantQueue {
                 weight: weight(&job.tenant),
-                usage: f64::from(usage.get(&job.tenant).copied().unwrap_or(0)),
+                usage: usage.get(&job.tenant).copied().unwrap_or_default(),
                 jobs: Vec::new(),
             });
             entry.jobs.push(job);
@@ -54,7 +106,7 @@ impl FairQueue {
             // Worst first, so the best is at the end.
             tenant.jobs.sort_by(|a, b| within_tenant(b, a));
         }
-        Self { tenants }
+        Self { tenants, capacity }
     }
 
     /// The next job: from the tenant with the smallest usage/weight, its best job.
@@ -63,7 +115,9 @@ impl FairQueue {
             .tenants
             .iter()
             .filter(|(_, t)| !t.jobs.is_empty())
-            .min_by(|(an, a), (bn, b)| share(a).total_cmp(&share(b)).then_with(|| an.cmp(bn)))
+            .min_by(|(an, a), (bn, b)| {
+                share(a, &self.capacity).total_cmp(&share(b, &self.capacity)).then_with(|| an.cmp(bn))
+            })
             .map(|(name, _)| name.clone())?;
         self.tenants.get_mut(&tenant).and_then(|t| t.jobs.pop())
     }
@@ -71,13 +125,13 @@ impl FairQueue {
     /// Records that `job` was placed, so its tenant's share grows.
     pub fn placed(&mut self, job: &QueuedJob) {
         if let Some(tenant) = self.tenants.get_mut(&job.tenant) {
-            tenant.usage += f64::from(job.gpus);
+            tenant.usage.add(Usage::of(job));
         }
     }
 }
 
-fn share(t: &TenantQueue) -> f64 {
-    t.usage / t.weight
+fn share(t: &TenantQueue, capacity: &Usage) -> f64 {
+    t.usage.dominant_share(capacity) / t.weight
 }
 
 /// Priority first (higher first), then age (older first), then id.
@@ -90,8 +144,10 @@ mod tests {
     use super::*;
 
     fn job(id: &str, tenant: &str, priority: u32, at: i64, gpus: u32) -> QueuedJob {
-        QueuedJob { id: id.into(), tenant: tenant.into(), priority, submitted_at_ms: at, gpus }
+        QueuedJob { id: id.into(), tenant: tenant.into(), priority, submitted_at_ms: at, gpus, cpu: 0, memory_gib: 0 }
     }
+
+    const GPUS_ONLY: Usage = Usage { gpus: 100.0, cpu: 0.0, memory_gib: 0.0 };
 
     fn drain(queue: &mut FairQueue) -> Vec<String> {
         let mut order = Vec::new();
@@ -105,7 +161,7 @@ mod tests {
     #[test]
     fn within_a_tenant_priority_comes_before_age() {
         let jobs = vec![job("old-low", "a", 10, 1, 1), job("new-high", "a", 90, 5, 1), job("old-high", "a", 90, 2, 1)];
-        let mut q = FairQueue::new(jobs, &BTreeMap::new(), |_| 1.0);
+        let mut q = FairQueue::new(jobs, &BTreeMap::new(), GPUS_ONLY, |_| 1.0);
         assert_eq!(drain(&mut q), ["old-high", "new-high", "old-low"]);
     }
 
@@ -116,7 +172,7 @@ mod tests {
             jobs.push(job(&format!("a{i}"), "a", 50, i, 1));
             jobs.push(job(&format!("b{i}"), "b", 50, i, 1));
         }
-        let mut q = FairQueue::new(jobs, &BTreeMap::new(), |t| if t == "a" { 2.0 } else { 1.0 });
+        let mut q = FairQueue::new(jobs, &BTreeMap::new(), GPUS_ONLY, |t| if t == "a" { 2.0 } else { 1.0 });
         let first_six: Vec<String> = drain(&mut q).into_iter().take(6).collect();
         let a_count = first_six.iter().filter(|id| id.starts_with('a')).count();
         assert_eq!(a_count, 4, "{first_six:?}");
@@ -125,17 +181,58 @@ mod tests {
     #[test]
     fn a_tenant_already_holding_gpus_waits_behind_one_that_holds_none() {
         let jobs = vec![job("rich", "rich", 100, 0, 1), job("poor", "poor", 0, 9, 1)];
-        let usage = BTreeMap::from([("rich".to_string(), 64)]);
-        let mut q = FairQueue::new(jobs, &usage, |_| 1.0);
+        let usage = BTreeMap::from([("rich".to_string(), Usage { gpus: 64.0, ..Usage::default() })]);
+        let mut q = FairQueue::new(jobs, &usage, GPUS_ONLY, |_| 1.0);
         assert_eq!(q.pop_next().map(|j| j.id), Some("poor".to_string()));
     }
 
     #[test]
     fn jobs_that_are_not_placed_do_not_count_against_their_tenant() {
         let jobs = vec![job("a1", "a", 50, 0, 8), job("a2", "a", 50, 1, 8), job("b1", "b", 50, 2, 8)];
-        let mut q = FairQueue::new(jobs, &BTreeMap::new(), |_| 1.0);
+        let mut q = FairQueue::new(jobs, &BTreeMap::new(), GPUS_ONLY, |_| 1.0);
         assert_eq!(q.pop_next().map(|j| j.id), Some("a1".to_string()));
         // a1 was not placed: tenant a's share stays 0, and the name breaks the tie.
         assert_eq!(q.pop_next().map(|j| j.id), Some("a2".to_string()));
+    }
+
+    #[test]
+    fn the_dominant_resource_decides_a_tenants_share() {
+        // 100 GPUs, 1,000 cores. `cpu-heavy` holds 10 GPUs and 600 cores (dominant: 60 % of the
+        // CPU); `gpu-heavy` holds 40 GPUs and 40 cores (dominant: 40 % of the GPUs). Counting
+        // GPUs only, `cpu-heavy` would go first; by DRF `gpu-heavy` does.
+        let capacity = Usage { gpus: 100.0, cpu: 1000.0, memory_gib: 0.0 };
+        let usage = BTreeMap::from([
+            ("cpu-heavy".to_string(), Usage { gpus: 10.0, cpu: 600.0, memory_gib: 0.0 }),
+            ("gpu-heavy".to_string(), Usage { gpus: 40.0, cpu: 40.0, memory_gib: 0.0 }),
+        ]);
+        let jobs = vec![job("c", "cpu-heavy", 50, 0, 1), job("g", "gpu-heavy", 50, 0, 1)];
+        let mut q = FairQueue::new(jobs.clone(), &usage, capacity, |_| 1.0);
+        assert_eq!(q.pop_next().map(|j| j.id), Some("g".to_string()));
+        let gpus_only = Usage { cpu: 0.0, ..capacity };
+        let mut q = FairQueue::new(jobs.clone(), &usage, gpus_only, |_| 1.0);
+        assert_eq!(q.pop_next().map(|j| j.id), Some("c".to_string()));
+        // Weight divides the dominant share: at weight 2, 60 % counts as 30 %, ahead of 40 %.
+        let mut q = FairQueue::new(jobs, &usage, capacity, |t| if t == "cpu-heavy" { 2.0 } else { 1.0 });
+        assert_eq!(q.pop_next().map(|j| j.id), Some("c".to_string()));
+    }
+
+    #[test]
+    fn a_placed_job_charges_its_dominant_resource() {
+        let capacity = Usage { gpus: 8.0, cpu: 64.0, memory_gib: 512.0 };
+        let mut big_memory = job("m1", "m", 50, 0, 1);
+        big_memory.memory_gib = 256;
+        let jobs = vec![big_memory, job("m2", "m", 50, 1, 1), job("o1", "o", 50, 2, 2), job("o2", "o", 50, 3, 2)];
+        let mut q = FairQueue::new(jobs, &BTreeMap::new(), capacity, |_| 1.0);
+        // Both start at 0; the name breaks the tie. m1 takes half the memory (share 0.5), so
+        // `o` (2 of 8 GPUs after its first job: 0.25) goes twice before `m` again.
+        assert_eq!(drain(&mut q), ["m1", "o1", "o2", "m2"]);
+    }
+
+    #[test]
+    fn without_capacity_gpus_held_decide() {
+        let none = Usage::default();
+        assert_eq!(Usage { gpus: 3.0, cpu: 9.0, memory_gib: 9.0 }.dominant_share(&none), 3.0);
+        let cap = Usage { gpus: 10.0, cpu: 0.0, memory_gib: 100.0 };
+        assert_eq!(Usage { gpus: 1.0, cpu: 50.0, memory_gib: 50.0 }.dominant_share(&cap), 0.5);
     }
 }

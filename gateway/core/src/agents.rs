@@ -34,7 +34,7 @@ pub(crate) fn assignment(job: &JobRecord) -> Assignment {
     if let Some(gpu_type) = &job.gpu_type {
         spec.gang.resources.gpu_types = vec![gpu_type.clone()];
     }
-    Assignment { job_id: job.id.clone(), fencing_token: job.fencing_token, spec }
+    Assignment { job_id: job.id.clone(), fencing_token: job.fencing_token, spec, last_preempted_at_ms: None }
 }
 
 /// Whether `job` is currently bound to `cluster` under `token`.

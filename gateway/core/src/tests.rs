@@ -53,7 +53,7 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
         state,
         message: String::new(),
         nodes: vec!["dgx-0".into()],
-        requeue: false,
+        requeue: false, preempted: false,
     }
 }
 

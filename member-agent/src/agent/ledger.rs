@@ -245,7 +245,7 @@ impl Ledger {
         requeue: bool,
     ) -> JobReport {
         let report =
-            JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes: Vec::new(), requeue };
+            JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes: Vec::new(), requeue, preempted: false };
         self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
         report
     }
@@ -337,7 +337,7 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
         JobPhase::Succeeded { message } => (JobState::Succeeded, message, Vec::new()),
         JobPhase::Failed { message } => (JobState::Failed, message, Vec::new()),
     };
-    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false }
+    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false, preempted: false }
 }
 
 #[cfg(test)]

@@ -289,7 +289,7 @@ impl Replay<'_> {
             agent.outbox.insert((job, token));
         }
         let report =
-            JobReport { job_id: id, fencing_token: token, state, message: String::new(), nodes, requeue: false };
+            JobReport { job_id: id, fencing_token: token, state, message: String::new(), nodes, requeue: false, preempted: false };
         self.gateway_step(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) }, now)?;
         Ok(())
     }
@@ -447,7 +447,7 @@ impl Replay<'_> {
             state: JobState::Running,
             message: String::new(),
             nodes,
-            requeue: false,
+            requeue: false, preempted: false,
         };
         answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
         Ok(())
@@ -473,7 +473,7 @@ impl Replay<'_> {
                 state: JobState::Cancelled,
                 message: "stopped at the gateway's request".to_owned(),
                 nodes: Vec::new(),
-                requeue: false,
+                requeue: false, preempted: false,
             };
             answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
         }
@@ -487,6 +487,7 @@ pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
         name: format!("job-{}", job.id),
         tenant: tenant.to_owned(),
         priority: DEFAULT_PRIORITY,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {

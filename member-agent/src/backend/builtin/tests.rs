@@ -26,6 +26,7 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
         name: "train".into(),
         tenant: tenant.into(),
         priority: 50,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {
@@ -40,7 +41,7 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
 }
 
 fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
-    Assignment { job_id: job_id.into(), fencing_token: token, spec }
+    Assignment { job_id: job_id.into(), fencing_token: token, spec, last_preempted_at_ms: None }
 }
 
 /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.

@@ -161,7 +161,7 @@ mod tests {
         }))
         .unwrap();
         spec.runtime.limit = Some(HumanDuration::from_secs(90));
-        Assignment { job_id: "j-1".into(), fencing_token: 3, spec }
+        Assignment { job_id: "j-1".into(), fencing_token: 3, spec, last_preempted_at_ms: None }
     }
 
     fn config() -> SlurmConfig {
@@ -249,6 +249,7 @@ mod selector_tests {
                 "payload": {"command": ["true"]}
             }))
             .unwrap(),
+            last_preempted_at_ms: None,
         };
         let config = SlurmConfig::default();
         let batch = batch_job(&job, &config, &["n3".to_string(), "n4".to_string()]).unwrap();

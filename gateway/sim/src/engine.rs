@@ -756,6 +756,8 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         node_selector: Default::default(),
         run_for: Duration::from_secs(job.estimate_secs),
         actual: Some(Duration::from_secs(job.duration_secs)),
+        preemptible: false,
+        last_preempted_at: None,
     }
 }
 

@@ -156,6 +156,18 @@ impl BuiltinScheduler {
         stops
     }
 
+    /// Ends the grace of victim `job_id` now (its processes exited on the signal), so the next
+    /// [`stop_preempted`](Self::stop_preempted) stops it. False when it is not a victim.
+    pub fn end_grace_now(&mut self, job_id: &str, now: Duration) -> bool {
+        match self.draining.get_mut(job_id) {
+            Some(draining) => {
+                draining.stop_at = draining.stop_at.min(now);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Forgets a victim that ended by itself (completed or cancelled) during its grace.
     pub(super) fn forget_draining(&mut self, job_id: &str) {
         self.draining.remove(job_id);

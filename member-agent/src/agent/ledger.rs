@@ -336,6 +336,19 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
         JobPhase::Running { nodes } => (JobState::Running, String::new(), nodes),
         JobPhase::Succeeded { message } => (JobState::Succeeded, message, Vec::new()),
         JobPhase::Failed { message } => (JobState::Failed, message, Vec::new()),
+        JobPhase::Preempted { message } => {
+            // On the wire a preemption is a terminal report for requeue, flagged as such: a
+            // gateway that does not know the flag still places the job again.
+            return JobReport {
+                job_id: job_id.to_string(),
+                fencing_token,
+                state: JobState::Failed,
+                message,
+                nodes: Vec::new(),
+                requeue: true,
+                preempted: true,
+            };
+        }
     };
     JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false, preempted: false }
 }

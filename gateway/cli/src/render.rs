@@ -75,6 +75,9 @@ pub fn job(job: &Value, now_ms: i64) -> String {
         let end = end.unwrap_or(now_ms);
         status.push(("Run time", format::age(end, started)));
     }
+    if let Some(count) = int_at(job, "/preemptions").filter(|n| *n > 0) {
+        status.push(("Preempted", format!("{count} times, last {}", ago(job, "/lastPreemptedAtMs", now_ms))));
+    }
     if let Some(message) = str_at(job, "/message").filter(|m| !m.is_empty()) {
         status.push(("Message", message.to_owned()));
     }

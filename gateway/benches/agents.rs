@@ -471,7 +471,7 @@ impl FakeAgent {
     }
 
     async fn on_offer(&mut self, assignment: Assignment, out: &mut Outbound) -> Result<()> {
-        let Assignment { job_id, fencing_token, spec, last_preempted_at_ms: None } = assignment;
+        let Assignment { job_id, fencing_token, spec, .. } = assignment;
         if let Some(held) = self.held.get(&job_id) {
             // The same binding again: accept again. An older one: this fake never sees that.
             let accepted = held.token == fencing_token;

@@ -445,7 +445,8 @@ mod tests {
             state,
             message: "done".into(),
             nodes: vec!["n-0".into()],
-            requeue: false, preempted: false,
+            requeue: false,
+            preempted: false,
         }
     }
 

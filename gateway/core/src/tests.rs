@@ -53,7 +53,8 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
         state,
         message: String::new(),
         nodes: vec!["dgx-0".into()],
-        requeue: false, preempted: false,
+        requeue: false,
+        preempted: false,
     }
 }
 
@@ -414,7 +415,7 @@ fn a_preempted_job_is_queued_again_with_its_submit_time_and_the_next_offer_says_
 fn a_job_that_was_never_preempted_shows_no_preemption_fields() {
     let mut h = Harness::new(CoreConfig::default());
     let (id, _) = h.running();
-    let json = serde_json::to_value(&h.job(&id)).unwrap();
+    let json = serde_json::to_value(h.job(&id)).unwrap();
     assert!(json.get("preemptions").is_none() && json.get("lastPreemptedAtMs").is_none(), "{json}");
 }
 

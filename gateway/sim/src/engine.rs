@@ -873,6 +873,6 @@ fn invariant(message: String) -> SimError {
 #[cfg(test)]
 mod estimate_tests;
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod preemption_tests;
+#[cfg(test)]
+mod tests;

@@ -86,7 +86,11 @@ impl FromStr for PreemptionMix {
         };
         let share = |name: &str, value: &str| -> Result<f64, String> {
             let share: f64 = value.trim().parse().map_err(|_| format!("{name} must be a number, got `{value}`"))?;
-            if (0.0..=1.0).contains(&share) { Ok(share) } else { Err(format!("{name} must be between 0 and 1, got {value}")) }
+            if (0.0..=1.0).contains(&share) {
+                Ok(share)
+            } else {
+                Err(format!("{name} must be between 0 and 1, got {value}"))
+            }
         };
         Ok(Self { share_high: share("SHARE_HIGH", high)?, share_preemptible: share("SHARE_PREEMPTIBLE", preemptible)? })
     }

@@ -356,7 +356,8 @@ impl EventLoop {
                     state: JobState::Running,
                     message: String::new(),
                     nodes,
-                    requeue: false, preempted: false,
+                    requeue: false,
+                    preempted: false,
                 };
                 // Held before the acceptance, so every heartbeat after it lists the job; inventory
                 // before the acceptance, so the gateway never places into these GPUs twice.
@@ -375,7 +376,8 @@ impl EventLoop {
                     state: JobState::Bound,
                     message: reason.clone(),
                     nodes: Vec::new(),
-                    requeue: false, preempted: false,
+                    requeue: false,
+                    preempted: false,
                 });
                 if live {
                     self.send_report_opt(report);

@@ -244,8 +244,15 @@ impl Ledger {
         message: String,
         requeue: bool,
     ) -> JobReport {
-        let report =
-            JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes: Vec::new(), requeue, preempted: false };
+        let report = JobReport {
+            job_id: job_id.to_string(),
+            fencing_token,
+            state,
+            message,
+            nodes: Vec::new(),
+            requeue,
+            preempted: false,
+        };
         self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
         report
     }

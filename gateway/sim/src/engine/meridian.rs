@@ -490,7 +490,8 @@ impl Replay<'_> {
             state: JobState::Running,
             message: String::new(),
             nodes,
-            requeue: false, preempted: false,
+            requeue: false,
+            preempted: false,
         };
         answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
         Ok(())
@@ -516,7 +517,8 @@ impl Replay<'_> {
                 state: JobState::Cancelled,
                 message: "stopped at the gateway's request".to_owned(),
                 nodes: Vec::new(),
-                requeue: false, preempted: false,
+                requeue: false,
+                preempted: false,
             };
             answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
         }

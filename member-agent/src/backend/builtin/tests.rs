@@ -218,8 +218,8 @@ async fn a_higher_priority_job_preempts_a_preemptible_one_after_the_grace() {
 async fn a_job_preempted_recently_is_not_preempted_again() {
     let (backend, mut events) = backend();
     let low = JobSpec { priority: 10, preemptible: true, ..spec("a", 8, 100) };
-    let now_ms = i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis())
-        .unwrap();
+    let now_ms =
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
     let recent = Assignment { last_preempted_at_ms: Some(now_ms - 60_000), ..assignment("low", 1, low) };
     backend.submit(&recent).await.unwrap();
     let urgent = JobSpec { priority: 90, ..spec("b", 8, 60) };

@@ -481,8 +481,8 @@ impl Snapshot {
             JobPhase::Pending { reason } => Admission::Queued { reason },
             JobPhase::Running { nodes } => Admission::Started { nodes },
             JobPhase::Succeeded { .. } | JobPhase::Failed { .. } | JobPhase::Preempted { .. } => {
-            Admission::Started { nodes: Vec::new() }
-        }
+                Admission::Started { nodes: Vec::new() }
+            }
         }
     }
 }

@@ -255,7 +255,8 @@ mod tests {
     fn preemption_by_the_scheduler_or_kueue_maps_to_preempted() {
         let evicted = pod(json!({"metadata": {"name": "p-0"}, "status": {"phase": "Failed", "conditions": [
             {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "for vip"}]}}));
-        let JobPhase::Preempted { message } = volcano_phase(&vcjob("Restarting"), &[evicted.clone()], None) else {
+        let JobPhase::Preempted { message } = volcano_phase(&vcjob("Restarting"), std::slice::from_ref(&evicted), None)
+        else {
             panic!("a preempted pod makes the Volcano job preempted")
         };
         assert_eq!(message, "pod p-0 was preempted by the scheduler: for vip");

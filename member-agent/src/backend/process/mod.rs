@@ -186,7 +186,8 @@ impl ProcessRunner {
     /// ending it: it keeps its devices, and its exit is reported as usual. Preemption uses this
     /// so the job may checkpoint during its grace.
     pub fn terminate(&self, job_id: &str, fencing_token: u64) {
-        let live = self.runs.values().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some());
+        let live =
+            self.runs.values().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some());
         if let Some(run) = live {
             let groups = run.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for group in groups.iter() {

@@ -36,6 +36,8 @@ mod reservation;
 mod scheduler;
 
 #[cfg(test)]
+mod preempt_proptests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod testkit;

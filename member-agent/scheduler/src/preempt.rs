@@ -188,7 +188,9 @@ impl BuiltinScheduler {
         match self.place_now(&job, now) {
             Some(placement) => self.start_pending(queue, &key, placement, now),
             None => {
-                self.reservation = held;
+                if held.is_some() {
+                    self.reservation = held;
+                }
                 None
             }
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::testkit;
-use super::{BuiltinScheduler, LocalJob, NodeSpec, PreemptionPolicy, QueuePolicy, QueueSpec, Started};
+use super::{BuiltinScheduler, LocalJob, NodeSpec, QueuePolicy, QueueSpec, Started};
 
 /// One call on the scheduler.
 #[derive(Debug, Clone)]
@@ -25,7 +25,7 @@ enum Op {
 
 /// A random job, before it gets an id.
 #[derive(Debug, Clone)]
-struct JobShape {
+pub(super) struct JobShape {
     queue: usize,
     priority: u32,
     replicas: u32,
@@ -39,7 +39,7 @@ struct JobShape {
 
 const QUEUES: [&str; 3] = ["default", "research", "prod"];
 
-fn nodes() -> Vec<NodeSpec> {
+pub(super) fn nodes() -> Vec<NodeSpec> {
     let mut nodes = Vec::new();
     for i in 0..3 {
         nodes.push(NodeSpec {
@@ -68,7 +68,7 @@ fn nodes() -> Vec<NodeSpec> {
     nodes
 }
 
-fn job_shape() -> impl Strategy<Value = JobShape> {
+pub(super) fn job_shape() -> impl Strategy<Value = JobShape> {
     (
         0..QUEUES.len(),
         0u32..3,
@@ -106,7 +106,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 impl JobShape {
-    fn into_job(self, id: u32) -> LocalJob {
+    pub(super) fn into_job(self, id: u32) -> LocalJob {
         LocalJob {
             priority: self.priority,
             cpu: self.cpu,
@@ -119,7 +119,7 @@ impl JobShape {
 }
 
 /// Checks every property that must hold between calls.
-fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), TestCaseError> {
+pub(super) fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), TestCaseError> {
     let specs: BTreeMap<String, NodeSpec> = declared.iter().map(|n| (n.name.clone(), n.clone())).collect();
     let specs = &specs;
     // Recompute what running jobs hold on each node from their assignments.
@@ -183,7 +183,11 @@ fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), Test
     Ok(())
 }
 
-fn check_started(started: &Started, scheduler: &BuiltinScheduler, now: Duration) -> Result<(), TestCaseError> {
+pub(super) fn check_started(
+    started: &Started,
+    scheduler: &BuiltinScheduler,
+    now: Duration,
+) -> Result<(), TestCaseError> {
     let running = scheduler
         .running()
         .find(|r| r.job.id == started.job_id)
@@ -264,7 +268,7 @@ enum BackfillOp {
 
 /// A random job for a random member, before it gets an id.
 #[derive(Debug, Clone)]
-struct BackfillJob {
+pub(super) struct BackfillJob {
     queue: usize,
     priority: u32,
     replicas: u32,
@@ -275,7 +279,7 @@ struct BackfillJob {
 }
 
 impl BackfillJob {
-    fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
+    pub(super) fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
         let queue = &queues[self.queue % queues.len()].name;
         LocalJob {
             priority: self.priority,
@@ -287,7 +291,7 @@ impl BackfillJob {
 }
 
 /// 1 to 5 nodes of different sizes, each its own shape.
-fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
+pub(super) fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
     prop::collection::vec((1u32..=8, 4u32..=32, 32u32..=256), 1..6).prop_map(|sizes| {
         sizes
             .into_iter()
@@ -307,7 +311,7 @@ fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
 }
 
 /// 1 to 3 queues with random weights and policies, at least one of them `backfill`.
-fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
+pub(super) fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
     let policy = prop_oneof![Just(QueuePolicy::Strict), Just(QueuePolicy::BestEffort), Just(QueuePolicy::Backfill)];
     prop::collection::vec((policy, prop_oneof![Just(0.5), Just(1.0), Just(2.0)]), 0..3).prop_map(|rest| {
         let mut queues = vec![QueueSpec::new("q0", 1.0)];
@@ -320,7 +324,7 @@ fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
     })
 }
 
-fn backfill_job() -> impl Strategy<Value = BackfillJob> {
+pub(super) fn backfill_job() -> impl Strategy<Value = BackfillJob> {
     (0usize..3, 0u32..3, 1u32..4, 1u32..9, 0u32..12, 0u32..96, 0u64..60).prop_map(
         |(queue, priority, replicas, gpus, cpu, memory_gib, run_secs)| BackfillJob {
             queue,
@@ -345,20 +349,20 @@ fn backfill_op() -> impl Strategy<Value = BackfillOp> {
 }
 
 /// Drives a scheduler and checks the reservation promises as it goes.
-struct Driver {
-    scheduler: BuiltinScheduler,
-    declared: Vec<NodeSpec>,
-    now: Duration,
+pub(super) struct Driver {
+    pub(super) scheduler: BuiltinScheduler,
+    pub(super) declared: Vec<NodeSpec>,
+    pub(super) now: Duration,
     /// Every job that held the reservation and has not started or left, with the earliest start
     /// any reservation promised it.
-    promised: BTreeMap<String, Duration>,
+    pub(super) promised: BTreeMap<String, Duration>,
     /// How many jobs started while holding a promise.
-    kept: u32,
+    pub(super) kept: u32,
 }
 
 impl Driver {
     /// Checks a pass's starts against the promises, then the invariants and the new reservation.
-    fn after_starts(&mut self, started: Vec<Started>) -> Result<(), TestCaseError> {
+    pub(super) fn after_starts(&mut self, started: Vec<Started>) -> Result<(), TestCaseError> {
         for job in started {
             check_started(&job, &self.scheduler, self.now)?;
             if let Some(promise) = self.promised.remove(&job.job_id) {
@@ -376,7 +380,7 @@ impl Driver {
     }
 
     /// Checks the invariants and records the reservation's promise.
-    fn observe(&mut self) -> Result<(), TestCaseError> {
+    pub(super) fn observe(&mut self) -> Result<(), TestCaseError> {
         check(&self.scheduler, &self.declared)?;
         // A holder keeps the reservation until it starts or is cancelled.
         let holder = self.scheduler.reservation();
@@ -497,137 +501,4 @@ fn random_runs_do_make_and_keep_reservations() {
         kept += driver.kept;
     }
     assert!(kept >= 20, "only {kept} reservations were kept over 64 runs; the property would be vacuous");
-}
-
-/// One call in the preemption property.
-#[derive(Debug, Clone)]
-enum PreemptOp {
-    /// Submit a job; `true` makes it preemptible.
-    Submit(JobShape, bool),
-    /// Start a job at once if it fits; `true` makes it preemptible.
-    StartNow(JobShape, bool),
-    Schedule,
-    Preempt,
-    /// Advance the clock this many seconds, then complete what is due and stop victims whose
-    /// grace has ended; stopped victims are submitted again at once, as the gateway would offer
-    /// them again, with their preemption time.
-    Advance(u64),
-    Cancel(u32),
-}
-
-fn preempt_op() -> impl Strategy<Value = PreemptOp> {
-    prop_oneof![
-        4 => (job_shape(), any::<bool>()).prop_map(|(shape, p)| PreemptOp::Submit(shape, p)),
-        2 => (job_shape(), any::<bool>()).prop_map(|(shape, p)| PreemptOp::StartNow(shape, p)),
-        2 => Just(PreemptOp::Schedule),
-        3 => Just(PreemptOp::Preempt),
-        3 => (0u64..40).prop_map(PreemptOp::Advance),
-        1 => (0u32..60).prop_map(PreemptOp::Cancel),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
-    /// Preemption only ever stops a running, preemptible job of strictly lower priority than the
-    /// pending job it makes room for, never a job preempted less than the minimum interval ago,
-    /// stops each victim exactly when its grace ends, and never over-commits a node.
-    #[test]
-    fn preemption_takes_only_eligible_victims_and_never_twice_within_the_interval(
-        ops in prop::collection::vec(preempt_op(), 1..150)
-    ) {
-        let queues = vec![
-            QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new("default", 1.0) },
-            QueueSpec { policy: QueuePolicy::BestEffort, ..QueueSpec::new("research", 2.0) },
-            QueueSpec { policy: QueuePolicy::Backfill, ..QueueSpec::new("prod", 0.5) },
-        ];
-        let policy = PreemptionPolicy {
-            enabled: true,
-            grace: Duration::from_secs(10),
-            min_interval: Duration::from_secs(100),
-        };
-        let mut scheduler = BuiltinScheduler::new(nodes(), queues).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        scheduler.set_preemption(policy);
-        let declared = nodes();
-        let mut now = Duration::ZERO;
-        let mut next_id = 0u32;
-        // When each job was last stopped by preemption, as the gateway would remember it.
-        let mut preempted_at: BTreeMap<String, Duration> = BTreeMap::new();
-        // Victims in their grace: id → stop time promised.
-        let mut draining: BTreeMap<String, Duration> = BTreeMap::new();
-        let mut jobs: BTreeMap<String, LocalJob> = BTreeMap::new();
-        for op in ops {
-            match op {
-                PreemptOp::Submit(shape, preemptible) => {
-                    let job = LocalJob { preemptible, ..shape.into_job(next_id) };
-                    next_id += 1;
-                    jobs.insert(job.id.clone(), job.clone());
-                    let _ = scheduler.submit(job, now);
-                }
-                PreemptOp::StartNow(shape, preemptible) => {
-                    let job = LocalJob { preemptible, ..shape.into_job(next_id) };
-                    next_id += 1;
-                    jobs.insert(job.id.clone(), job.clone());
-                    if let Ok(started) = scheduler.start_now(job, now) {
-                        check_started(&started, &scheduler, now)?;
-                    }
-                }
-                PreemptOp::Schedule => {
-                    for started in scheduler.schedule(now) {
-                        check_started(&started, &scheduler, now)?;
-                    }
-                }
-                PreemptOp::Preempt => {
-                    let pending: BTreeMap<String, u32> =
-                        scheduler.pending().map(|p| (p.job.id.clone(), p.job.priority)).collect();
-                    let running: BTreeMap<String, LocalJob> =
-                        scheduler.running().map(|r| (r.job.id.clone(), r.job.clone())).collect();
-                    for p in scheduler.preempt(now) {
-                        let victim = running.get(&p.victim)
-                            .ok_or_else(|| TestCaseError::fail(format!("victim {} is not running", p.victim)))?;
-                        let for_priority = *pending.get(&p.for_job)
-                            .ok_or_else(|| TestCaseError::fail(format!("{} is not pending", p.for_job)))?;
-                        prop_assert!(victim.preemptible, "{} is not preemptible", p.victim);
-                        prop_assert!(victim.priority < for_priority, "{} is not of lower priority", p.victim);
-                        if let Some(at) = preempted_at.get(&p.victim) {
-                            prop_assert!(now >= *at + policy.min_interval, "{} preempted again too soon", p.victim);
-                        }
-                        prop_assert!(draining.insert(p.victim.clone(), p.stop_at).is_none(), "chosen twice");
-                        prop_assert_eq!(p.stop_at, now + policy.grace);
-                    }
-                }
-                PreemptOp::Advance(secs) => {
-                    now += Duration::from_secs(secs);
-                    for done in scheduler.complete_due(now) {
-                        draining.remove(&done);
-                    }
-                    let stops = scheduler.stop_preempted(now);
-                    for started in &stops.started {
-                        check_started(started, &scheduler, now)?;
-                    }
-                    let due: BTreeSet<String> =
-                        draining.iter().filter(|(_, at)| **at <= now).map(|(id, _)| id.clone()).collect();
-                    let stopped: BTreeSet<String> = stops.stopped.iter().cloned().collect();
-                    prop_assert_eq!(&stopped, &due, "victims stop exactly when their grace ends");
-                    for id in stopped {
-                        draining.remove(&id);
-                        preempted_at.insert(id.clone(), now);
-                        if let Some(job) = jobs.get(&id) {
-                            let again = LocalJob { last_preempted_at: Some(now), ..job.clone() };
-                            let _ = scheduler.submit(again, now);
-                        }
-                    }
-                }
-                PreemptOp::Cancel(id) => {
-                    let id = format!("job-{id}");
-                    scheduler.cancel(&id);
-                    draining.remove(&id);
-                }
-            }
-            check(&scheduler, &declared)?;
-            let still: BTreeSet<&str> = scheduler.draining().map(|(id, _)| id).collect();
-            let expected: BTreeSet<&str> = draining.keys().map(String::as_str).collect();
-            prop_assert_eq!(still, expected);
-        }
-    }
 }

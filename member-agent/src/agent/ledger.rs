@@ -463,6 +463,16 @@ mod tests {
     }
 
     #[test]
+    fn a_preempted_phase_is_reported_for_requeue_and_flagged_preempted() {
+        let message = "preempted for higher-priority work after 12.0s".to_string();
+        let sent = report("j", 4, JobPhase::Preempted { message: message.clone() });
+        assert_eq!((sent.state, sent.requeue, sent.preempted), (JobState::Failed, true, true));
+        assert_eq!(sent.message, message);
+        let failed = report("j", 4, JobPhase::Failed { message: "exit 1".into() });
+        assert!(!failed.requeue && !failed.preempted);
+    }
+
+    #[test]
     fn an_expired_lease_turns_every_held_binding_into_a_requeued_failure() {
         let mut ledger = Ledger::default();
         ledger.hold(running("a", 1));

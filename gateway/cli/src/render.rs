@@ -401,6 +401,17 @@ mod tests {
     }
 
     #[test]
+    fn job_detail_says_how_often_and_when_the_job_was_preempted() {
+        assert!(!job(&sample_job(), SUBMITTED_MS).contains("Preempted"));
+        let mut preempted = sample_job();
+        preempted["preemptions"] = json!(2);
+        preempted["lastPreemptedAtMs"] = json!(SUBMITTED_MS + 600_000);
+        let text = job(&preempted, SUBMITTED_MS + 3_600_000);
+        let line = text.lines().find(|l| l.starts_with("Preempted")).unwrap_or_default();
+        assert!(line.contains("2 times, last 50m ago"), "{text}");
+    }
+
+    #[test]
     fn job_detail_shows_the_selectors() {
         let mut job_json = sample_job();
         job_json["spec"]["placement"] =

@@ -471,7 +471,7 @@ impl FakeAgent {
     }
 
     async fn on_offer(&mut self, assignment: Assignment, out: &mut Outbound) -> Result<()> {
-        let Assignment { job_id, fencing_token, spec } = assignment;
+        let Assignment { job_id, fencing_token, spec, .. } = assignment;
         if let Some(held) = self.held.get(&job_id) {
             // The same binding again: accept again. An older one: this fake never sees that.
             let accepted = held.token == fencing_token;
@@ -600,6 +600,7 @@ fn report_of(job_id: &str, held: &Held) -> JobReport {
         message: String::new(),
         nodes: held.nodes.iter().map(|n| format!("node-{n}")).collect(),
         requeue: false,
+        preempted: false,
     }
 }
 

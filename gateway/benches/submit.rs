@@ -164,6 +164,8 @@ async fn preload(dir: &Path, count: usize, finished: bool) -> Result<()> {
             finished_at_ms: finished.then_some(at + 1),
             gpu_type: None,
             nodes: Vec::new(),
+            preemptions: 0,
+            last_preempted_at_ms: None,
         };
         let encoded = Record::Job(job).encode()?;
         batch.push(Write::Put { key: encoded.key, value: encoded.value.unwrap_or_default() });

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::kubernetes::KubernetesConfig;
 use crate::backend::process::{GpuDiscovery, ProcessConfig};
 use crate::builtin::{NodeSpec, QueuePolicy, QueueSpec};
+use crate::preemption::PreemptionConfig;
 
 pub use meridian_proto::config_file::ConfigError as Error;
 
@@ -85,6 +86,9 @@ pub struct AgentConfig {
     /// `/tier` and `/backend` without configuring them.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Builtin backend: whether and how the member preempts (see [`PreemptionConfig`]).
+    #[serde(default)]
+    pub preemption: PreemptionConfig,
 }
 
 /// How the builtin backend runs jobs.
@@ -267,6 +271,7 @@ impl AgentConfig {
         if self.report_interval.0.is_zero() {
             problems.push("reportInterval: must be longer than 0s".to_string());
         }
+        self.preemption.check(&mut problems);
         config_file::check(path, problems)
     }
 

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 pub mod agent;
 pub mod backend;
 pub mod config;
+pub mod preemption;
 
 pub use meridian_scheduler as builtin;
 
@@ -63,7 +64,12 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
             (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
         }
     };
-    let scheduler = builtin::BuiltinScheduler::new(nodes, config.queue_specs())?;
+    let mut scheduler = builtin::BuiltinScheduler::new(nodes, config.queue_specs())?;
+    let kill_grace = match config.runner {
+        config::RunnerKind::Process => config.process_config().kill_grace.0,
+        config::RunnerKind::Simulated => std::time::Duration::ZERO,
+    };
+    scheduler.set_preemption(config.preemption.policy(kill_grace));
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = Arc::new(backend::BuiltinBackend::with_runner(scheduler, runner, events_tx)?);
     Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))

@@ -161,7 +161,7 @@ fn job(job_id: &str, fencing_token: u64) -> Assignment {
         "payload": {"image": "trainer"}
     }))
     .unwrap();
-    Assignment { job_id: job_id.into(), fencing_token, spec }
+    Assignment { job_id: job_id.into(), fencing_token, spec, last_preempted_at_ms: None }
 }
 
 #[tokio::test]

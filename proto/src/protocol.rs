@@ -34,6 +34,10 @@ pub struct JobReport {
     /// For a terminal state: stopped through no fault of the job (lease expired, preempted);
     /// the gateway places it again instead of failing it.
     pub requeue: bool,
+    /// With `requeue`: the member preempted the job to make room for higher-priority work. The
+    /// gateway queues it again and counts the preemption (a gateway that predates this still
+    /// requeues it).
+    pub preempted: bool,
 }
 
 /// The first message on an agent stream.
@@ -109,6 +113,9 @@ pub struct Assignment {
     pub fencing_token: u64,
     /// The spec, with the GPU type pinned to the one placement costed.
     pub spec: JobSpec,
+    /// When a member last preempted the job (Unix ms); None if never. A member does not preempt
+    /// it again within its minimum interval.
+    pub last_preempted_at_ms: Option<i64>,
 }
 
 /// Everything the gateway sends to an agent.
@@ -176,6 +183,7 @@ impl From<&JobReport> for pb::JobStatus {
             message: report.message.clone(),
             nodes: report.nodes.clone(),
             requeue: report.requeue,
+            preempted: report.preempted,
         }
     }
 }
@@ -191,6 +199,7 @@ fn report_from_wire(status: pb::JobStatus, path: &str) -> Result<JobReport> {
         message: status.message,
         nodes: status.nodes,
         requeue: status.requeue,
+        preempted: status.preempted,
     })
 }
 
@@ -324,6 +333,7 @@ impl From<&Assignment> for pb::Offer {
             job_id: assignment.job_id.clone(),
             fencing_token: assignment.fencing_token,
             spec: Some(pb::JobSpec::from(&assignment.spec)),
+            last_preempted_at_ms: assignment.last_preempted_at_ms,
         }
     }
 }
@@ -333,7 +343,12 @@ fn assignment_from_wire(offer: pb::Offer, path: &str) -> Result<Assignment> {
         return Err(ConvertError::MissingField(format!("{path}.job_id")));
     }
     let spec = offer.spec.ok_or_else(|| ConvertError::MissingField(format!("{path}.spec")))?;
-    Ok(Assignment { job_id: offer.job_id, fencing_token: offer.fencing_token, spec: JobSpec::try_from(spec)? })
+    Ok(Assignment {
+        job_id: offer.job_id,
+        fencing_token: offer.fencing_token,
+        spec: JobSpec::try_from(spec)?,
+        last_preempted_at_ms: offer.last_preempted_at_ms,
+    })
 }
 
 impl TryFrom<pb::Offer> for Assignment {
@@ -431,6 +446,7 @@ mod tests {
             message: "done".into(),
             nodes: vec!["n-0".into()],
             requeue: false,
+            preempted: false,
         }
     }
 
@@ -505,5 +521,24 @@ mod tests {
         for command in commands {
             assert_eq!(GatewayCommand::try_from(pb::GatewayMessage::from(&command)).unwrap(), command);
         }
+    }
+
+    #[test]
+    fn preemption_travels_in_offers_and_reports() {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "n", "tenant": "t", "preemptible": true,
+            "gang": {"resources": {"gpus": 1}}, "payload": {"command": ["true"]}
+        }))
+        .unwrap();
+        let offer = GatewayCommand::Offer(Assignment {
+            job_id: "j".into(),
+            fencing_token: 3,
+            spec,
+            last_preempted_at_ms: Some(1_700_000_000_000),
+        });
+        assert_eq!(GatewayCommand::try_from(pb::GatewayMessage::from(&offer)).unwrap(), offer);
+        let stopped = JobReport { requeue: true, preempted: true, ..report(JobState::Failed) };
+        let event = AgentEvent::Status(stopped);
+        assert_eq!(Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap(), Some(event));
     }
 }

@@ -31,6 +31,11 @@ pub struct JobSpec {
     /// 0..=100, higher runs first within a tenant.
     #[serde(default = "default_priority")]
     pub priority: u32,
+    /// The job may be stopped on its member to make room for a job of strictly higher priority
+    /// (after a grace period, SIGTERM first), and then goes back to the federation queue with its
+    /// waited time kept. Default false: never preempted.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preemptible: bool,
     /// Free-form labels used by selectors (`project=llm`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -254,6 +259,11 @@ impl JobSpec {
     }
 }
 
+// serde's `skip_serializing_if` takes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(value: &bool) -> bool {
+    !*value
+}
 fn default_priority() -> u32 {
     DEFAULT_PRIORITY
 }
@@ -265,4 +275,24 @@ fn default_estimate() -> HumanDuration {
 }
 fn default_burst_after() -> HumanDuration {
     HumanDuration::from_secs(DEFAULT_BURST_AFTER_SECS)
+}
+
+#[cfg(test)]
+// Tests may panic on a broken expectation; that is how they fail.
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"{"name":"n","tenant":"t","gang":{"resources":{"gpus":1}},"payload":{"command":["true"]}}"#;
+
+    #[test]
+    fn preemptible_defaults_to_false_and_is_written_only_when_set() {
+        let spec: JobSpec = serde_json::from_str(MINIMAL).unwrap();
+        assert!(!spec.preemptible);
+        assert!(!serde_json::to_string(&spec).unwrap().contains("preemptible"));
+        let marked = JobSpec { preemptible: true, ..spec };
+        let text = serde_json::to_string(&marked).unwrap();
+        assert!(text.contains("\"preemptible\":true"), "{text}");
+        assert_eq!(serde_json::from_str::<JobSpec>(&text).unwrap(), marked);
+    }
 }

@@ -75,6 +75,9 @@ pub fn job(job: &Value, now_ms: i64) -> String {
         let end = end.unwrap_or(now_ms);
         status.push(("Run time", format::age(end, started)));
     }
+    if let Some(count) = int_at(job, "/preemptions").filter(|n| *n > 0) {
+        status.push(("Preempted", format!("{count} times, last {}", ago(job, "/lastPreemptedAtMs", now_ms))));
+    }
     if let Some(message) = str_at(job, "/message").filter(|m| !m.is_empty()) {
         status.push(("Message", message.to_owned()));
     }
@@ -395,6 +398,17 @@ mod tests {
         assert!(text.contains("  Data:       s3://corpus/v3 (500.0 GiB in us-east)\n"), "{text}");
         assert!(text.contains("  Placement:  regions us-east; burst after 30m up to $80.00/h\n"), "{text}");
         assert!(text.contains("  Command:    python train.py\n"), "{text}");
+    }
+
+    #[test]
+    fn job_detail_says_how_often_and_when_the_job_was_preempted() {
+        assert!(!job(&sample_job(), SUBMITTED_MS).contains("Preempted"));
+        let mut preempted = sample_job();
+        preempted["preemptions"] = json!(2);
+        preempted["lastPreemptedAtMs"] = json!(SUBMITTED_MS + 600_000);
+        let text = job(&preempted, SUBMITTED_MS + 3_600_000);
+        let line = text.lines().find(|l| l.starts_with("Preempted")).unwrap_or_default();
+        assert!(line.contains("2 times, last 50m ago"), "{text}");
     }
 
     #[test]

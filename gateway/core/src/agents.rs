@@ -34,7 +34,12 @@ pub(crate) fn assignment(job: &JobRecord) -> Assignment {
     if let Some(gpu_type) = &job.gpu_type {
         spec.gang.resources.gpu_types = vec![gpu_type.clone()];
     }
-    Assignment { job_id: job.id.clone(), fencing_token: job.fencing_token, spec }
+    Assignment {
+        job_id: job.id.clone(),
+        fencing_token: job.fencing_token,
+        spec,
+        last_preempted_at_ms: job.last_preempted_at_ms,
+    }
 }
 
 /// Whether `job` is currently bound to `cluster` under `token`.
@@ -257,6 +262,8 @@ impl Core {
         let previous = job.state;
         if terminal {
             if report.requeue {
+                // Back to the federation queue; `submitted_at_ms` is kept, so the time it
+                // already waited still counts for its place in line.
                 job.state = JobState::Queued;
                 job.cluster = None;
                 job.gpu_type = None;
@@ -267,6 +274,11 @@ impl Core {
                 } else {
                     format!("{}; placing it again", report.message)
                 };
+                if report.preempted {
+                    job.preemptions = job.preemptions.saturating_add(1);
+                    job.last_preempted_at_ms = Some(now_ms);
+                    job.message = format!("preempted on {cluster} ({}); placing it again", report.message);
+                }
             } else {
                 job.state = report.state;
                 job.finished_at_ms = Some(now_ms);

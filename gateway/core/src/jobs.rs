@@ -144,6 +144,8 @@ impl Core {
             finished_at_ms: None,
             gpu_type: None,
             nodes: Vec::new(),
+            preemptions: 0,
+            last_preempted_at_ms: None,
         };
         if let Some(key) = &job.spec.idempotency_key {
             self.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());

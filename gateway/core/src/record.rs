@@ -50,6 +50,19 @@ pub struct JobRecord {
     /// Nodes the replicas run on, as the member reported.
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// How often members preempted the job (each time it went back to the queue).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u32,
+    /// When a member last preempted it (Unix ms); offers carry it so members do not preempt it
+    /// again within their minimum interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_preempted_at_ms: Option<i64>,
+}
+
+// serde's `skip_serializing_if` takes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// A cluster the gateway has seen, remembered across restarts so jobs that could never run

@@ -54,6 +54,7 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
         message: String::new(),
         nodes: vec!["dgx-0".into()],
         requeue: false,
+        preempted: false,
     }
 }
 
@@ -378,6 +379,44 @@ fn a_job_stopped_by_its_member_through_no_fault_of_its_own_is_placed_again() {
     h.event(conn, inventory(&[8]));
     let fx = h.step(Input::Round);
     assert!(fx.sends.iter().any(|(_, m)| matches!(m, GatewayCommand::Offer(a) if a.fencing_token == 2)));
+}
+
+#[test]
+fn a_preempted_job_is_queued_again_with_its_submit_time_and_the_next_offer_says_when() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    let submitted = h.job(&id).submitted_at_ms;
+    h.advance(Duration::from_secs(120));
+    let preempted_at = h.now_ms;
+    let mut stopped = report(&id, 1, JobState::Failed);
+    stopped.requeue = true;
+    stopped.preempted = true;
+    stopped.message = "preempted for higher-priority work after 90.0s".into();
+    let fx = h.event(conn, AgentEvent::Status(stopped));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { .. }]));
+    let job = h.job(&id);
+    assert_eq!((job.state, job.cluster.clone(), job.started_at_ms), (JobState::Queued, None, None));
+    assert_eq!(job.submitted_at_ms, submitted, "its waited time keeps counting");
+    assert_eq!((job.preemptions, job.last_preempted_at_ms), (1, Some(preempted_at)));
+    assert!(job.message.starts_with("preempted on east"), "{}", job.message);
+    let json = serde_json::to_value(&job).unwrap();
+    assert_eq!((json["preemptions"].as_u64(), json["lastPreemptedAtMs"].as_i64()), (Some(1), Some(preempted_at)));
+    h.event(conn, inventory(&[8]));
+    let fx = h.step(Input::Round);
+    let offer = fx.sends.iter().find_map(|(_, m)| match m {
+        GatewayCommand::Offer(a) => Some(a.clone()),
+        _ => None,
+    });
+    let offer = offer.expect("placed again");
+    assert_eq!((offer.fencing_token, offer.last_preempted_at_ms), (2, Some(preempted_at)));
+}
+
+#[test]
+fn a_job_that_was_never_preempted_shows_no_preemption_fields() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, _) = h.running();
+    let json = serde_json::to_value(h.job(&id)).unwrap();
+    assert!(json.get("preemptions").is_none() && json.get("lastPreemptedAtMs").is_none(), "{json}");
 }
 
 #[test]

@@ -143,6 +143,7 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
         name: format!("job-{index}"),
         tenant: format!("tenant-{}", rng.random_range(0..15)),
         priority: 50,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {

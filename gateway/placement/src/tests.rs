@@ -76,6 +76,7 @@ fn job(replicas: u32, gpus: u32) -> JobSpec {
         name: "train".into(),
         tenant: "research".into(),
         priority: 50,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {

@@ -13,6 +13,7 @@ use super::engine::{self, SimConfig};
 use super::metrics;
 use super::plot::{self, PlotSeries};
 use super::policy::Policy;
+use super::preemption::{self, PreemptionMix};
 use super::report::{self, Report};
 use super::topology::Topology;
 use super::workload::{self, EstimateError, FleetFacts, HomeCluster, HomeGpuType, Profile};
@@ -78,6 +79,14 @@ pub struct SimArgs {
     /// bestEffort or backfill.
     #[arg(long, value_name = "POLICY")]
     pub member_policy: Option<QueuePolicy>,
+    /// Mark a seeded share of jobs high priority and a share of the others preemptible (e.g.
+    /// 0.1,0.5); members preempt for high-priority jobs and a table of their waits and the
+    /// GPU-hours lost follows the report (table output).
+    #[arg(long, value_name = "SHARE_HIGH,SHARE_PREEMPTIBLE")]
+    pub preemption: Option<PreemptionMix>,
+    /// With --preemption: members never preempt (the comparison without preemption).
+    #[arg(long, requires = "preemption")]
+    pub no_member_preemption: bool,
 }
 
 /// Runs the command, writing the report to `out` and progress to stderr.
@@ -124,10 +133,14 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
         let title = format!("{} on {}", workload.source, topology.name);
         write_file(path, &plot::render_svg(&title, &series))?;
     }
-    let text = match output {
+    let mut text = match output {
         OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,
         OutputFormat::Table => report::render_table(&report),
     };
+    if let (Some(mix), OutputFormat::Table) = (&args.preemption, output) {
+        let rows: Vec<_> = results.iter().map(|run| preemption::row(&workload, run, mix, args.seed)).collect();
+        text.push_str(&preemption::render_table(mix, !args.no_member_preemption, &rows));
+    }
     let io = |source| SimError::Io { path: PathBuf::from("<stdout>"), source };
     out.write_all(text.as_bytes()).map_err(io)?;
     out.flush().map_err(io)?;
@@ -214,6 +227,9 @@ pub fn build_workload(args: &SimArgs, topology: &Topology) -> Result<Workload, S
     if !error.is_exact() {
         workload.source = format!("{}, estimate error {error}", workload.source);
     }
+    if let Some(mix) = &args.preemption {
+        workload.source = format!("{}, {mix}", workload.source);
+    }
     Ok(workload)
 }
 
@@ -250,6 +266,8 @@ fn replay_all(
                             burst_after_secs: args.burst_after.as_secs(),
                             check_invariants: args.check,
                             placement: placement.clone(),
+                            preemption: args.preemption,
+                            member_preemption: !args.no_member_preemption,
                             ..SimConfig::new(policy)
                         };
                         mine.push((i, engine::run(topology, workload, &config, counter)));
@@ -332,6 +350,8 @@ mod tests {
             placement: None,
             check: true,
             member_policy: None,
+            preemption: None,
+            no_member_preemption: false,
         }
     }
 

@@ -22,11 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use meridian_proto::spec::DEFAULT_PRIORITY;
-use meridian_scheduler::{BuiltinScheduler, LocalJob, QueueSpec, Started};
+use meridian_scheduler::{BuiltinScheduler, LocalJob, PreemptionPolicy, QueueSpec, Started};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::policy::Policy;
+use super::preemption::{JobClass, PreemptionCounts, PreemptionMix};
 use super::topology::Topology;
 use super::{ClusterUsage, Outcome, RunResult, SimError, SimJob, Workload};
 use meridian_placement::PlacementConfig;
@@ -53,6 +54,12 @@ pub struct SimConfig {
     /// After every event, check that no node holds more GPUs than it has and that every
     /// scheduler's free count matches its running jobs (tests; costs time).
     pub check_invariants: bool,
+    /// `--preemption`: which jobs are high priority or preemptible (None: every job has the
+    /// default priority and none is preemptible; see `preemption.rs`).
+    pub preemption: Option<PreemptionMix>,
+    /// Whether members preempt (`--no-member-preemption` turns it off); only matters with
+    /// `preemption`.
+    pub member_preemption: bool,
 }
 
 impl SimConfig {
@@ -64,6 +71,8 @@ impl SimConfig {
             placement: PlacementConfig::default(),
             burst_after_secs: 1_800,
             check_invariants: false,
+            preemption: None,
+            member_preemption: true,
         }
     }
 }
@@ -128,6 +137,8 @@ struct Replay<'a> {
     next_round_robin: usize,
     events: u64,
     finished: u64,
+    /// Preemptions and the GPU time they lost.
+    preemption: PreemptionCounts,
 }
 
 impl<'a> Replay<'a> {
@@ -145,8 +156,11 @@ impl<'a> Replay<'a> {
         for cluster in &topology.clusters {
             let policy = cluster.member_policy;
             let member_queues = queues.iter().map(|q| QueueSpec { policy, ..q.clone() }).collect();
-            let scheduler = BuiltinScheduler::new(cluster.nodes.clone(), member_queues)
+            let mut scheduler = BuiltinScheduler::new(cluster.nodes.clone(), member_queues)
                 .map_err(|e| SimError::Invalid(format!("cluster `{}`: {e}", cluster.info.name)))?;
+            if !config.member_preemption {
+                scheduler.set_preemption(PreemptionPolicy::disabled());
+            }
             let nodes = cluster
                 .nodes
                 .iter()
@@ -178,6 +192,7 @@ impl<'a> Replay<'a> {
             next_round_robin: 0,
             events: 0,
             finished: 0,
+            preemption: PreemptionCounts::default(),
         })
     }
 
@@ -200,10 +215,21 @@ impl<'a> Replay<'a> {
             let failover = self.failover_at.peek().map(|Reverse((t, _, _))| *t);
             let completion =
                 self.members.iter().filter_map(|m| m.scheduler.next_completion()).min().map(|d| d.as_secs());
-            let Some(now) = [arrival, handoff, failover, completion].into_iter().flatten().min() else { break };
+            // A victim's grace ends: only victims of `--preemption` runs (never otherwise).
+            let preemption_stop = self
+                .members
+                .iter()
+                .filter_map(|m| m.scheduler.next_preemption_stop())
+                .min()
+                .map(|d| d.as_secs_f64().ceil() as u64);
+            let Some(now) = [arrival, handoff, failover, completion, preemption_stop].into_iter().flatten().min()
+            else {
+                break;
+            };
             self.events += 1;
 
             self.complete(now)?;
+            self.stop_victims(now)?;
             for (job, cluster) in self.links.land_due(now) {
                 let (_, gb, usd) = self.transfer(self.job_at(job)?, cluster);
                 self.book_copy(job, gb, usd);
@@ -234,6 +260,9 @@ impl<'a> Replay<'a> {
             if self.federation.is_some() {
                 self.gateway_round(now)?;
                 self.schedule(now)?;
+            }
+            if self.config.preemption.is_some() {
+                self.preempt(now);
             }
             if self.config.check_invariants {
                 self.check(now)?;
@@ -569,7 +598,82 @@ impl<'a> Replay<'a> {
     fn local_job(&self, job: &SimJob, cluster: usize) -> Result<LocalJob, SimError> {
         let tenant = self.workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
         let member = self.members.get(cluster).ok_or_else(|| invariant(format!("no cluster {cluster}")))?;
-        Ok(local_job(job, job.id.to_string(), member.scheduler.queue_for(tenant).to_owned()))
+        let class = self.class_of(job.id);
+        Ok(LocalJob {
+            priority: class.priority,
+            preemptible: class.preemptible,
+            ..local_job(job, job.id.to_string(), member.scheduler.queue_for(tenant).to_owned())
+        })
+    }
+
+    /// The priority class of job `id` (see `preemption.rs`).
+    pub(super) fn class_of(&self, id: u32) -> JobClass {
+        self.config.preemption.map_or(JobClass::DEFAULT, |mix| mix.class_of(self.config.seed, id))
+    }
+
+    /// Every member picks victims for its blocked high-priority heads; they are stopped when
+    /// their grace ends (`stop_victims`).
+    fn preempt(&mut self, now: u64) {
+        let at = Duration::from_secs(now);
+        for member in &mut self.members {
+            member.scheduler.preempt(at);
+        }
+    }
+
+    /// Stops the victims whose grace has ended and starts the jobs they made room for.
+    fn stop_victims(&mut self, now: u64) -> Result<(), SimError> {
+        let at = Duration::from_secs(now);
+        for cluster in 0..self.members.len() {
+            let Some(member) = self.members.get_mut(cluster) else { continue };
+            if member.scheduler.next_preemption_stop().is_none_or(|t| t > at) {
+                continue;
+            }
+            let stops = member.scheduler.stop_preempted(at);
+            self.requeue_local(cluster);
+            for victim in stops.stopped {
+                let job = self.job(&victim)?;
+                self.victim_stopped(cluster, job, now)?;
+            }
+            for started in stops.started {
+                let (id, nodes) = (started.job_id.clone(), started.nodes.clone());
+                self.started(cluster, started, now)?;
+                if self.federation.is_some() {
+                    self.agent_job_started(cluster, self.job(&id)?.id, nodes, now)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A victim was stopped on `cluster` at `now`: the work it did is lost, its copies stay
+    /// paid, and it goes back to be placed again (Meridian: to the federation queue; the
+    /// baselines: to the same member's queue, as Slurm requeues a preempted job).
+    fn victim_stopped(&mut self, cluster: usize, job: &SimJob, now: u64) -> Result<(), SimError> {
+        let Some(outcome) = self.outcomes.get_mut(job.id as usize).and_then(Option::take) else {
+            return Err(invariant(format!("job {} was preempted but never started", job.id)));
+        };
+        let ran = now.saturating_sub(outcome.start_secs);
+        let unrun = outcome.end_secs.saturating_sub(now);
+        if let Some(member) = self.members.get_mut(cluster) {
+            member.busy_gpu_secs = member.busy_gpu_secs.saturating_sub(job.gpus() * unrun);
+        }
+        self.preemption.preemptions += 1;
+        self.preemption.lost_gpu_secs += job.gpus() * ran;
+        // Its copies were made and paid; they are booked again when it starts next.
+        let entry = self.copied.entry(job.id).or_default();
+        entry.0 += outcome.moved_gb;
+        entry.1 += outcome.egress_usd;
+        if self.federation.is_some() {
+            return self.agent_job_preempted(cluster, job.id, now);
+        }
+        let mut local = self.local_job(job, cluster)?;
+        local.last_preempted_at = Some(Duration::from_secs(now));
+        let Some(member) = self.members.get_mut(cluster) else { return Ok(()) };
+        member
+            .scheduler
+            .submit(local, Duration::from_secs(now))
+            .map_err(|e| invariant(format!("cluster refused preempted job {}: {e}", job.id)))?;
+        Ok(())
     }
 
     /// The cluster's local queues changed: run its scheduler, and report it to the gateway again.
@@ -670,6 +774,7 @@ impl<'a> Replay<'a> {
             events: self.events,
             link_gb: self.links.moved_gb,
             gateway: self.federation.map(|f| f.counts),
+            preemption: self.preemption,
         })
     }
 }
@@ -756,6 +861,8 @@ fn local_job(job: &SimJob, id: String, queue: String) -> LocalJob {
         node_selector: Default::default(),
         run_for: Duration::from_secs(job.estimate_secs),
         actual: Some(Duration::from_secs(job.duration_secs)),
+        preemptible: false,
+        last_preempted_at: None,
     }
 }
 
@@ -765,5 +872,7 @@ fn invariant(message: String) -> SimError {
 
 #[cfg(test)]
 mod estimate_tests;
+#[cfg(test)]
+mod preemption_tests;
 #[cfg(test)]
 mod tests;

@@ -221,4 +221,6 @@ pub struct RunResult {
     pub link_gb: f64,
     /// `meridian`: what crossed the agent protocol (offers, refusals, rounds...).
     pub gateway: Option<GatewayCounts>,
+    /// Jobs preempted and the GPU time they lost (all zero without `--preemption`).
+    pub preemption: crate::preemption::PreemptionCounts,
 }

@@ -21,6 +21,7 @@ pub mod job;
 pub mod metrics;
 pub mod plot;
 pub mod policy;
+pub mod preemption;
 pub mod report;
 pub mod topology;
 pub mod workload;

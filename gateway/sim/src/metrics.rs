@@ -357,6 +357,7 @@ mod tests {
             events: 12,
             link_gb: 110.0,
             gateway: None,
+            preemption: Default::default(),
         };
         (workload, run)
     }
@@ -439,6 +440,7 @@ mod tests {
             events: 0,
             link_gb: 0.0,
             gateway: None,
+            preemption: Default::default(),
         };
         let metrics = compute(&workload, &run);
         assert_eq!(metrics.overall.jobs, 0);

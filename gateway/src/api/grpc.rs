@@ -106,6 +106,8 @@ fn job_to_wire(job: &JobRecord) -> pb::Job {
         submitted_at_ms: job.submitted_at_ms,
         started_at_ms: job.started_at_ms.unwrap_or(0),
         finished_at_ms: job.finished_at_ms.unwrap_or(0),
+        preemptions: job.preemptions,
+        last_preempted_at_ms: job.last_preempted_at_ms,
     }
 }
 

@@ -199,6 +199,8 @@ mod tests {
             node_selector: Default::default(),
             run_for,
             actual: None,
+            preemptible: false,
+            last_preempted_at: None,
         }
     }
 

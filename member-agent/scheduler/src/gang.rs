@@ -231,6 +231,8 @@ mod tests {
             node_selector: Default::default(),
             run_for: Duration::from_secs(60),
             actual: None,
+            preemptible: false,
+            last_preempted_at: None,
         }
     }
 

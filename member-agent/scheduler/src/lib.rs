@@ -16,6 +16,8 @@
 //!   (it blocks them), `bestEffort` (they may start in its place) or `backfill` (the default: EASY
 //!   backfill, they may start if they do not delay the member's one reservation; `pass.rs` and
 //!   `reservation.rs`).
+//! - **Preemption** (`preempt.rs`): a queue head that cannot start may stop running preemptible
+//!   jobs of strictly lower priority after a grace period, under the member's [`PreemptionPolicy`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,16 +29,20 @@ use meridian_proto::spec::JobSpec;
 mod fairshare;
 mod gang;
 mod pass;
+mod preempt;
 mod remaining;
 mod report;
 mod reservation;
 mod scheduler;
 
 #[cfg(test)]
+mod preempt_proptests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod testkit;
 
+pub use preempt::{Preemption, PreemptionPolicy, PreemptionStops};
 pub use remaining::{OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION};
 pub use report::MAX_RELEASE_BUCKETS;
 pub use scheduler::BuiltinScheduler;
@@ -181,6 +187,11 @@ pub struct LocalJob {
     /// backend's simulated runs). Only completion ([`BuiltinScheduler::complete_due`],
     /// [`BuiltinScheduler::next_completion`]) reads it, never a decision or a report.
     pub actual: Option<Duration>,
+    /// The spec's `preemptible`: a job of strictly higher priority may preempt it.
+    pub preemptible: bool,
+    /// When it was last preempted, on the scheduler's clock (the gateway tells the member);
+    /// it is not preempted again within the policy's minimum interval of this.
+    pub last_preempted_at: Option<Duration>,
 }
 
 /// A job the scheduler has just started.
@@ -348,6 +359,8 @@ impl LocalJob {
             node_selector: spec.placement.node_selector().clone(),
             run_for,
             actual: None,
+            preemptible: spec.preemptible,
+            last_preempted_at: None,
         }
     }
 

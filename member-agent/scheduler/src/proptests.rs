@@ -25,7 +25,7 @@ enum Op {
 
 /// A random job, before it gets an id.
 #[derive(Debug, Clone)]
-struct JobShape {
+pub(super) struct JobShape {
     queue: usize,
     priority: u32,
     replicas: u32,
@@ -39,7 +39,7 @@ struct JobShape {
 
 const QUEUES: [&str; 3] = ["default", "research", "prod"];
 
-fn nodes() -> Vec<NodeSpec> {
+pub(super) fn nodes() -> Vec<NodeSpec> {
     let mut nodes = Vec::new();
     for i in 0..3 {
         nodes.push(NodeSpec {
@@ -68,7 +68,7 @@ fn nodes() -> Vec<NodeSpec> {
     nodes
 }
 
-fn job_shape() -> impl Strategy<Value = JobShape> {
+pub(super) fn job_shape() -> impl Strategy<Value = JobShape> {
     (
         0..QUEUES.len(),
         0u32..3,
@@ -106,7 +106,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 impl JobShape {
-    fn into_job(self, id: u32) -> LocalJob {
+    pub(super) fn into_job(self, id: u32) -> LocalJob {
         LocalJob {
             priority: self.priority,
             cpu: self.cpu,
@@ -119,7 +119,7 @@ impl JobShape {
 }
 
 /// Checks every property that must hold between calls.
-fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), TestCaseError> {
+pub(super) fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), TestCaseError> {
     let specs: BTreeMap<String, NodeSpec> = declared.iter().map(|n| (n.name.clone(), n.clone())).collect();
     let specs = &specs;
     // Recompute what running jobs hold on each node from their assignments.
@@ -183,7 +183,11 @@ fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Result<(), Test
     Ok(())
 }
 
-fn check_started(started: &Started, scheduler: &BuiltinScheduler, now: Duration) -> Result<(), TestCaseError> {
+pub(super) fn check_started(
+    started: &Started,
+    scheduler: &BuiltinScheduler,
+    now: Duration,
+) -> Result<(), TestCaseError> {
     let running = scheduler
         .running()
         .find(|r| r.job.id == started.job_id)
@@ -264,7 +268,7 @@ enum BackfillOp {
 
 /// A random job for a random member, before it gets an id.
 #[derive(Debug, Clone)]
-struct BackfillJob {
+pub(super) struct BackfillJob {
     queue: usize,
     priority: u32,
     replicas: u32,
@@ -275,7 +279,7 @@ struct BackfillJob {
 }
 
 impl BackfillJob {
-    fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
+    pub(super) fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
         let queue = &queues[self.queue % queues.len()].name;
         LocalJob {
             priority: self.priority,
@@ -287,7 +291,7 @@ impl BackfillJob {
 }
 
 /// 1 to 5 nodes of different sizes, each its own shape.
-fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
+pub(super) fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
     prop::collection::vec((1u32..=8, 4u32..=32, 32u32..=256), 1..6).prop_map(|sizes| {
         sizes
             .into_iter()
@@ -307,7 +311,7 @@ fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
 }
 
 /// 1 to 3 queues with random weights and policies, at least one of them `backfill`.
-fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
+pub(super) fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
     let policy = prop_oneof![Just(QueuePolicy::Strict), Just(QueuePolicy::BestEffort), Just(QueuePolicy::Backfill)];
     prop::collection::vec((policy, prop_oneof![Just(0.5), Just(1.0), Just(2.0)]), 0..3).prop_map(|rest| {
         let mut queues = vec![QueueSpec::new("q0", 1.0)];
@@ -320,7 +324,7 @@ fn queue_set() -> impl Strategy<Value = Vec<QueueSpec>> {
     })
 }
 
-fn backfill_job() -> impl Strategy<Value = BackfillJob> {
+pub(super) fn backfill_job() -> impl Strategy<Value = BackfillJob> {
     (0usize..3, 0u32..3, 1u32..4, 1u32..9, 0u32..12, 0u32..96, 0u64..60).prop_map(
         |(queue, priority, replicas, gpus, cpu, memory_gib, run_secs)| BackfillJob {
             queue,
@@ -345,20 +349,20 @@ fn backfill_op() -> impl Strategy<Value = BackfillOp> {
 }
 
 /// Drives a scheduler and checks the reservation promises as it goes.
-struct Driver {
-    scheduler: BuiltinScheduler,
-    declared: Vec<NodeSpec>,
-    now: Duration,
+pub(super) struct Driver {
+    pub(super) scheduler: BuiltinScheduler,
+    pub(super) declared: Vec<NodeSpec>,
+    pub(super) now: Duration,
     /// Every job that held the reservation and has not started or left, with the earliest start
     /// any reservation promised it.
-    promised: BTreeMap<String, Duration>,
+    pub(super) promised: BTreeMap<String, Duration>,
     /// How many jobs started while holding a promise.
-    kept: u32,
+    pub(super) kept: u32,
 }
 
 impl Driver {
     /// Checks a pass's starts against the promises, then the invariants and the new reservation.
-    fn after_starts(&mut self, started: Vec<Started>) -> Result<(), TestCaseError> {
+    pub(super) fn after_starts(&mut self, started: Vec<Started>) -> Result<(), TestCaseError> {
         for job in started {
             check_started(&job, &self.scheduler, self.now)?;
             if let Some(promise) = self.promised.remove(&job.job_id) {
@@ -376,7 +380,7 @@ impl Driver {
     }
 
     /// Checks the invariants and records the reservation's promise.
-    fn observe(&mut self) -> Result<(), TestCaseError> {
+    pub(super) fn observe(&mut self) -> Result<(), TestCaseError> {
         check(&self.scheduler, &self.declared)?;
         // A holder keeps the reservation until it starts or is cancelled.
         let holder = self.scheduler.reservation();

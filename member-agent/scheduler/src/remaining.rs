@@ -64,6 +64,8 @@ mod tests {
             node_selector: Default::default(),
             run_for: Duration::from_secs(estimate),
             actual: Some(Duration::from_secs(estimate * 10)),
+            preemptible: false,
+            last_preempted_at: None,
         };
         RunningJob {
             job,

@@ -177,6 +177,8 @@ mod tests {
             node_selector: Default::default(),
             run_for: Duration::from_secs(secs),
             actual: None,
+            preemptible: false,
+            last_preempted_at: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::fairshare::{PendingKey, QueueState, Usage};
 use super::gang::{self, Node};
+use super::preempt::{Draining, PreemptionPolicy};
 use super::reservation::Held;
 use super::{Cancelled, Error, LocalJob, NodeSpec, PendingJob, QueuePolicy, QueueSpec, Result, RunningJob, Started};
 
@@ -60,6 +61,10 @@ pub struct BuiltinScheduler {
     /// A running job ended before its estimate since the plan was made, so the reservation may
     /// start earlier than planned: the next pass plans again.
     pub(super) replan: bool,
+    /// When and how the member preempts (see `preempt.rs`).
+    pub(super) preemption: PreemptionPolicy,
+    /// Victims in their grace period, by id.
+    pub(super) draining: BTreeMap<String, Draining>,
 }
 
 /// A running job with what it holds.
@@ -141,6 +146,8 @@ impl BuiltinScheduler {
             clock: Duration::ZERO,
             reservation: None,
             replan: false,
+            preemption: PreemptionPolicy::default(),
+            draining: BTreeMap::new(),
         })
     }
 
@@ -207,6 +214,7 @@ impl BuiltinScheduler {
             // caller may jump far past it.
             self.clock = self.clock.max(ends_at);
             self.release(&id);
+            self.forget_draining(&id);
             done.push(id);
         }
         self.advance_to(now);
@@ -243,6 +251,7 @@ impl BuiltinScheduler {
             return Cancelled::WasPending;
         }
         if self.release(job_id).is_some() {
+            self.forget_draining(job_id);
             return Cancelled::WasRunning;
         }
         Cancelled::NotFound
@@ -352,8 +361,13 @@ impl BuiltinScheduler {
         started
     }
 
+    /// Where the pending job `job_id` waits: its queue index and key.
+    pub(super) fn pending_key(&self, job_id: &str) -> Option<(usize, PendingKey)> {
+        self.pending_index.get(job_id).cloned()
+    }
+
     /// Removes a running job and gives back everything it held.
-    fn release(&mut self, job_id: &str) -> Option<RunningJob> {
+    pub(super) fn release(&mut self, job_id: &str) -> Option<RunningJob> {
         let running = self.running.remove(job_id)?;
         if self.clock < running.estimated_end() {
             self.replan = true;

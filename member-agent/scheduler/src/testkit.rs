@@ -34,5 +34,7 @@ pub(crate) fn job(id: &str, queue: &str, replicas: u32, gpus: u32, run_secs: u64
         node_selector: Default::default(),
         run_for: Duration::from_secs(run_secs),
         actual: None,
+        preemptible: false,
+        last_preempted_at: None,
     }
 }

@@ -357,6 +357,7 @@ impl EventLoop {
                     message: String::new(),
                     nodes,
                     requeue: false,
+                    preempted: false,
                 };
                 // Held before the acceptance, so every heartbeat after it lists the job; inventory
                 // before the acceptance, so the gateway never places into these GPUs twice.
@@ -376,6 +377,7 @@ impl EventLoop {
                     message: reason.clone(),
                     nodes: Vec::new(),
                     requeue: false,
+                    preempted: false,
                 });
                 if live {
                     self.send_report_opt(report);

@@ -244,8 +244,15 @@ impl Ledger {
         message: String,
         requeue: bool,
     ) -> JobReport {
-        let report =
-            JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes: Vec::new(), requeue };
+        let report = JobReport {
+            job_id: job_id.to_string(),
+            fencing_token,
+            state,
+            message,
+            nodes: Vec::new(),
+            requeue,
+            preempted: false,
+        };
         self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
         report
     }
@@ -336,8 +343,21 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
         JobPhase::Running { nodes } => (JobState::Running, String::new(), nodes),
         JobPhase::Succeeded { message } => (JobState::Succeeded, message, Vec::new()),
         JobPhase::Failed { message } => (JobState::Failed, message, Vec::new()),
+        JobPhase::Preempted { message } => {
+            // On the wire a preemption is a terminal report for requeue, flagged as such: a
+            // gateway that does not know the flag still places the job again.
+            return JobReport {
+                job_id: job_id.to_string(),
+                fencing_token,
+                state: JobState::Failed,
+                message,
+                nodes: Vec::new(),
+                requeue: true,
+                preempted: true,
+            };
+        }
     };
-    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false }
+    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false, preempted: false }
 }
 
 #[cfg(test)]
@@ -440,6 +460,16 @@ mod tests {
         let heartbeat: Vec<(String, u64)> =
             ledger.heartbeat().into_iter().map(|r| (r.job_id, r.fencing_token)).collect();
         assert_eq!(heartbeat, [("keep".into(), 1), ("done".into(), 4), ("gone".into(), 8), ("other-token".into(), 9)]);
+    }
+
+    #[test]
+    fn a_preempted_phase_is_reported_for_requeue_and_flagged_preempted() {
+        let message = "preempted for higher-priority work after 12.0s".to_string();
+        let sent = report("j", 4, JobPhase::Preempted { message: message.clone() });
+        assert_eq!((sent.state, sent.requeue, sent.preempted), (JobState::Failed, true, true));
+        assert_eq!(sent.message, message);
+        let failed = report("j", 4, JobPhase::Failed { message: "exit 1".into() });
+        assert!(!failed.requeue && !failed.preempted);
     }
 
     #[test]

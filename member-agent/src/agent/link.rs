@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn an_offer_with_a_bad_spec_keeps_its_id_so_it_can_be_refused() {
-        let offer = pb::Offer { job_id: "j".into(), fencing_token: 4, spec: None };
+        let offer = pb::Offer { job_id: "j".into(), fencing_token: 4, spec: None, last_preempted_at_ms: None };
         let message = pb::GatewayMessage { body: Some(pb::gateway_message::Body::Offer(offer)) };
         match inbound_from_wire(message) {
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {

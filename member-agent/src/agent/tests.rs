@@ -279,6 +279,7 @@ pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
             name: job_id.into(),
             tenant: "team".into(),
             priority: 50,
+            preemptible: false,
             labels: BTreeMap::new(),
             idempotency_key: None,
             gang: GangSpec {
@@ -290,6 +291,7 @@ pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
             placement: PlacementRules::default(),
             payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
         },
+        last_preempted_at_ms: None,
     }
 }
 

@@ -194,12 +194,19 @@ pub enum JobPhase {
         /// Why.
         message: String,
     },
+    /// Stopped by the member's scheduler to make room for higher-priority work (builtin
+    /// preemption, Slurm `PREEMPTED`, a Kubernetes preemption eviction): no fault of the job,
+    /// which the gateway queues again.
+    Preempted {
+        /// Who preempted it and how, for people.
+        message: String,
+    },
 }
 
 impl JobPhase {
-    /// Succeeded or failed: nothing more will happen to the binding.
+    /// Succeeded, failed or preempted: nothing more will happen to the binding.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, JobPhase::Succeeded { .. } | JobPhase::Failed { .. })
+        matches!(self, JobPhase::Succeeded { .. } | JobPhase::Failed { .. } | JobPhase::Preempted { .. })
     }
 }
 

@@ -28,6 +28,8 @@ fn noisy_workload(topology: &Topology, sigma: f64, seed: u64) -> Workload {
         burst_after: HumanDuration::from_secs(1800),
         placement: None,
         check: true,
+        preemption: None,
+        no_member_preemption: false,
     };
     build_workload(&args, topology).unwrap()
 }

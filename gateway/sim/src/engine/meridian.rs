@@ -197,7 +197,12 @@ impl Replay<'_> {
     /// A job arrives: it is submitted to the gateway, as a user would.
     pub(super) fn submit(&mut self, job: &SimJob, now: u64) -> Result<(), SimError> {
         let tenant = self.workload.tenants.get(job.tenant as usize).map_or("default", |t| t.name.as_str());
-        let spec = spec_of(job, tenant, self.config.burst_after_secs);
+        let class = self.class_of(job.id);
+        let spec = JobSpec {
+            priority: class.priority,
+            preemptible: class.preemptible,
+            ..spec_of(job, tenant, self.config.burst_after_secs)
+        };
         let reply = self.next_reply();
         let replies = self.gateway_step(Input::Submit { spec, reply }, now)?;
         let record = match replies.into_iter().find(|(r, _)| *r == reply) {
@@ -228,6 +233,22 @@ impl Replay<'_> {
     /// A job held on `cluster` ended (the scheduler completed it): its agent reports success.
     pub(super) fn agent_job_ended(&mut self, cluster: usize, job: u32, now: u64) -> Result<(), SimError> {
         self.report_job(cluster, job, JobState::Succeeded, Vec::new(), now)
+    }
+
+    /// A job held on `cluster` started on room its victims left: its agent reports it running.
+    pub(super) fn agent_job_started(
+        &mut self,
+        cluster: usize,
+        job: u32,
+        nodes: Vec<String>,
+        now: u64,
+    ) -> Result<(), SimError> {
+        self.report_job(cluster, job, JobState::Running, nodes, now)
+    }
+
+    /// A job held on `cluster` was preempted: its agent reports it for requeue.
+    pub(super) fn agent_job_preempted(&mut self, cluster: usize, job: u32, now: u64) -> Result<(), SimError> {
+        self.report(cluster, job, JobState::Failed, Vec::new(), true, now)
     }
 
     /// A staged job's data landed: it runs from now on the GPUs reserved for it.
@@ -280,6 +301,19 @@ impl Replay<'_> {
         nodes: Vec<String>,
         now: u64,
     ) -> Result<(), SimError> {
+        self.report(cluster, job, state, nodes, false, now)
+    }
+
+    /// [`report_job`](Self::report_job), or with `preempted` a preemption for requeue.
+    fn report(
+        &mut self,
+        cluster: usize,
+        job: u32,
+        state: JobState,
+        nodes: Vec<String>,
+        preempted: bool,
+        now: u64,
+    ) -> Result<(), SimError> {
         let name = self.cluster_name(cluster).to_owned();
         let Some(federation) = self.federation.as_mut() else { return Ok(()) };
         let id = federation.ids.get(job as usize).cloned().flatten();
@@ -294,8 +328,15 @@ impl Replay<'_> {
             agent.held.remove(&job);
             agent.outbox.insert((job, token));
         }
-        let report =
-            JobReport { job_id: id, fencing_token: token, state, message: String::new(), nodes, requeue: false };
+        let report = JobReport {
+            job_id: id,
+            fencing_token: token,
+            state,
+            message: String::new(),
+            nodes,
+            requeue: preempted,
+            preempted,
+        };
         self.gateway_step(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) }, now)?;
         Ok(())
     }
@@ -411,6 +452,8 @@ impl Replay<'_> {
         // knows the job's run time only by the spec's estimate; the truth decides when it ends.
         let run_for = Duration::from_secs(transfer_secs.saturating_add(assignment.spec.runtime.estimate.as_secs()));
         let mut local = LocalJob::from_spec(job.to_string(), &assignment.spec, queue, run_for);
+        local.last_preempted_at =
+            assignment.last_preempted_at_ms.map(|ms| Duration::from_millis(u64::try_from(ms - EPOCH_MS).unwrap_or(0)));
         // The agent keeps staged GPUs reserved until the data lands, however long the shared
         // link takes; the job's true end is set then (`Replay::started`).
         local.actual = Some(if transfer_secs > 0 { Duration::MAX } else { Duration::from_secs(sim_job.duration_secs) });
@@ -454,6 +497,7 @@ impl Replay<'_> {
             message: String::new(),
             nodes,
             requeue: false,
+            preempted: false,
         };
         answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
         Ok(())
@@ -480,6 +524,7 @@ impl Replay<'_> {
                 message: "stopped at the gateway's request".to_owned(),
                 nodes: Vec::new(),
                 requeue: false,
+                preempted: false,
             };
             answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
         }
@@ -493,6 +538,7 @@ pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
         name: format!("job-{}", job.id),
         tenant: tenant.to_owned(),
         priority: DEFAULT_PRIORITY,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {

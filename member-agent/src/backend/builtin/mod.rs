@@ -171,7 +171,8 @@ impl BuiltinBackend {
         }
         let queue = state.scheduler.queue_for(&job.spec.tenant).to_string();
         let (run_for, at_limit) = run_time(&job.spec, state.time_scale());
-        let local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
+        let mut local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
+        local.last_preempted_at = crate::preemption::last_preempted_on_clock(job.last_preempted_at_ms, now);
         if let Err(e) = state.scheduler.submit(local, now) {
             return refused(&e);
         }
@@ -347,14 +348,15 @@ impl Shared {
         let _ = self.events.send(JobEvent { job_id: job_id.to_string(), fencing_token, phase });
     }
 
-    /// When the next simulated job is due, as an instant (never under the process runner:
-    /// processes end when they exit).
+    /// When the next simulated job is due (never under the process runner: processes end when
+    /// they exit) or the next preemption victim's grace ends, as an instant.
     fn next_due(&self) -> Option<Instant> {
         let state = self.lock();
-        if !matches!(state.runner, RunnerState::Simulated { .. }) {
-            return None;
-        }
-        let due = state.scheduler.next_completion()?;
+        let completion = match state.runner {
+            RunnerState::Simulated { .. } => state.scheduler.next_completion(),
+            RunnerState::Process(_) => None,
+        };
+        let due = [completion, state.scheduler.next_preemption_stop()].into_iter().flatten().min()?;
         self.epoch.checked_add(due)
     }
 
@@ -364,6 +366,11 @@ impl Shared {
         let RunnerState::Process(runner) = &mut state.runner else { return };
         let Some((job_id, fencing_token, outcome)) = runner.finished(exit) else { return };
         if state.bindings.get(&job_id).is_none_or(|b| b.fencing_token != fencing_token) {
+            return;
+        }
+        if state.scheduler.end_grace_now(&job_id, self.now()) {
+            // A preemption victim that exited on its SIGTERM: the next advance stops it and
+            // reports it preempted, whatever its exit code.
             return;
         }
         state.bindings.remove(&job_id);
@@ -396,12 +403,34 @@ impl Shared {
             };
             self.emit(&job_id, binding.fencing_token, phase);
         }
-        for started in state.scheduler.schedule(now) {
+        // Victims whose grace has ended stop now; the jobs they made room for start first.
+        let stops = state.scheduler.stop_preempted(now);
+        for job_id in stops.stopped {
+            let Some(binding) = state.bindings.remove(&job_id) else { continue };
+            if let RunnerState::Process(runner) = &mut state.runner {
+                // Signalled at the start of the grace; SIGKILL follows after `killGrace` if it
+                // has not exited.
+                runner.cancel(&job_id, binding.fencing_token);
+            }
+            let ran = binding.started_at.map(|at| now.saturating_sub(at)).unwrap_or_default();
+            let message = format!("preempted for higher-priority work after {:.1}s", ran.as_secs_f64());
+            self.emit(&job_id, binding.fencing_token, JobPhase::Preempted { message });
+        }
+        for started in stops.started.into_iter().chain(state.scheduler.schedule(now)) {
             if !state.start(&started, now) {
                 continue;
             }
             let Some(binding) = state.bindings.get(&started.job_id) else { continue };
             self.emit(&started.job_id, binding.fencing_token, JobPhase::Running { nodes: started.nodes });
+        }
+        for preemption in state.scheduler.preempt(now) {
+            let Some(binding) = state.bindings.get(&preemption.victim) else { continue };
+            tracing::info!(job = %preemption.victim, for_job = %preemption.for_job, "preempting");
+            if let RunnerState::Process(runner) = &state.runner {
+                // SIGTERM now, so it may checkpoint; it keeps its GPUs and devices until it exits
+                // or its grace ends (then SIGKILL after `killGrace`).
+                runner.terminate(&preemption.victim, binding.fencing_token);
+            }
         }
         let waiting: Vec<String> = state.scheduler.pending().map(|p| p.job.id.clone()).collect();
         for job_id in waiting {

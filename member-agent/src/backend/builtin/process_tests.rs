@@ -38,6 +38,7 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
         name: "train".into(),
         tenant: "a".into(),
         priority: 50,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {
@@ -49,7 +50,7 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
         placement: PlacementRules::default(),
         payload: Payload { image: None, command, env: BTreeMap::new() },
     };
-    Assignment { job_id: job_id.into(), fencing_token: 1, spec }
+    Assignment { job_id: job_id.into(), fencing_token: 1, spec, last_preempted_at_ms: None }
 }
 
 /// One 4-GPU node, the given kill grace, 1 MiB of output per job.

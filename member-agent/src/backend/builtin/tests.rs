@@ -26,6 +26,7 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
         name: "train".into(),
         tenant: tenant.into(),
         priority: 50,
+        preemptible: false,
         labels: BTreeMap::new(),
         idempotency_key: None,
         gang: GangSpec {
@@ -40,7 +41,7 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
 }
 
 fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
-    Assignment { job_id: job_id.into(), fencing_token: token, spec }
+    Assignment { job_id: job_id.into(), fencing_token: token, spec, last_preempted_at_ms: None }
 }
 
 /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
@@ -190,4 +191,41 @@ fn fixture() -> super::fixture::Fixture {
 #[tokio::test(start_paused = true)]
 async fn the_builtin_backend_passes_the_conformance_suite() {
     crate::backend::conformance::run(fixture().subject()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_priority_job_preempts_a_preemptible_one_after_the_grace() {
+    let (backend, mut events) = backend();
+    let t0 = Instant::now();
+    let low = JobSpec { priority: 10, preemptible: true, ..spec("a", 8, 1000) };
+    backend.submit(&assignment("low", 1, low)).await.unwrap();
+    let urgent = JobSpec { priority: 90, ..spec("b", 8, 60) };
+    assert!(matches!(backend.submit(&assignment("urgent", 2, urgent)).await.unwrap(), Admission::Queued { .. }));
+
+    let stopped = next_change(&mut events).await;
+    assert_eq!((stopped.job_id.as_str(), stopped.fencing_token), ("low", 1));
+    assert!(matches!(&stopped.phase, JobPhase::Preempted { message } if message.contains("preempted")), "{stopped:?}");
+    assert_eq!(t0.elapsed(), Duration::from_secs(30), "stopped when the default 30 s grace ends");
+    let started = next_change(&mut events).await;
+    assert_eq!(
+        started,
+        JobEvent { job_id: "urgent".into(), fencing_token: 2, phase: JobPhase::Running { nodes: vec!["n-0".into()] } }
+    );
+    assert!(backend.list().await.unwrap().iter().all(|held| held.job_id != "low"), "the victim is no longer held");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_preempted_recently_is_not_preempted_again() {
+    let (backend, mut events) = backend();
+    let low = JobSpec { priority: 10, preemptible: true, ..spec("a", 8, 100) };
+    let now_ms =
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let recent = Assignment { last_preempted_at_ms: Some(now_ms - 60_000), ..assignment("low", 1, low) };
+    backend.submit(&recent).await.unwrap();
+    let urgent = JobSpec { priority: 90, ..spec("b", 8, 60) };
+    backend.submit(&assignment("urgent", 2, urgent)).await.unwrap();
+    // The victim would be protected for 9 more minutes; it runs to its end instead.
+    let first = next_change(&mut events).await;
+    assert_eq!(first.job_id, "low");
+    assert!(matches!(first.phase, JobPhase::Succeeded { .. }), "{first:?}");
 }

@@ -51,6 +51,11 @@ pub struct KubernetesConfig {
     /// the job's priority wins. Empty: no priority class is set.
     #[serde(default)]
     pub priority_classes: Vec<PriorityClassRule>,
+    /// Priority class for jobs whose spec says `preemptible: true`, in place of the rules above:
+    /// a low class that Volcano's or Kueue's preemption may evict. A job evicted by preemption
+    /// is reported preempted and queued again by the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible_priority_class: Option<String>,
     /// Deadline of every API call.
     #[serde(default = "default_request_timeout")]
     pub request_timeout: HumanDuration,
@@ -81,6 +86,7 @@ impl Default for KubernetesConfig {
             default_queue: default_queue(),
             gpu_types: BTreeMap::new(),
             priority_classes: Vec::new(),
+            preemptible_priority_class: None,
             request_timeout: default_request_timeout(),
             poll_interval: default_poll_interval(),
         }
@@ -122,6 +128,11 @@ impl KubernetesConfig {
                 problems.push(format!("kubernetes.priorityClasses[{i}].name: `{}` is not a valid name", rule.name));
             }
         }
+        if let Some(name) = &self.preemptible_priority_class
+            && !is_dns_subdomain(name)
+        {
+            problems.push(format!("kubernetes.preemptiblePriorityClass: `{name}` is not a valid name"));
+        }
         if self.request_timeout.0.is_zero() {
             problems.push("kubernetes.requestTimeout: must be longer than 0s".into());
         }
@@ -133,6 +144,15 @@ impl KubernetesConfig {
     /// The queue a tenant's jobs go to.
     pub fn queue_for(&self, tenant: &str) -> &str {
         self.queues.get(tenant).map_or(self.default_queue.as_str(), String::as_str)
+    }
+
+    /// The priority class of a job: `preemptiblePriorityClass` for a preemptible job when set,
+    /// else the rule for its priority.
+    pub fn priority_class_of(&self, spec: &meridian_proto::spec::JobSpec) -> Option<&str> {
+        match &self.preemptible_priority_class {
+            Some(class) if spec.preemptible => Some(class),
+            _ => self.priority_class_for(spec.priority),
+        }
     }
 
     /// The priority class for a Meridian priority, if any rule applies.

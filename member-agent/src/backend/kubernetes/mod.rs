@@ -480,7 +480,9 @@ impl Snapshot {
         match self.phase_of(held, mode) {
             JobPhase::Pending { reason } => Admission::Queued { reason },
             JobPhase::Running { nodes } => Admission::Started { nodes },
-            JobPhase::Succeeded { .. } | JobPhase::Failed { .. } => Admission::Started { nodes: Vec::new() },
+            JobPhase::Succeeded { .. } | JobPhase::Failed { .. } | JobPhase::Preempted { .. } => {
+                Admission::Started { nodes: Vec::new() }
+            }
         }
     }
 }

@@ -133,7 +133,7 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement)
     if let Some(limit) = spec.runtime.limit {
         pod["activeDeadlineSeconds"] = json!(limit.0.as_secs().max(1));
     }
-    if let Some(class) = config.priority_class_for(spec.priority) {
+    if let Some(class) = config.priority_class_of(spec) {
         pod["priorityClassName"] = json!(class);
     }
     // The GPU product and the job's own `placement.nodeSelector`: exact matches as a
@@ -192,7 +192,7 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
             "template": pod_template(job, config, gpu),
         }],
     });
-    if let Some(class) = config.priority_class_for(job.spec.priority) {
+    if let Some(class) = config.priority_class_of(&job.spec) {
         spec["priorityClassName"] = json!(class);
     }
     json!({

@@ -15,6 +15,11 @@ pub fn volcano_phase(job: &Value, pods: &[Pod], pod_group: Option<&Value>) -> Jo
         let message = state["message"].as_str().or_else(|| state["reason"].as_str()).unwrap_or_default();
         if message.is_empty() { default.to_string() } else { format!("{default}: {message}") }
     };
+    if !matches!(phase, "Completing" | "Completed")
+        && let Some(message) = preempted_pod(pods)
+    {
+        return JobPhase::Preempted { message };
+    }
     match phase {
         "Running" => JobPhase::Running { nodes: nodes_of(pods) },
         "Completing" | "Completed" => JobPhase::Succeeded { message: "Volcano job completed".into() },
@@ -54,6 +59,12 @@ pub fn batch_phase(job: &Value, pods: &[Pod], workload: Option<&Value>) -> JobPh
         let base = format!("Kubernetes job failed: {}", condition_text(failed));
         return JobPhase::Failed { message: failure_message(&base, pods) };
     }
+    let evicted = workload.and_then(|w| {
+        conditions(w).find(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == "Preempted")
+    });
+    if let Some(condition) = evicted {
+        return JobPhase::Preempted { message: format!("preempted by Kueue: {}", condition_text(condition)) };
+    }
     let queue = job["metadata"]["labels"][super::objects::KUEUE_QUEUE_LABEL].as_str().unwrap_or("default");
     if job["spec"]["suspend"] == Value::Bool(true) {
         let reason = workload
@@ -72,6 +83,22 @@ pub fn batch_phase(job: &Value, pods: &[Pod], workload: Option<&Value>) -> JobPh
     }
     let reason = pod_wait_reason(pods).unwrap_or_else(|| format!("{running} of {wanted} pods running"));
     JobPhase::Pending { reason: format!("admitted by Kueue queue `{queue}`; starting: {reason}") }
+}
+
+/// A pod the scheduler evicted to make room (its `DisruptionTarget` condition says
+/// `PreemptionByScheduler`, which kube-scheduler and Volcano's preemption set), as a message.
+fn preempted_pod(pods: &[Pod]) -> Option<String> {
+    pods.iter().find_map(|pod| {
+        let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+        let condition = conditions.iter().find(|c| {
+            c.type_ == "DisruptionTarget" && c.status == "True" && c.reason.as_deref() == Some("PreemptionByScheduler")
+        })?;
+        let name = pod.metadata.name.as_deref().unwrap_or("a pod");
+        Some(format!(
+            "pod {name} was preempted by the scheduler{}",
+            condition.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+        ))
+    })
 }
 
 fn conditions(object: &Value) -> impl Iterator<Item = &Value> {
@@ -222,5 +249,22 @@ mod tests {
             batch_phase(&resumed, &[running_pod("a", "n1"), running_pod("b", "n2")], None),
             JobPhase::Running { nodes: vec!["n1".into(), "n2".into()] }
         );
+    }
+
+    #[test]
+    fn preemption_by_the_scheduler_or_kueue_maps_to_preempted() {
+        let evicted = pod(json!({"metadata": {"name": "p-0"}, "status": {"phase": "Failed", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "for vip"}]}}));
+        let JobPhase::Preempted { message } = volcano_phase(&vcjob("Restarting"), std::slice::from_ref(&evicted), None)
+        else {
+            panic!("a preempted pod makes the Volcano job preempted")
+        };
+        assert_eq!(message, "pod p-0 was preempted by the scheduler: for vip");
+        assert!(matches!(volcano_phase(&vcjob("Completed"), &[evicted], None), JobPhase::Succeeded { .. }));
+
+        let job = json!({"spec": {"suspend": true, "parallelism": 1}});
+        let workload = json!({"status": {"conditions": [
+            {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate a higher priority Workload"}]}});
+        assert!(matches!(batch_phase(&job, &[], Some(&workload)), JobPhase::Preempted { .. }));
     }
 }

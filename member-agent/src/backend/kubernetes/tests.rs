@@ -28,6 +28,7 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
             name: "train".into(),
             tenant: tenant.into(),
             priority: 50,
+            preemptible: false,
             labels: BTreeMap::new(),
             idempotency_key: None,
             gang: GangSpec {
@@ -43,6 +44,7 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
                 env: BTreeMap::new(),
             },
         },
+        last_preempted_at_ms: None,
     }
 }
 

@@ -182,6 +182,20 @@ impl ProcessRunner {
         self.logs.ended(job_id, fencing_token);
     }
 
+    /// Asks the live run of a binding to stop (SIGTERM to every replica's process group) without
+    /// ending it: it keeps its devices, and its exit is reported as usual. Preemption uses this
+    /// so the job may checkpoint during its grace.
+    pub fn terminate(&self, job_id: &str, fencing_token: u64) {
+        let live =
+            self.runs.values().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some());
+        if let Some(run) = live {
+            let groups = run.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for group in groups.iter() {
+                group.terminate();
+            }
+        }
+    }
+
     /// Records the end of a run. Returns the binding and outcome when the run was live (not
     /// cancelled), so the backend reports it.
     pub fn finished(&mut self, exit: Exit) -> Option<(String, u64, Outcome)> {

@@ -26,6 +26,11 @@ pub struct SlurmConfig {
     /// priority wins; no rule matching: no `--qos`.
     #[serde(default)]
     pub qos: Vec<QosRule>,
+    /// `--qos` for jobs whose spec says `preemptible: true`, in place of the priority rules: a
+    /// QOS that Slurm's `PreemptType=preempt/qos` lets higher QOSes preempt. A job Slurm
+    /// preempts (state `PREEMPTED`) is reported preempted and queued again by the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible_qos: Option<String>,
     /// Also pass `--nice=100-priority` (clamped at 0), so higher Meridian priority sorts first
     /// inside Slurm's own queue.
     #[serde(default)]
@@ -89,6 +94,7 @@ impl Default for SlurmConfig {
             accounts: BTreeMap::new(),
             default_account: None,
             qos: Vec::new(),
+            preemptible_qos: None,
             nice: false,
             gpu_types: BTreeMap::new(),
             work_dir: default_work_dir(),

@@ -84,7 +84,7 @@ pub(super) fn assignment(name: &str, replicas: u32, gpus: u32, command: &[&str])
         "payload": {"command": command}
     }))
     .unwrap();
-    Assignment { job_id: unique(name), fencing_token: 3, spec }
+    Assignment { job_id: unique(name), fencing_token: 3, spec, last_preempted_at_ms: None }
 }
 
 /// Every field of the conformance suite's (extended) Subject, for the real Slurm.

@@ -415,7 +415,9 @@ fn admission_of(phase: JobPhase) -> Admission {
         JobPhase::Pending { reason } => Admission::Queued { reason },
         JobPhase::Running { nodes } => Admission::Started { nodes },
         // Already over: it did start; its end was or will be reported.
-        JobPhase::Succeeded { .. } | JobPhase::Failed { .. } => Admission::Started { nodes: Vec::new() },
+        JobPhase::Succeeded { .. } | JobPhase::Failed { .. } | JobPhase::Preempted { .. } => {
+            Admission::Started { nodes: Vec::new() }
+        }
     }
 }
 

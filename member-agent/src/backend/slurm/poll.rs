@@ -76,6 +76,9 @@ pub(crate) async fn phase_of(runner: &Runner, row: &QueueRow) -> JobPhase {
                 message: format!("Slurm job {id} was stopped at its time limit ({limit}; runtime.limit)"),
             }
         }
+        "PREEMPTED" => {
+            JobPhase::Preempted { message: format!("Slurm job {id} was preempted by Slurm for higher-priority work") }
+        }
         "CANCELLED" => JobPhase::Failed { message: format!("Slurm job {id} was cancelled in Slurm, outside Meridian") },
         "FAILED" => match job_record(runner, id).await {
             Some(record) => JobPhase::Failed {

@@ -110,7 +110,8 @@ pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig, excluded: &[Stri
     if let Some(account) = config.account_for(&spec.tenant) {
         args.push(format!("--account={account}"));
     }
-    if let Some(qos) = config.qos_for(spec.priority) {
+    let preemptible_qos = config.preemptible_qos.as_deref().filter(|_| spec.preemptible);
+    if let Some(qos) = preemptible_qos.or_else(|| config.qos_for(spec.priority)) {
         args.push(format!("--qos={qos}"));
     }
     if config.nice {
@@ -161,7 +162,7 @@ mod tests {
         }))
         .unwrap();
         spec.runtime.limit = Some(HumanDuration::from_secs(90));
-        Assignment { job_id: "j-1".into(), fencing_token: 3, spec }
+        Assignment { job_id: "j-1".into(), fencing_token: 3, spec, last_preempted_at_ms: None }
     }
 
     fn config() -> SlurmConfig {
@@ -195,6 +196,19 @@ mod tests {
             assert!(batch.args.iter().any(|a| a == expected), "{expected} missing from {:?}", batch.args);
         }
         assert!(batch.script.ends_with("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 -- 'python' 'train.py'\n"));
+    }
+
+    #[test]
+    fn a_preemptible_job_gets_the_preemptible_qos_when_one_is_configured() {
+        let mut job = assignment(&["true"]);
+        job.spec.preemptible = true;
+        let with_qos = SlurmConfig { preemptible_qos: Some("scavenger".into()), ..config() };
+        let args = batch_job(&job, &with_qos, &[]).unwrap().args;
+        assert!(args.contains(&"--qos=scavenger".to_string()) && !args.contains(&"--qos=high".to_string()), "{args:?}");
+        // Without the setting the priority rules apply, and a job not marked keeps them too.
+        assert!(batch_job(&job, &config(), &[]).unwrap().args.contains(&"--qos=high".to_string()));
+        job.spec.preemptible = false;
+        assert!(batch_job(&job, &with_qos, &[]).unwrap().args.contains(&"--qos=high".to_string()));
     }
 
     #[test]
@@ -249,6 +263,7 @@ mod selector_tests {
                 "payload": {"command": ["true"]}
             }))
             .unwrap(),
+            last_preempted_at_ms: None,
         };
         let config = SlurmConfig::default();
         let batch = batch_job(&job, &config, &["n3".to_string(), "n4".to_string()]).unwrap();

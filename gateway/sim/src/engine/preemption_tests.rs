@@ -1,0 +1,108 @@
+//! Preemption in the replay: a high-priority job stops a preemptible one on its member, the
+//! victim restarts from scratch, and every policy still conserves jobs and GPUs.
+
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+
+use super::*;
+use crate::Tenant;
+use crate::preemption::HIGH_PRIORITY;
+
+const ONE_NODE: &str = r#"
+name: one-node
+clusters:
+  - name: a
+    region: us-east
+    tier: owned
+    prices: {h100: 2.0}
+    nodes:
+      - {shape: h, gpuType: h100, count: 1, gpusPerNode: 8, cpuPerNode: 64, memoryGiBPerNode: 512}
+  - name: b
+    region: us-east
+    tier: owned
+    prices: {h100: 2.0}
+    nodes:
+      - {shape: h, gpuType: h100, count: 2, gpusPerNode: 8, cpuPerNode: 64, memoryGiBPerNode: 512}
+"#;
+
+fn sim_job(id: u32, submit_secs: u64, duration_secs: u64, gpus: u32, tenant: u32) -> SimJob {
+    SimJob {
+        id,
+        submit_secs,
+        duration_secs,
+        estimate_secs: duration_secs,
+        replicas: 1,
+        gpus_per_replica: gpus,
+        tenant,
+        gpu_type: None,
+        gpu_memory_gib: 0,
+        dataset: None,
+    }
+}
+
+fn workload(jobs: Vec<SimJob>) -> Workload {
+    Workload {
+        source: "hand-made".into(),
+        tenants: vec![Tenant { name: "t0".into(), home: 0 }, Tenant { name: "t1".into(), home: 1 }],
+        jobs,
+    }
+}
+
+/// A seed under which job 0 is preemptible and job 1 high priority, with half the jobs high
+/// and every other one preemptible.
+fn seed_for_victim_then_preemptor(mix: &PreemptionMix) -> u64 {
+    (0..10_000)
+        .find(|&seed| mix.class_of(seed, 0).preemptible && mix.class_of(seed, 1).priority == HIGH_PRIORITY)
+        .unwrap()
+}
+
+fn replay(policy: Policy, workload: &Workload, mix: PreemptionMix, seed: u64, members: bool) -> RunResult {
+    let topology = Topology::parse(ONE_NODE, Path::new("one-node.yaml")).unwrap();
+    let config = SimConfig {
+        check_invariants: true,
+        seed,
+        preemption: Some(mix),
+        member_preemption: members,
+        ..SimConfig::new(policy)
+    };
+    run(&topology, workload, &config, &AtomicU64::new(0)).unwrap()
+}
+
+#[test]
+fn a_high_priority_job_preempts_a_preemptible_one_which_restarts_from_scratch() {
+    let mix = PreemptionMix { share_high: 0.5, share_preemptible: 1.0 };
+    let seed = seed_for_victim_then_preemptor(&mix);
+    let jobs = workload(vec![sim_job(0, 0, 1000, 8, 0), sim_job(1, 10, 100, 8, 0)]);
+
+    let with = replay(Policy::HomeOnly, &jobs, mix, seed, true);
+    // The urgent job waits out the victim's 30 s grace; the victim starts over when it ends.
+    assert_eq!((with.outcomes[1].start_secs, with.outcomes[1].end_secs), (40, 140));
+    assert_eq!((with.outcomes[0].start_secs, with.outcomes[0].end_secs), (140, 1140));
+    assert_eq!(with.preemption, PreemptionCounts { preemptions: 1, lost_gpu_secs: 8 * 40 });
+    assert_eq!(with.clusters[0].busy_gpu_secs, 8 * (40 + 100 + 1000), "lost work counts as busy GPU time");
+
+    let without = replay(Policy::HomeOnly, &jobs, mix, seed, false);
+    assert_eq!(without.outcomes[1].start_secs, 1000);
+    assert_eq!(without.preemption, PreemptionCounts::default());
+}
+
+#[test]
+fn every_policy_replays_preemption_deterministically_and_conserves_jobs() {
+    let mix = PreemptionMix { share_high: 0.2, share_preemptible: 0.6 };
+    let jobs: Vec<SimJob> = (0..80u32)
+        .map(|i| sim_job(i, u64::from(i) * 37, 200 + u64::from(i * 53 % 900), 1 + i * 7 % 8, i % 2))
+        .collect();
+    let jobs = workload(jobs);
+    let mut preempted_somewhere = false;
+    for policy in Policy::ALL {
+        let first = replay(policy, &jobs, mix, 5, true);
+        let again = replay(policy, &jobs, mix, 5, true);
+        assert_eq!(first.outcomes, again.outcomes, "{policy}: same seed, same replay");
+        assert_eq!(first.preemption, again.preemption);
+        assert_eq!(first.outcomes.len(), 80);
+        preempted_somewhere |= first.preemption.preemptions > 0;
+        let off = replay(policy, &jobs, mix, 5, false);
+        assert_eq!(off.preemption, PreemptionCounts::default(), "{policy}");
+    }
+    assert!(preempted_somewhere, "the workload is busy enough for members to preempt");
+}

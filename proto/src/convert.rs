@@ -834,8 +834,11 @@ mod tests {
 
     #[test]
     fn sub_second_durations_are_floored_on_the_wire() {
-        let runtime =
-            spec::RuntimeSpec { estimate: "1s500ms".parse().unwrap(), limit: Some("2s999ms".parse().unwrap()), deadline: None };
+        let runtime = spec::RuntimeSpec {
+            estimate: "1s500ms".parse().unwrap(),
+            limit: Some("2s999ms".parse().unwrap()),
+            deadline: None,
+        };
         let wire = pb::RuntimeSpec::from(&runtime);
         assert_eq!((wire.estimate_seconds, wire.limit_seconds), (1, 2));
     }

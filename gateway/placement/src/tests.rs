@@ -812,3 +812,5 @@ proptest! {
         }
     }
 }
+
+mod deadlines;

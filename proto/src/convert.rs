@@ -16,8 +16,8 @@
 //! Mappings that are not one-to-one:
 //! - durations travel as whole seconds; sub-second parts of a domain duration are dropped (floor,
 //!   which keeps `limit >= estimate` true and matches the whole seconds [`validate`] checks);
-//! - `runtime.limit` None ↔ `limit_seconds == 0`, `idempotencyKey` None ↔ `""`,
-//!   `payload.image` None ↔ `""`;
+//! - `runtime.limit` None ↔ `limit_seconds == 0`, `runtime.deadline` None ↔ `deadline_seconds == 0`,
+//!   `idempotencyKey` None ↔ `""`, `payload.image` None ↔ `""`;
 //! - `placement.burst` Never ↔ `never: true` (the other fields are then ignored);
 //! - an absent `runtime`, `placement` or `placement.burst` message takes the same defaults as a
 //!   spec that leaves the field out; scalar fields have no such defaults on the wire (proto3 cannot
@@ -238,6 +238,7 @@ impl From<&spec::RuntimeSpec> for pb::RuntimeSpec {
         pb::RuntimeSpec {
             estimate_seconds: runtime.estimate.as_secs(),
             limit_seconds: runtime.limit.map_or(0, |limit| limit.as_secs()),
+            deadline_seconds: runtime.deadline.map_or(0, |deadline| deadline.as_secs()),
         }
     }
 }
@@ -324,11 +325,12 @@ impl TryFrom<pb::GangSpec> for spec::GangSpec {
 }
 
 impl From<pb::RuntimeSpec> for spec::RuntimeSpec {
-    /// `limit_seconds == 0` means no limit.
+    /// `limit_seconds == 0` means no limit, `deadline_seconds == 0` no deadline.
     fn from(runtime: pb::RuntimeSpec) -> Self {
         spec::RuntimeSpec {
             estimate: HumanDuration::from_secs(runtime.estimate_seconds),
             limit: (runtime.limit_seconds != 0).then(|| HumanDuration::from_secs(runtime.limit_seconds)),
+            deadline: (runtime.deadline_seconds != 0).then(|| HumanDuration::from_secs(runtime.deadline_seconds)),
         }
     }
 }
@@ -816,6 +818,17 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_round_trips_and_none_travels_as_zero() {
+        let mut spec = example();
+        spec.runtime.deadline = Some(HumanDuration::from_secs(12 * 3600));
+        assert_eq!(pb::JobSpec::from(&spec).runtime.map(|r| r.deadline_seconds), Some(12 * 3600));
+        assert_eq!(round_trip(&spec), spec);
+        spec.runtime.deadline = None;
+        assert_eq!(pb::JobSpec::from(&spec).runtime.map(|r| r.deadline_seconds), Some(0));
+        assert_eq!(round_trip(&spec), spec);
+    }
+
+    #[test]
     fn never_wins_over_the_other_burst_fields() {
         let wire = pb::BurstPolicy { never: true, after_seconds: 60, max_usd_per_hour: Some(10.0) };
         assert_eq!(BurstPolicy::from(wire), BurstPolicy::Never);
@@ -823,8 +836,11 @@ mod tests {
 
     #[test]
     fn sub_second_durations_are_floored_on_the_wire() {
-        let runtime =
-            spec::RuntimeSpec { estimate: "1s500ms".parse().unwrap(), limit: Some("2s999ms".parse().unwrap()) };
+        let runtime = spec::RuntimeSpec {
+            estimate: "1s500ms".parse().unwrap(),
+            limit: Some("2s999ms".parse().unwrap()),
+            deadline: None,
+        };
         let wire = pb::RuntimeSpec::from(&runtime);
         assert_eq!((wire.estimate_seconds, wire.limit_seconds), (1, 2));
     }

@@ -98,6 +98,11 @@ pub struct RuntimeSpec {
     /// Hard limit; the job is stopped (Failed) when it runs longer. None means no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<HumanDuration>,
+    /// The job should have finished this long after it was submitted. Placement counts what
+    /// missing it would cost: it may burst early (within the burst budget) when owned clusters
+    /// are expected to finish the job too late. None means no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<HumanDuration>,
 }
 
 /// A dataset the job reads.
@@ -243,7 +248,7 @@ pub struct Payload {
 
 impl Default for RuntimeSpec {
     fn default() -> Self {
-        Self { estimate: default_estimate(), limit: None }
+        Self { estimate: default_estimate(), limit: None, deadline: None }
     }
 }
 

@@ -187,6 +187,20 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
             v.push("runtime.limit", format!("{limit} is shorter than runtime.estimate {}", spec.runtime.estimate));
         }
     }
+    if let Some(deadline) = spec.runtime.deadline {
+        if deadline.as_secs() > MAX_RUNTIME_SECS {
+            v.push("runtime.deadline", "must be at most 365d");
+        } else if deadline < spec.runtime.estimate {
+            v.push(
+                "runtime.deadline",
+                format!(
+                    "{deadline} is shorter than runtime.estimate {}: the job could not finish in time even if it \
+                     started at once (raise the deadline or lower the estimate)",
+                    spec.runtime.estimate
+                ),
+            );
+        }
+    }
 
     for (i, data) in spec.data.iter().enumerate() {
         match data.uri.split_once("://") {
@@ -454,6 +468,19 @@ mod tests {
     fn limit_shorter_than_estimate_is_refused() {
         let err = parse(&GOOD.replace("limit: 12h", "limit: 1h")).unwrap_err();
         assert_eq!(fields(err), vec!["runtime.limit"]);
+    }
+
+    #[test]
+    fn a_deadline_parses_and_one_shorter_than_the_estimate_is_refused_by_name() {
+        let spec = parse(&GOOD.replace("limit: 12h", "limit: 12h, deadline: 8h")).unwrap();
+        assert_eq!(spec.runtime.deadline.map(|d| d.as_secs()), Some(8 * 3600));
+        let err = parse(&GOOD.replace("limit: 12h", "limit: 12h, deadline: 2h")).unwrap_err();
+        let errors = err.field_errors();
+        assert_eq!(errors.len(), 1, "{err}");
+        assert_eq!(errors[0].field, "runtime.deadline");
+        assert!(errors[0].reason.contains("shorter than runtime.estimate 6h"), "{err}");
+        let err = parse(&GOOD.replace("limit: 12h", "limit: 12h, deadline: 400d")).unwrap_err();
+        assert_eq!(fields(err), vec!["runtime.deadline"]);
     }
 
     #[test]

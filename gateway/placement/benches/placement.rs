@@ -150,7 +150,11 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
             replicas,
             resources: Resources { gpus, gpu_types, gpu_memory_gib: 0, cpu: 8 * gpus, memory_gib: 64 * gpus },
         },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(rng.random_range(60..36_000)), limit: None },
+        runtime: RuntimeSpec {
+            estimate: HumanDuration::from_secs(rng.random_range(60..36_000)),
+            limit: None,
+            deadline: None,
+        },
         data,
         placement: PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() },
         payload: Payload { image: Some("registry.example/train:1".into()), command: vec![], env: BTreeMap::new() },

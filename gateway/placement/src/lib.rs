@@ -7,13 +7,15 @@
 //! 2. **Score** ([`score`](mod@score)): expected start (queue wait vs. data transfer), compute
 //!    and egress cost, fragmentation, combined into one number of seconds.
 //! 3. **Burst**: cloud clusters stay out unless the best owned cluster's expected wait exceeds the
-//!    job's `burst.after` (or no owned cluster can run it).
+//!    job's `burst.after` (or no owned cluster can run it), or it is expected to finish the job
+//!    past its `runtime.deadline` (the `deadline` module, which also penalises late clusters).
 //! 4. **Decide** ([`decision`]): the lowest score wins, ties by cluster name. Late binding: the
 //!    caller offers the job only when [`Choice::starts_now`]; otherwise it stays queued.
 //!
 //! There is no I/O here, so the same code is unit-tested, property-tested, benchmarked
 //! (`benches/placement.rs`) and replayed by the simulator.
 
+mod deadline;
 pub mod decision;
 pub mod filter;
 mod fit;
@@ -39,6 +41,7 @@ pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 
+use deadline::DeadlineOutlook;
 use decision::{GangShape, rank, summarize};
 use filter::{Need, static_rejections};
 use score::{RegionCosts, score};
@@ -64,6 +67,7 @@ pub fn place_waited(
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
     let mut candidates = Vec::with_capacity(snapshot.clusters.len());
     let mut best_owned_wait = f64::INFINITY;
+    let mut best_owned_start = f64::INFINITY;
 
     for cluster in &snapshot.clusters {
         let info = cluster.info();
@@ -76,6 +80,7 @@ pub fn place_waited(
             let breakdown = score(&need, cluster, &options, &mut regions, config);
             if info.tier == Tier::Owned {
                 best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
+                best_owned_start = best_owned_start.min(breakdown.expected_start_secs);
             }
             Verdict::Scored(breakdown)
         } else {
@@ -85,20 +90,23 @@ pub fn place_waited(
         candidates.push(Candidate { cluster: name, region, tier: info.tier, verdict });
     }
 
+    let deadline = DeadlineOutlook::of(job, waited_secs, best_owned_start);
     // Burst gate, once the best owned wait is known. `burst: never` was already a static reason.
     if let BurstPolicy::After { after, .. } = job.placement.burst {
         let after_secs = after.as_secs();
         // Also true when no owned cluster fits.
-        let owned_is_slow = waited_secs + best_owned_wait > after_secs as f64;
+        let owned_is_slow =
+            waited_secs + best_owned_wait > after_secs as f64 || deadline.is_some_and(|d| d.owned_would_miss());
         if owned_is_slow {
             // Past the threshold the owner values time more than money (within the budget), and
             // the more so the longer the owned clusters would keep the job waiting: a wait of k
-            // times `burst.after` divides the weight of a dollar by k.
+            // times `burst.after` divides the weight of a dollar by k. When no owned cluster can
+            // run the job, waiting buys nothing and dollars keep their burst weight.
             let owned_total = waited_secs + best_owned_wait;
-            let patience = if owned_total.is_finite() && owned_total > 0.0 {
-                (after_secs as f64 / owned_total).min(1.0)
+            let patience = if owned_total.is_finite() && owned_total > after_secs as f64 {
+                after_secs as f64 / owned_total
             } else {
-                0.0
+                1.0
             };
             let weight = config.usd_to_seconds * config.burst_usd_weight * patience;
             for candidate in &mut candidates {
@@ -116,6 +124,10 @@ pub fn place_waited(
         }
     }
 
+    if let Some(deadline) = &deadline {
+        deadline.penalize(&mut candidates, config);
+    }
+
     let best = candidates.iter().filter(|c| c.score().is_some()).min_by(|a, b| rank(a, b));
     let chosen = best.and_then(|candidate| {
         candidate.score().map(|s| Choice {
@@ -127,7 +139,10 @@ pub fn place_waited(
         })
     });
     let shape = GangShape { replicas: job.gang.replicas, gpus: job.gang.resources.gpus };
-    let summary = summarize(&job.name, shape, best, &candidates);
+    let mut summary = summarize(&job.name, shape, best, &candidates);
+    if let Some(deadline) = &deadline {
+        deadline.explain(&mut summary, best, job.placement.burst != BurstPolicy::Never);
+    }
     Decision { chosen, candidates, summary }
 }
 

@@ -6,6 +6,7 @@
 //!                                                         //   past burst.after
 //! compute US$ = GPUs × price of the type ÷ its speed × runtime estimate
 //!       + fragmentation_weight_secs × fragmentation       // 0 = fills nodes, ~1 = breaks whole nodes
+//!       + deadline_miss_penalty_secs                      // only if expected to finish past runtime.deadline
 //! ```
 
 use std::collections::BTreeMap;
@@ -51,6 +52,11 @@ pub struct PlacementConfig {
     /// a type of speed 2 it costs half as many GPU-hours: the cheapest type for a job is the one
     /// with the lowest price ÷ speed. Empty (the default): every type is equally fast.
     pub gpu_speed: BTreeMap<String, f64>,
+    /// Seconds of delay that finishing past a job's `runtime.deadline` is worth, added to the
+    /// score of every cluster where the job is expected to finish late. Default 21,600 (6 h): a cluster that meets the
+    /// deadline beats one that misses it unless the latter starts hours sooner or the former costs
+    /// far more; the job's burst budget still bounds what it may spend.
+    pub deadline_miss_penalty_secs: f64,
 }
 
 impl Default for PlacementConfig {
@@ -62,6 +68,7 @@ impl Default for PlacementConfig {
             burst_usd_weight: 0.1,
             hold_after_secs: 1_800.0,
             gpu_speed: BTreeMap::new(),
+            deadline_miss_penalty_secs: 21_600.0,
         }
     }
 }
@@ -76,6 +83,7 @@ impl PlacementConfig {
             ("unknownWaitSecs", self.unknown_wait_secs),
             ("burstUsdWeight", self.burst_usd_weight),
             ("holdAfterSecs", self.hold_after_secs),
+            ("deadlineMissPenaltySecs", self.deadline_miss_penalty_secs),
         ]
         .into_iter()
         .filter(|(_, value)| !(value.is_finite() && *value >= 0.0))
@@ -113,6 +121,10 @@ pub struct ScoreBreakdown {
     pub fragmentation: f64,
     /// Seconds of waiting one US$ counted for in `total` (lower once the burst threshold passed).
     pub usd_weight_secs: f64,
+    /// Seconds added because the job is expected to finish past its `runtime.deadline` here
+    /// (`deadlineMissPenaltySecs`); 0, and left out of JSON, otherwise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deadline_penalty_secs: f64,
     /// The score; lower is better.
     pub total: f64,
 }
@@ -127,8 +139,18 @@ impl ScoreBreakdown {
             self.fragmentation,
             usd_weight_secs,
             config,
-        );
+        ) + self.deadline_penalty_secs;
     }
+
+    /// Counts `penalty_secs` for finishing past the job's deadline here.
+    pub(crate) fn add_deadline_penalty(&mut self, penalty_secs: f64) {
+        self.deadline_penalty_secs += penalty_secs;
+        self.total += penalty_secs;
+    }
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// The score formula (see the module doc).
@@ -214,6 +236,7 @@ pub(crate) fn score<'a>(
         compute_usd,
         fragmentation,
         usd_weight_secs: config.usd_to_seconds,
+        deadline_penalty_secs: 0.0,
         total,
     }
 }

@@ -83,7 +83,7 @@ fn job(replicas: u32, gpus: u32) -> JobSpec {
             replicas,
             resources: Resources { gpus, gpu_types: vec![], gpu_memory_gib: 0, cpu: 4 * gpus, memory_gib: 32 * gpus },
         },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(3600), limit: None },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(3600), limit: None, deadline: None },
         data: vec![],
         placement: PlacementRules::default(),
         payload: Payload { image: Some("registry/train:1".into()), command: vec![], env: BTreeMap::new() },
@@ -870,3 +870,5 @@ fn a_gpu_speed_must_be_a_positive_number() {
     assert!(problems.iter().any(|p| p.starts_with("placement.gpuSpeed.v100: 0")), "{problems:?}");
     assert!(problems.iter().any(|p| p.starts_with("placement.gpuSpeed.h100: NaN")), "{problems:?}");
 }
+
+mod deadlines;

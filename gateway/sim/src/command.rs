@@ -16,7 +16,7 @@ use super::policy::Policy;
 use super::preemption::{self, PreemptionMix};
 use super::report::{self, Report};
 use super::topology::Topology;
-use super::workload::{self, EstimateError, FleetFacts, HomeCluster, HomeGpuType, Profile};
+use super::workload::{self, DeadlineShare, EstimateError, FleetFacts, HomeCluster, HomeGpuType, Profile};
 use super::{RunResult, SimError, Workload};
 use meridian_cli::OutputFormat;
 use meridian_placement::PlacementConfig;
@@ -55,6 +55,11 @@ pub struct SimArgs {
     /// only decides when a job ends. Without it, estimates are exact (σ = 0).
     #[arg(long, value_name = "SIGMA[,BIAS]")]
     pub estimate_error: Option<EstimateError>,
+    /// Give a seeded SHARE (0..1) of jobs a `runtime.deadline` of SLACK (default 3) × their
+    /// runtime estimate after submission, and report deadline misses and the cloud dollars spent
+    /// on those jobs per policy. Only `meridian` reads deadlines; the baselines ignore them.
+    #[arg(long, value_name = "SHARE[,SLACK]")]
+    pub deadlines: Option<DeadlineShare>,
     /// The placement policy to replay.
     #[arg(long, value_name = "NAME", required_unless_present = "compare", conflicts_with = "compare")]
     pub policy: Option<String>,
@@ -230,6 +235,11 @@ pub fn build_workload(args: &SimArgs, topology: &Topology) -> Result<Workload, S
     if let Some(mix) = &args.preemption {
         workload.source = format!("{}, {mix}", workload.source);
     }
+    if let Some(deadlines) = args.deadlines {
+        // After the estimate error: a deadline is set from the estimate the user gave.
+        workload::apply_deadlines(&mut workload, deadlines, args.seed);
+        workload.source = format!("{}, deadlines for {deadlines}", workload.source);
+    }
     Ok(workload)
 }
 
@@ -343,6 +353,7 @@ mod tests {
             jobs: Some(jobs),
             seed,
             estimate_error: None,
+            deadlines: None,
             policy: None,
             compare: true,
             plot: None,
@@ -423,6 +434,24 @@ mod tests {
         for (a, b) in exact.jobs.iter().zip(&noisy_jobs) {
             assert_eq!((a.submit_secs, a.duration_secs, a.gpus()), (b.submit_secs, b.duration_secs, b.gpus()));
         }
+    }
+
+    #[test]
+    fn deadlines_are_seeded_and_reported_only_when_asked_for() {
+        let due = |seed| SimArgs { deadlines: Some("0.3,2".parse().unwrap()), ..args("llm", 1.2, 80, seed) };
+        let table = output(&due(2), OutputFormat::Table).unwrap();
+        assert_eq!(table, output(&due(2), OutputFormat::Table).unwrap());
+        assert!(table.contains("deadlines for 30% of jobs, due 2× their estimate"), "{table}");
+        let section = table.split("\ndeadlines (only meridian").nth(1).unwrap_or_default();
+        for policy in Policy::ALL {
+            assert!(section.lines().any(|line| line.starts_with(policy.name())), "no {policy} row:\n{table}");
+        }
+        let json: serde_json::Value = serde_json::from_str(&output(&due(2), OutputFormat::Json).unwrap()).unwrap();
+        let jobs = json["runs"][0]["deadlines"]["jobs"].as_u64().unwrap();
+        assert!((10..=40).contains(&jobs), "about 30% of 80 jobs: {jobs}");
+
+        let plain = output(&args("llm", 1.2, 80, 2), OutputFormat::Json).unwrap();
+        assert!(!plain.contains("deadline"), "no --deadlines, no deadline output");
     }
 
     #[test]

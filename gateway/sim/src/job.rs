@@ -60,6 +60,9 @@ pub struct SimJob {
     pub gpu_memory_gib: u32,
     /// The dataset it reads, if any.
     pub dataset: Option<Dataset>,
+    /// Its spec's `runtime.deadline`: seconds after submission by which it should have ended.
+    /// None unless `--deadlines` gave it one (see [`crate::workload::apply_deadlines`]).
+    pub deadline_secs: Option<u64>,
 }
 
 impl SimJob {

@@ -13,9 +13,11 @@
 //! - [`topology`]: the simulated fleet from YAML (clusters, node shapes, prices, network).
 //! - `engine` and `policy`: the event loop (with, for `meridian`, the gateway's core and the
 //!   simulated agents), and the placement policies (ours and the baselines).
-//! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart.
+//! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart;
+//!   [`deadline`]: deadline misses and the cloud dollars spent on jobs with deadlines.
 
 pub mod command;
+pub mod deadline;
 pub mod engine;
 pub mod job;
 pub mod metrics;

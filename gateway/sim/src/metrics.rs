@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use meridian_proto::inventory::Tier;
 use serde::Serialize;
 
+use super::deadline::{self, DeadlineMetrics};
 use super::{GatewayCounts, RunResult, SimJob, SizeBucket, Workload};
 
 /// Seconds in an hour, for GPU-hours.
@@ -93,6 +94,9 @@ pub struct Metrics {
     /// `meridian`: what crossed the agent protocol.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway: Option<GatewayCounts>,
+    /// With `--deadlines`: misses and cloud dollars of the jobs that had a deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadlines: Option<DeadlineMetrics>,
 }
 
 /// One finished job as the statistics see it.
@@ -186,6 +190,7 @@ pub fn compute(workload: &Workload, run: &RunResult) -> Metrics {
         jain_fairness: jain_index(&tenant_service),
         events: run.events,
         gateway: run.gateway,
+        deadlines: deadline::compute(workload, run),
     }
 }
 
@@ -314,6 +319,7 @@ mod tests {
             gpu_type: None,
             gpu_memory_gib: 0,
             dataset: None,
+            deadline_secs: None,
         }
     }
 

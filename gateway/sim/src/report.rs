@@ -71,7 +71,41 @@ pub fn render_table(report: &Report) -> String {
         [run] => render_single(run, &mut out),
         runs => render_comparison(runs, &mut out),
     }
+    render_deadlines(&report.runs, &mut out);
     out
+}
+
+/// With `--deadlines` only (so other reports keep their bytes): per policy, jobs with a deadline,
+/// how many missed it, and what those jobs spent on cloud clusters.
+fn render_deadlines(runs: &[Metrics], out: &mut String) {
+    if runs.iter().all(|run| run.deadlines.is_none()) {
+        return;
+    }
+    out.push_str(
+        "
+deadlines (only meridian reads them; the baselines place due jobs like any other)
+",
+    );
+    let mut table = aligned_table(&[
+        ("POLICY", Align::Left),
+        ("DUE JOBS", Align::Right),
+        ("MISSED", Align::Right),
+        ("MISS %", Align::Right),
+        ("DUE ON CLOUD", Align::Right),
+        ("CLOUD $ (DUE)", Align::Right),
+    ]);
+    for run in runs {
+        let Some(d) = &run.deadlines else { continue };
+        table.push(vec![
+            run.policy.clone(),
+            grouped(d.jobs as f64, 0),
+            grouped(d.misses as f64, 0),
+            percent(d.miss_fraction),
+            grouped(d.cloud_jobs as f64, 0),
+            dollars(d.cloud_usd),
+        ]);
+    }
+    out.push_str(&table.render());
 }
 
 /// Summary and breakdowns of one run.
@@ -447,6 +481,7 @@ mod tests {
             jain_fairness: 0.9,
             events: 1_000,
             gateway: None,
+            deadlines: None,
         }
     }
 
@@ -495,6 +530,27 @@ mod tests {
         assert!(text.contains("$2,500"), "{text}");
         assert!(text.contains("p99 queueing delay by job size"));
         assert!(text.contains("65+ GPUs") && text.contains("8.0h"), "{text}");
+    }
+
+    #[test]
+    fn the_deadline_table_appears_only_when_runs_measured_deadlines() {
+        let plain = render_table(&report(vec![metrics("meridian", 60.0, 1_000.0), metrics("random", 90.0, 2.0)]));
+        assert!(!plain.contains("deadlines"), "{plain}");
+        let mut due = metrics("meridian", 60.0, 1_000.0);
+        due.deadlines = Some(crate::deadline::DeadlineMetrics {
+            jobs: 1_200,
+            misses: 30,
+            miss_fraction: 0.025,
+            cloud_jobs: 80,
+            cloud_usd: 4_321.0,
+        });
+        let text = render_table(&report(vec![due, metrics("random", 90.0, 2.0)]));
+        let section = text.split("deadlines (only meridian").nth(1).unwrap();
+        let row = section.lines().find(|line| line.starts_with("meridian")).unwrap();
+        for cell in ["1,200", "30", "2.5%", "80", "$4,321"] {
+            assert!(row.contains(cell), "{row}");
+        }
+        assert!(text.lines().all(|line| line == line.trim_end()));
     }
 
     #[test]

@@ -286,7 +286,7 @@ pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
                 replicas: 1,
                 resources: Resources { gpus: 1, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
             },
-            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None },
+            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
             data: Vec::new(),
             placement: PlacementRules::default(),
             payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },

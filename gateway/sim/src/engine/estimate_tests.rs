@@ -21,6 +21,7 @@ fn noisy_workload(topology: &Topology, sigma: f64, seed: u64) -> Workload {
         jobs: Some(150),
         seed,
         estimate_error: Some(EstimateError { sigma, bias: 0.0 }),
+        deadlines: None,
         member_policy: None,
         policy: None,
         compare: true,

@@ -552,7 +552,11 @@ pub fn spec_of(job: &SimJob, tenant: &str, burst_after_secs: u64) -> JobSpec {
             },
         },
         // Only the estimate: the gateway never learns the true run time.
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(job.estimate_secs), limit: None },
+        runtime: RuntimeSpec {
+            estimate: HumanDuration::from_secs(job.estimate_secs),
+            limit: None,
+            deadline: job.deadline_secs.map(HumanDuration::from_secs),
+        },
         data: job
             .dataset
             .iter()

@@ -37,6 +37,7 @@ fn sim_job(id: u32, submit_secs: u64, duration_secs: u64, gpus: u32, tenant: u32
         gpu_type: None,
         gpu_memory_gib: 0,
         dataset: None,
+        deadline_secs: None,
     }
 }
 

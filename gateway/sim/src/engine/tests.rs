@@ -72,6 +72,7 @@ fn workload(defs: Vec<JobDef>) -> Workload {
             gpu_type: d.gpu_type.map(str::to_owned),
             gpu_memory_gib: d.gpu_memory,
             dataset: d.data.map(|(size_gib, region)| Dataset { size_gib, region: region.to_owned() }),
+            deadline_secs: None,
         })
         .collect();
     Workload {
@@ -343,4 +344,38 @@ fn run_time_and_cost_follow_the_speed_of_the_gpu_type_a_job_gets() {
         let run = replay(policy, &topology, &workload(defs.clone()));
         assert!(placed(&run, &topology).iter().all(|c| c != "a"), "{policy}");
     }
+}
+
+#[test]
+fn meridian_bursts_a_job_early_to_meet_its_deadline_while_home_only_misses_it() {
+    let topology = fleet();
+    // Job 0 fills `a` (one V100 node) and job 1 fills `b` (two A100 nodes) until t = 1000. Job 2
+    // (tenant 0, home `a`, 8 GPUs, 600 s) arrives at t = 10, due 1200 s later (t = 1210). Owned
+    // clusters could start it at t = 1000 and finish at 1600: 390 s late. The expected owned wait
+    // (990 s) is under the 30-minute burst threshold, so only the deadline sends it to `c` now.
+    let mut defs = vec![job(0, 1000, 8), JobDef { replicas: 2, tenant: 1, ..job(0, 1000, 8) }, job(10, 600, 8)];
+    defs[0].gpu_type = Some("v100");
+    let mut due = workload(defs);
+    due.jobs[2].deadline_secs = Some(1200);
+    let missed = |run: &RunResult| crate::deadline::compute(&due, run).map(|d| (d.jobs, d.misses, d.cloud_jobs));
+
+    let meridian = replay(Policy::Meridian, &topology, &due);
+    assert_eq!(placed(&meridian, &topology)[2], "c");
+    assert_eq!((meridian.outcomes[2].start_secs, meridian.outcomes[2].end_secs), (10, 610));
+    assert_eq!(missed(&meridian), Some((1, 0, 1)));
+    // 8 A100s at $4/GPU-h for 600 s: the dollars spent to meet the deadline.
+    let spent = crate::deadline::compute(&due, &meridian).map(|d| d.cloud_usd);
+    assert!(spent.is_some_and(|usd| (usd - 8.0 * 4.0 * 600.0 / 3600.0).abs() < 1e-9), "{spent:?}");
+
+    let home = replay(Policy::HomeOnly, &topology, &due);
+    assert_eq!(placed(&home, &topology)[2], "a");
+    assert_eq!(home.outcomes[2].end_secs, 1600);
+    assert_eq!(missed(&home), Some((1, 1, 0)));
+
+    // Without the deadline, Meridian waits for an owned cluster as before.
+    let mut relaxed = due.clone();
+    relaxed.jobs[2].deadline_secs = None;
+    let waited = replay(Policy::Meridian, &topology, &relaxed);
+    assert_ne!(placed(&waited, &topology)[2], "c");
+    assert_eq!(waited.outcomes[2].start_secs, 1000);
 }

@@ -162,6 +162,7 @@ pub fn decorate(raw: Vec<RawJob>, facts: &FleetFacts, seed: u64, source: String)
                 gpu_type,
                 gpu_memory_gib,
                 dataset,
+                deadline_secs: None,
             }
         })
         .collect();

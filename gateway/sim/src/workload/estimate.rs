@@ -123,6 +123,7 @@ mod tests {
                 gpu_type: None,
                 gpu_memory_gib: 0,
                 dataset: None,
+                deadline_secs: None,
             })
             .collect();
         Workload { source: "test".into(), tenants: vec![Tenant { name: "t".into(), home: 0 }], jobs }

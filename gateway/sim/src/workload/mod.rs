@@ -8,13 +8,16 @@
 //! - [`synthesize`]: seeded synthetic workloads shaped like Philly, LLM training, or a mix.
 //! - [`assign_homes`] / [`decorate`]: tenant homes, gang shapes, pins and datasets.
 //! - [`apply_estimate_error`]: seeded log-normal error on runtime estimates (`--estimate-error`).
+//! - [`apply_deadlines`]: seeded deadlines for a share of jobs (`--deadlines`).
 
+mod deadline;
 mod decorate;
 mod estimate;
 mod philly;
 mod sample;
 mod synthetic;
 
+pub use deadline::{DEFAULT_SLACK, DeadlineShare, apply_deadlines};
 pub use decorate::{FleetFacts, HomeCluster, HomeGpuType, assign_homes, decorate};
 pub use estimate::{EstimateError, apply_estimate_error};
 pub use philly::{parse_philly, read_philly};

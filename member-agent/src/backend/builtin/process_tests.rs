@@ -45,7 +45,7 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
             replicas,
             resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
         },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
         data: Vec::new(),
         placement: PlacementRules::default(),
         payload: Payload { image: None, command, env: BTreeMap::new() },

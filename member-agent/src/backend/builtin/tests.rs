@@ -33,7 +33,7 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
             replicas: 1,
             resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
         },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None },
+        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None, deadline: None },
         data: Vec::new(),
         placement: PlacementRules::default(),
         payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },

@@ -35,7 +35,7 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
                 replicas,
                 resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 4, memory_gib: 16 },
             },
-            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(600), limit: None },
+            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(600), limit: None, deadline: None },
             data: Vec::new(),
             placement: PlacementRules::default(),
             payload: Payload {

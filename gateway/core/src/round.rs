@@ -46,12 +46,29 @@ impl Core {
         self.demand_ids.retain(|key, _| Arc::strong_count(key) > 1);
     }
 
+    /// The number of job `id`'s demand key, worked out at its first round and kept.
+    fn demand_of(&mut self, id: &str, spec: &meridian_proto::spec::JobSpec) -> u32 {
+        if let Some((_, number)) = self.active.get(id).and_then(|a| a.demand.as_ref()) {
+            return *number;
+        }
+        let key = self.intern_demand(demand_key(spec));
+        let number = key.1;
+        if let Some(active) = self.active.get_mut(id) {
+            active.demand = Some(key);
+        }
+        number
+    }
+
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
         let mut snapshot = self.registry.snapshot(&self.config.network);
         let mut usage: BTreeMap<String, u32> = BTreeMap::new();
-        let mut queued = Vec::new();
-        for job in self.active.values() {
+        // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
+        // time), with what earlier rounds kept about them. The round refers to a job by its
+        // position here, which sorts like its id, so ordering and lookups compare no text.
+        let mut queued: Vec<Queued> = Vec::new();
+        for active in self.active.values() {
+            let job = &active.record;
             if job.state == JobState::Offered {
                 // The member's inventory does not show an offer until the agent accepts it.
                 if let Some(cluster) =
@@ -69,12 +86,10 @@ impl Core {
                 }
             }
             if job.state == JobState::Queued {
-                queued.push(QueuedJob {
-                    id: job.id.clone(),
-                    tenant: job.spec.tenant.clone(),
-                    priority: job.spec.priority,
-                    submitted_at_ms: job.submitted_at_ms,
-                    gpus: job.spec.total_gpus(),
+                queued.push(Queued {
+                    job: Arc::clone(job),
+                    demand: active.demand.as_ref().map(|(_, number)| *number),
+                    decided: active.decided.clone(),
                 });
             }
         }
@@ -84,15 +99,22 @@ impl Core {
         let now_secs = now_ms as f64 / 1000.0;
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
-        // Active ids sort by submission (ids start with the submit time), so this is oldest first.
         let mut holds = {
-            let oldest_first = queued.iter().filter_map(|next| {
-                let job = self.jobs.get(&next.id)?;
-                Some((next.id.clone(), &job.spec, waited(next.submitted_at_ms)))
-            });
+            let oldest_first = queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
-        let mut queue = FairQueue::new(queued, &usage, |t| self.config.tenant_weight(t));
+        let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {
+            id: at,
+            tenant: q.job.spec.tenant.as_str(),
+            priority: q.job.spec.priority,
+            submitted_at_ms: q.job.submitted_at_ms,
+            gpus: q.job.spec.total_gpus(),
+        });
+        let mut queue = FairQueue::new(
+            order.collect(),
+            |tenant| usage.get(*tenant).copied().unwrap_or(0),
+            |tenant| self.config.tenant_weight(tenant),
+        );
         let cluster_index: HashMap<String, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
@@ -100,17 +122,14 @@ impl Core {
         let mut fits_nowhere: HashSet<u32> = HashSet::new();
         let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
-            let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
+            let Some(entry) = queued.get(next.id) else { continue };
+            let job = &entry.job;
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
-            let demand = match self.demand_keys.get(&next.id) {
-                Some((_, id)) => *id,
-                None => {
-                    let key = self.intern_demand(demand_key(&job.spec));
-                    self.demand_keys.insert(next.id.clone(), key.clone());
-                    key.1
-                }
+            let demand = match entry.demand {
+                Some(number) => number,
+                None => self.demand_of(&job.id, &job.spec),
             };
             let fits_somewhere = !fits_nowhere.contains(&demand) && {
                 let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
@@ -120,14 +139,14 @@ impl Core {
                 fits
             };
             if !fits_somewhere {
-                let previous = self.decisions.get(&next.id).map(Arc::clone);
-                let fresh = match previous.as_deref() {
+                let previous = entry.decided.as_deref();
+                let fresh = match previous {
                     Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
                     Some(Decided::Stored(_)) | None => false,
                 };
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
-                    if let Some(Decided::Live { decision, .. }) = previous.as_deref()
+                    if let Some(Decided::Live { decision, .. }) = previous
                         && let Some(choice) = decision.chosen.as_ref()
                         && let Some(&index) = cluster_index.get(choice.cluster.as_str())
                         && let Some(target) = snapshot.clusters.get_mut(index)
@@ -141,15 +160,15 @@ impl Core {
                 }
             }
             let decision =
-                holds.place(&mut snapshot, &next.id, &job.spec, waited(next.submitted_at_ms), &config, now_secs);
+                holds.place(&mut snapshot, &next.id, &job.spec, waited(job.submitted_at_ms), &config, now_secs);
             let chosen =
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
-                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             let Some(conn) = self.registry.conn_of(&cluster) else {
-                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
@@ -158,13 +177,13 @@ impl Core {
             queue.placed(&next);
             // Its hold (if it had one) has served: the cluster is open to the jobs after it.
             holds.release(&next.id);
-            let mut offered = JobRecord::clone(&job);
+            let mut offered = JobRecord::clone(job);
             offered.state = JobState::Offered;
             offered.cluster = Some(cluster.to_string());
             offered.gpu_type = (!gpu_type.is_empty()).then(|| gpu_type.to_string());
             offered.fencing_token += 1;
             offered.message = format!("offered to {cluster}");
-            offered.placement = Some(decision.summary.clone());
+            offered.placement = Some(decision.summary());
             tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
             // The offer goes out only after the Offered record (with its new token) and the
             // decision are durable.
@@ -177,4 +196,13 @@ impl Core {
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.round_wanted = false;
     }
+}
+
+/// A queued job in a round, with what earlier rounds kept about it.
+struct Queued {
+    job: Arc<JobRecord>,
+    /// Its demand key's number, if a round worked it out already.
+    demand: Option<u32>,
+    /// Its latest decision.
+    decided: Option<Arc<Decided>>,
 }

@@ -31,7 +31,7 @@ mod tests;
 use meridian_proto::inventory::Tier;
 use meridian_proto::spec::{BurstPolicy, JobSpec};
 
-pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
+pub use decision::{Candidate, Choice, Decision, JobLabel, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
 pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
@@ -39,7 +39,7 @@ pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use score::{PlacementConfig, ScoreBreakdown};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 
-use decision::{GangShape, rank, summarize};
+use decision::rank;
 use filter::{Need, static_rejections};
 use score::{RegionCosts, score};
 
@@ -118,9 +118,8 @@ pub fn place_waited(
             score: s.total,
         })
     });
-    let shape = GangShape { replicas: job.gang.replicas, gpus: job.gang.resources.gpus };
-    let summary = summarize(&job.name, shape, best, &candidates);
-    Decision { chosen, candidates, summary }
+    let label = JobLabel { name: Name::from(&job.name), replicas: job.gang.replicas, gpus: job.gang.resources.gpus };
+    Decision { chosen, candidates, job: label }
 }
 
 /// For submit-time rejection: `Some` with every (cluster, reason) when no known cluster could

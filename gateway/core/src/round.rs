@@ -100,7 +100,8 @@ impl Core {
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
         let mut holds = {
-            let oldest_first = queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
+            let oldest_first =
+                queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
         let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {
@@ -120,6 +121,9 @@ impl Core {
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
         // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
         let mut fits_nowhere: HashSet<u32> = HashSet::new();
+        // Demands known to fit somewhere now; only an offer's reservation can change that, so the
+        // set is emptied at each one.
+        let mut fits_somewhere_now: HashSet<u32> = HashSet::new();
         let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
             let Some(entry) = queued.get(next.id) else { continue };
@@ -131,13 +135,16 @@ impl Core {
                 Some(number) => number,
                 None => self.demand_of(&job.id, &job.spec),
             };
-            let fits_somewhere = !fits_nowhere.contains(&demand) && {
-                let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
-                if !fits {
-                    fits_nowhere.insert(demand);
-                }
-                fits
-            };
+            let fits_somewhere = fits_somewhere_now.contains(&demand)
+                || (!fits_nowhere.contains(&demand) && {
+                    let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
+                    if fits {
+                        fits_somewhere_now.insert(demand);
+                    } else {
+                        fits_nowhere.insert(demand);
+                    }
+                    fits
+                });
             if !fits_somewhere {
                 let previous = entry.decided.as_deref();
                 let fresh = match previous {
@@ -173,6 +180,7 @@ impl Core {
             };
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
+                fits_somewhere_now.clear();
             }
             queue.placed(&next);
             // Its hold (if it had one) has served: the cluster is open to the jobs after it.

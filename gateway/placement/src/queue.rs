@@ -55,12 +55,8 @@ impl<Id: Ord, Tenant: Ord + Clone> FairQueue<Id, Tenant> {
                 Ok(at) => at,
                 Err(at) => {
                     let name = job.tenant.clone();
-                    let queue = TenantQueue {
-                        weight: weight(&name),
-                        usage: f64::from(usage(&name)),
-                        name,
-                        jobs: Vec::new(),
-                    };
+                    let queue =
+                        TenantQueue { weight: weight(&name), usage: f64::from(usage(&name)), name, jobs: Vec::new() };
                     tenants.insert(at, queue);
                     at
                 }
@@ -80,11 +76,8 @@ impl<Id: Ord, Tenant: Ord + Clone> FairQueue<Id, Tenant> {
     pub fn pop_next(&mut self) -> Option<QueuedJob<Id, Tenant>> {
         // Tenants are in name order and `min_by` keeps the first of equal shares, so ties go to
         // the first name.
-        let tenant = self
-            .tenants
-            .iter_mut()
-            .filter(|t| !t.jobs.is_empty())
-            .min_by(|a, b| share(a).total_cmp(&share(b)))?;
+        let tenant =
+            self.tenants.iter_mut().filter(|t| !t.jobs.is_empty()).min_by(|a, b| share(a).total_cmp(&share(b)))?;
         tenant.jobs.pop()
     }
 

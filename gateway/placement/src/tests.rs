@@ -346,7 +346,11 @@ fn decisions_serialize_as_camel_case_explain_json() {
     assert_eq!(json["candidates"][1]["verdict"]["reasons"][0]["gpusPerReplica"], 8);
     let back: Decision = serde_json::from_value(json).unwrap();
     assert_eq!(back, d);
-    assert!(d.summary().starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"), "{}", d.summary());
+    assert!(
+        d.summary().starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"),
+        "{}",
+        d.summary()
+    );
 }
 
 /// Owned cluster `q` with two full 8-GPU H100 nodes and the given pressure.

@@ -9,7 +9,7 @@ use meridian_proto::spec::JobSpec;
 
 use crate::io::{Effects, Error, Reply};
 use crate::record::{JobRecord, Record};
-use crate::{Core, Decided};
+use crate::{ActiveJob, Core, Decided};
 
 /// States in which a job holds (or is about to hold) GPUs on its cluster.
 pub(crate) fn holds_gpus(state: JobState) -> bool {
@@ -29,15 +29,29 @@ impl Core {
             }
         }
         if job.state.is_terminal() {
-            self.demand_keys.remove(&job.id);
             self.active.remove(&job.id);
             self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
         } else {
-            self.active.insert(job.id.clone(), Arc::clone(job));
+            match self.active.get_mut(&job.id) {
+                Some(active) => active.record = Arc::clone(job),
+                None => {
+                    let decided = self.decisions.get(&job.id).map(Arc::clone);
+                    self.active.insert(job.id.clone(), ActiveJob { record: Arc::clone(job), demand: None, decided });
+                }
+            }
             if let Some(cluster) = &job.cluster {
                 self.by_cluster.entry(cluster.clone()).or_default().insert(job.id.clone());
             }
         }
+    }
+
+    /// Makes `decided` the latest decision of job `id`, for readers and for the rounds.
+    pub(crate) fn decide(&mut self, id: &str, decided: Decided) {
+        let decided = Arc::new(decided);
+        if let Some(active) = self.active.get_mut(id) {
+            active.decided = Some(Arc::clone(&decided));
+        }
+        self.decisions.insert(id.to_string(), decided);
     }
 
     /// Panics if an index disagrees with a full scan of the jobs (tests).
@@ -47,10 +61,19 @@ impl Core {
         let active: BTreeSet<String> =
             self.jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id.clone()).collect();
         assert!(active.iter().eq(self.active.keys()), "active index holds other ids than the active jobs");
-        for (id, job) in &self.active {
+        for (id, active) in &self.active {
             assert!(
-                self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, job)),
+                self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, &active.record)),
                 "active index has a stale {id}"
+            );
+            let decided = self.decisions.get(id);
+            assert!(
+                match (decided, &active.decided) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                },
+                "active index has a stale decision of {id}"
             );
         }
         let mut by_cluster: HashMap<String, BTreeSet<String>> = HashMap::new();
@@ -226,6 +249,6 @@ impl Core {
     ) {
         let stored = crate::view::stored_decision(at_ms, &decision);
         effects.persist.push(Record::Decision(id.to_string(), stored));
-        self.decisions.insert(id.to_string(), Arc::new(Decided::Live { at_ms, decision }));
+        self.decide(id, Decided::Live { at_ms, decision });
     }
 }

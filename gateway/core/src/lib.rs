@@ -53,6 +53,15 @@ pub enum Decided {
     Stored(StoredDecision),
 }
 
+/// An active job as rounds read it: its record, and what rounds keep about it between rounds.
+struct ActiveJob {
+    record: Arc<JobRecord>,
+    /// Its demand key (see `round.rs`) and the key's number, computed at its first round.
+    demand: Option<(Arc<str>, u32)>,
+    /// Its latest decision: the one `decisions` holds for it.
+    decided: Option<Arc<Decided>>,
+}
+
 /// The state machine. See the crate documentation.
 pub struct Core {
     config: CoreConfig,
@@ -60,7 +69,7 @@ pub struct Core {
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
     /// Jobs not in a terminal state, with their current records, by id: what rounds and the
     /// cluster summaries read, without looking every active job up in `jobs`.
-    active: BTreeMap<String, Arc<JobRecord>>,
+    active: BTreeMap<String, ActiveJob>,
     /// Active jobs by the cluster they are offered to, bound to or ran on: what heartbeats,
     /// welcomes and lost clusters look at, without scanning every active job.
     by_cluster: HashMap<String, BTreeSet<String>>,
@@ -73,8 +82,6 @@ pub struct Core {
     /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
     /// only when a cluster joins or changes shape.
     never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
-    /// Each queued job's demand key (see `round.rs`) and its number, computed once.
-    demand_keys: HashMap<String, (Arc<str>, u32)>,
     /// Demand keys in use, by their canonical copy, with their numbers.
     demand_ids: HashMap<Arc<str>, u32>,
     next_demand_id: u32,
@@ -110,7 +117,6 @@ impl Core {
             decisions: imbl::HashMap::new(),
             registry: Registry::from_known(loaded.clusters, now_ms),
             never_fits_snapshot: None,
-            demand_keys: HashMap::new(),
             demand_ids: HashMap::new(),
             next_demand_id: 0,
             offered_at: HashMap::new(),
@@ -124,6 +130,7 @@ impl Core {
             cluster_view_version: 0,
         };
         for (id, decision) in loaded.decisions {
+            // Before the jobs, so each active job's index entry finds its decision.
             core.decisions.insert(id, Arc::new(Decided::Stored(decision)));
         }
         for mut job in loaded.jobs {

@@ -47,13 +47,30 @@ impl Core {
         self.demand_ids.retain(|key, _| Arc::strong_count(key) > 1);
     }
 
+    /// The number of job `id`'s demand key, worked out at its first round and kept.
+    fn demand_of(&mut self, id: &str, spec: &meridian_proto::spec::JobSpec) -> u32 {
+        if let Some((_, number)) = self.active.get(id).and_then(|a| a.demand.as_ref()) {
+            return *number;
+        }
+        let key = self.intern_demand(demand_key(spec));
+        let number = key.1;
+        if let Some(active) = self.active.get_mut(id) {
+            active.demand = Some(key);
+        }
+        number
+    }
+
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
         let mut snapshot = self.registry.snapshot(&self.config.network);
         snapshot.set_gpu_speed(&self.config.placement.gpu_speed);
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
-        let mut queued = Vec::new();
-        for job in self.active.values() {
+        // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
+        // time), with what earlier rounds kept about them. The round refers to a job by its
+        // position here, which sorts like its id, so ordering and lookups compare no text.
+        let mut queued: Vec<Queued> = Vec::new();
+        for active in self.active.values() {
+            let job = &active.record;
             if job.state == JobState::Offered {
                 // The member's inventory does not show an offer until the agent accepts it.
                 if let Some(cluster) =
@@ -63,7 +80,7 @@ impl Core {
                 }
             }
             if holds_gpus(job.state) {
-                let held = Usage::of(&queued_job(job));
+                let held = gang_usage(&job.spec);
                 match usage.get_mut(job.spec.tenant.as_str()) {
                     Some(tenant) => tenant.add(held),
                     None => {
@@ -72,7 +89,11 @@ impl Core {
                 }
             }
             if job.state == JobState::Queued {
-                queued.push(queued_job(job));
+                queued.push(Queued {
+                    job: Arc::clone(job),
+                    demand: active.demand.as_ref().map(|(_, number)| *number),
+                    decided: active.decided.clone(),
+                });
             }
         }
         if queued.is_empty() {
@@ -81,50 +102,64 @@ impl Core {
         let now_secs = now_ms as f64 / 1000.0;
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
-        // Active ids sort by submission (ids start with the submit time), so this is oldest first.
         let mut holds = {
-            let oldest_first = queued.iter().filter_map(|next| {
-                let job = self.jobs.get(&next.id)?;
-                Some((next.id.clone(), &job.spec, waited(next.submitted_at_ms)))
-            });
+            let oldest_first =
+                queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
-        let mut queue = FairQueue::new(queued, &usage, capacity(&snapshot), |t| self.config.tenant_weight(t));
+        let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {
+            id: at,
+            tenant: q.job.spec.tenant.as_str(),
+            priority: q.job.spec.priority,
+            submitted_at_ms: q.job.submitted_at_ms,
+            gpus: q.job.spec.total_gpus(),
+            cpu: gang_total(q.job.spec.gang.replicas, q.job.spec.gang.resources.cpu),
+            memory_gib: gang_total(q.job.spec.gang.replicas, q.job.spec.gang.resources.memory_gib),
+        });
+        let mut queue = FairQueue::new(
+            order.collect(),
+            |tenant| usage.get(*tenant).copied().unwrap_or_default(),
+            capacity(&snapshot),
+            |tenant| self.config.tenant_weight(tenant),
+        );
         let cluster_index: HashMap<String, usize> =
             snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
         // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
         let mut fits_nowhere: HashSet<u32> = HashSet::new();
+        // Demands known to fit somewhere now; only an offer's reservation can change that, so the
+        // set is emptied at each one.
+        let mut fits_somewhere_now: HashSet<u32> = HashSet::new();
         let mut refreshed = 0;
         while let Some(next) = queue.pop_next() {
-            let Some(job) = self.jobs.get(&next.id).map(Arc::clone) else { continue };
+            let Some(entry) = queued.get(next.id) else { continue };
+            let job = &entry.job;
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
-            let demand = match self.demand_keys.get(&next.id) {
-                Some((_, id)) => *id,
-                None => {
-                    let key = self.intern_demand(demand_key(&job.spec));
-                    self.demand_keys.insert(next.id.clone(), key.clone());
-                    key.1
-                }
+            let demand = match entry.demand {
+                Some(number) => number,
+                None => self.demand_of(&job.id, &job.spec),
             };
-            let fits_somewhere = !fits_nowhere.contains(&demand) && {
-                let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
-                if !fits {
-                    fits_nowhere.insert(demand);
-                }
-                fits
-            };
+            let fits_somewhere = fits_somewhere_now.contains(&demand)
+                || (!fits_nowhere.contains(&demand) && {
+                    let fits = snapshot.clusters.iter().any(|c| c.fits_now(&job.spec));
+                    if fits {
+                        fits_somewhere_now.insert(demand);
+                    } else {
+                        fits_nowhere.insert(demand);
+                    }
+                    fits
+                });
             if !fits_somewhere {
-                let previous = self.decisions.get(&next.id).map(Arc::clone);
-                let fresh = match previous.as_deref() {
+                let previous = entry.decided.as_deref();
+                let fresh = match previous {
                     Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
                     Some(Decided::Stored(_)) | None => false,
                 };
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
-                    if let Some(Decided::Live { decision, .. }) = previous.as_deref()
+                    if let Some(Decided::Live { decision, .. }) = previous
                         && let Some(choice) = decision.chosen.as_ref()
                         && let Some(&index) = cluster_index.get(choice.cluster.as_str())
                         && let Some(target) = snapshot.clusters.get_mut(index)
@@ -138,30 +173,31 @@ impl Core {
                 }
             }
             let decision =
-                holds.place(&mut snapshot, &next.id, &job.spec, waited(next.submitted_at_ms), &config, now_secs);
+                holds.place(&mut snapshot, &next.id, &job.spec, waited(job.submitted_at_ms), &config, now_secs);
             let chosen =
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
-                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             let Some(conn) = self.registry.conn_of(&cluster) else {
-                self.decisions.insert(next.id.clone(), Arc::new(Decided::Live { at_ms: now_ms, decision }));
+                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
+                fits_somewhere_now.clear();
             }
             queue.placed(&next);
             // Its hold (if it had one) has served: the cluster is open to the jobs after it.
             holds.release(&next.id);
-            let mut offered = JobRecord::clone(&job);
+            let mut offered = JobRecord::clone(job);
             offered.state = JobState::Offered;
             offered.cluster = Some(cluster.to_string());
             offered.gpu_type = (!gpu_type.is_empty()).then(|| gpu_type.to_string());
             offered.fencing_token += 1;
             offered.message = format!("offered to {cluster}");
-            offered.placement = Some(decision.summary.clone());
+            offered.placement = Some(decision.summary());
             tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
             // The offer goes out only after the Offered record (with its new token) and the
             // decision are durable.
@@ -176,17 +212,27 @@ impl Core {
     }
 }
 
-/// The federation queue's view of `job`: its tenant, order and the whole gang's resources.
-fn queued_job(job: &JobRecord) -> QueuedJob {
-    let (replicas, resources) = (job.spec.gang.replicas, &job.spec.gang.resources);
-    QueuedJob {
-        id: job.id.clone(),
-        tenant: job.spec.tenant.clone(),
-        priority: job.spec.priority,
-        submitted_at_ms: job.submitted_at_ms,
-        gpus: job.spec.total_gpus(),
-        cpu: replicas.saturating_mul(resources.cpu),
-        memory_gib: replicas.saturating_mul(resources.memory_gib),
+/// A queued job in a round, with what earlier rounds kept about it.
+struct Queued {
+    job: Arc<JobRecord>,
+    /// Its demand key's number, if a round worked it out already.
+    demand: Option<u32>,
+    /// Its latest decision.
+    decided: Option<Arc<Decided>>,
+}
+
+/// `per_replica` × `replicas`, saturating.
+fn gang_total(replicas: u32, per_replica: u32) -> u32 {
+    replicas.saturating_mul(per_replica)
+}
+
+/// What the whole gang of `spec` takes, as the fair queue counts it.
+fn gang_usage(spec: &meridian_proto::spec::JobSpec) -> Usage {
+    let r = &spec.gang.resources;
+    Usage {
+        gpus: f64::from(spec.total_gpus()),
+        cpu: f64::from(gang_total(spec.gang.replicas, r.cpu)),
+        memory_gib: f64::from(gang_total(spec.gang.replicas, r.memory_gib)),
     }
 }
 

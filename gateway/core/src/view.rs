@@ -174,7 +174,7 @@ impl ReadView {
         let decided = self.decisions.get(id);
         let (decided_at_ms, decision_summary, candidates) = match decided.map(Arc::as_ref) {
             Some(Decided::Live { at_ms, decision }) => {
-                (Some(*at_ms), Some(decision.summary.clone()), candidate_views(decision))
+                (Some(*at_ms), Some(decision.summary()), candidate_views(decision))
             }
             Some(Decided::Stored(stored)) => {
                 (Some(stored.at_ms), Some(stored.summary.clone()), stored.candidates.clone())
@@ -242,13 +242,13 @@ pub(crate) fn candidate_views(decision: &Decision) -> Vec<CandidateView> {
 
 /// A decision in its stored form.
 pub(crate) fn stored_decision(at_ms: i64, decision: &Decision) -> StoredDecision {
-    StoredDecision { at_ms, summary: decision.summary.clone(), candidates: candidate_views(decision) }
+    StoredDecision { at_ms, summary: decision.summary(), candidates: candidate_views(decision) }
 }
 
 impl Core {
     pub(crate) fn cluster_summaries(&self) -> Vec<ClusterSummary> {
         let mut federated: BTreeMap<&str, u32> = BTreeMap::new();
-        for job in self.active.values() {
+        for job in self.active.values().map(|a| &a.record) {
             if let (Some(cluster), true) = (&job.cluster, holds_gpus(job.state)) {
                 *federated.entry(cluster.as_str()).or_default() += 1;
             }

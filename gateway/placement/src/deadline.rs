@@ -21,10 +21,12 @@ use meridian_proto::spec::JobSpec;
 
 use super::decision::{Candidate, Secs, Verdict};
 use super::score::PlacementConfig;
+use serde::{Deserialize, Serialize};
 
 /// One decision's view of a job's deadline.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct DeadlineOutlook {
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadlineOutlook {
     /// Seconds from now to the deadline (negative once it has passed).
     left_secs: f64,
     /// The job's runtime estimate, seconds.

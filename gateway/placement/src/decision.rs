@@ -7,6 +7,7 @@ use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::Tier;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::deadline::DeadlineOutlook;
 use super::filter::Rejection;
 use super::name::Name;
 use super::score::ScoreBreakdown;
@@ -19,8 +20,25 @@ pub struct Decision {
     pub chosen: Option<Choice>,
     /// One entry per cluster of the snapshot, in snapshot order.
     pub candidates: Vec<Candidate>,
-    /// One sentence for people, with the numbers that decided it.
-    pub summary: String,
+    /// The job decided for, as its summary names it. The summary sentence itself is made only
+    /// when asked ([`Decision::summary`]): most decisions of a placement round are never read.
+    pub job: JobLabel,
+}
+
+/// The job a decision is for, as its summary names it: name and gang shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobLabel {
+    /// The job's name.
+    pub name: Name,
+    /// Replicas of the gang.
+    pub replicas: u32,
+    /// GPUs per replica.
+    pub gpus: u32,
+    /// The job's deadline as this decision saw it, and whether the job may burst: the summary's
+    /// last sentence. None for a job without a deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<(DeadlineOutlook, bool)>,
 }
 
 /// The cluster placement picked. Late binding: the caller offers the job there only when
@@ -207,6 +225,18 @@ impl Decision {
         let mut ranked: Vec<&Candidate> = self.candidates.iter().collect();
         ranked.sort_by(|a, b| rank(a, b));
         ranked
+    }
+
+    /// One sentence for people, with the numbers that decided it. Made on each call, from the
+    /// candidates: keep the text if you need it twice.
+    pub fn summary(&self) -> String {
+        let best = self.candidates.iter().filter(|c| c.score().is_some()).min_by(|a, b| rank(a, b));
+        let shape = GangShape { replicas: self.job.replicas, gpus: self.job.gpus };
+        let mut summary = summarize(&self.job.name, shape, best, &self.candidates);
+        if let Some((deadline, may_burst)) = &self.job.deadline {
+            deadline.explain(&mut summary, best, *may_burst);
+        }
+        summary
     }
 
     /// The chosen cluster's candidate entry.

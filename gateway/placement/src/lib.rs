@@ -15,7 +15,7 @@
 //! There is no I/O here, so the same code is unit-tested, property-tested, benchmarked
 //! (`benches/placement.rs`) and replayed by the simulator.
 
-mod deadline;
+pub mod deadline;
 pub mod decision;
 pub mod filter;
 mod fit;
@@ -33,7 +33,7 @@ mod tests;
 use meridian_proto::inventory::Tier;
 use meridian_proto::spec::{BurstPolicy, JobSpec};
 
-pub use decision::{Candidate, Choice, Decision, Reasons, Verdict};
+pub use decision::{Candidate, Choice, Decision, JobLabel, Reasons, Verdict};
 pub use filter::{PayloadKind, Rejection};
 pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
@@ -42,7 +42,7 @@ pub use score::{PlacementConfig, ScoreBreakdown};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 
 use deadline::DeadlineOutlook;
-use decision::{GangShape, rank, summarize};
+use decision::rank;
 use filter::{Need, static_rejections};
 use score::{RegionCosts, score};
 
@@ -138,12 +138,13 @@ pub fn place_waited(
             score: s.total,
         })
     });
-    let shape = GangShape { replicas: job.gang.replicas, gpus: job.gang.resources.gpus };
-    let mut summary = summarize(&job.name, shape, best, &candidates);
-    if let Some(deadline) = &deadline {
-        deadline.explain(&mut summary, best, job.placement.burst != BurstPolicy::Never);
-    }
-    Decision { chosen, candidates, summary }
+    let label = JobLabel {
+        name: Name::from(&job.name),
+        replicas: job.gang.replicas,
+        gpus: job.gang.resources.gpus,
+        deadline: deadline.map(|outlook| (outlook, job.placement.burst != BurstPolicy::Never)),
+    };
+    Decision { chosen, candidates, job: label }
 }
 
 /// For submit-time rejection: `Some` with every (cluster, reason) when no known cluster could

@@ -183,7 +183,7 @@ fn residency_include_exclude_and_payload_are_enforced() {
         ]
     );
     assert_eq!(rejections(&d, "us"), vec![Rejection::ClusterExcluded]);
-    assert!(d.summary.starts_with("No cluster can take job 'train'"), "{}", d.summary);
+    assert!(d.summary().starts_with("No cluster can take job 'train'"), "{}", d.summary());
 
     // A command without an image needs bare-command support.
     let mut bare = job(1, 1);
@@ -259,7 +259,7 @@ fn burst_only_after_owned_wait_exceeds_after() {
     let owned = busy("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 3 * 3600);
     let d = place(&spec, &federation(vec![owned, cloud.clone()]), &PlacementConfig::default());
     assert_eq!(chosen(&d), Some("cloud"));
-    assert!(d.summary.contains("cloud"), "{}", d.summary);
+    assert!(d.summary().contains("cloud"), "{}", d.summary());
 
     // No owned cluster at all: burst right away.
     let d = place(&spec, &federation(vec![cloud.clone()]), &PlacementConfig::default());
@@ -347,7 +347,11 @@ fn decisions_serialize_as_camel_case_explain_json() {
     assert_eq!(json["candidates"][1]["verdict"]["reasons"][0]["gpusPerReplica"], 8);
     let back: Decision = serde_json::from_value(json).unwrap();
     assert_eq!(back, d);
-    assert!(d.summary.starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"), "{}", d.summary);
+    assert!(
+        d.summary().starts_with("Chose ok (owned, us-east) for job 'train' (1×8 h100): starts now"),
+        "{}",
+        d.summary()
+    );
 }
 
 /// Owned cluster `q` with two full 8-GPU H100 nodes and the given pressure.
@@ -527,7 +531,7 @@ fn a_busy_matching_shape_waits_but_no_matching_shape_is_rejected() {
     spec.placement.node_selector = "gpu-fabric=ib".parse().unwrap();
     let d = place(&spec, &fed, &PlacementConfig::default());
     let choice = d.chosen.as_ref().unwrap();
-    assert_eq!((choice.cluster.as_str(), choice.starts_now), ("busy-ib", false), "{}", d.summary);
+    assert_eq!((choice.cluster.as_str(), choice.starts_now), ("busy-ib", false), "{}", d.summary());
     let reasons = rejections(&d, "no-ib");
     assert_eq!(reasons.len(), 1);
     assert_eq!(
@@ -733,7 +737,7 @@ fn past_the_burst_threshold_hours_of_waiting_outweigh_the_cloud_price() {
     let fed = federation(vec![owned, cloud]);
 
     let d = place(&spec, &fed, &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary());
     // 60 s per $ × 0.1 past the threshold, divided by 12: the owned wait (6 h) is 12 × `after`.
     let weight = d.chosen_candidate().and_then(|c| c.score()).map(|s| s.usd_weight_secs);
     assert_eq!(weight, Some(0.5));

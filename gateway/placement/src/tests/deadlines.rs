@@ -33,15 +33,15 @@ fn a_job_bursts_before_its_threshold_when_owned_clusters_would_miss_its_deadline
     // Owned starts it in 1 h and finishes in 3 h; due in 2h30m; burst.after is 4 h.
     let spec = due(2, 2 * HOUR + 1_800, 4, None);
     let d = place(&spec, &fleet(HOUR), &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary());
     assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now));
     assert!(
-        d.summary.ends_with(
+        d.summary().ends_with(
             "Deadline in 2h30m: owned clusters expected to finish in 3h, bursting early: cloud is expected to \
              finish in 2h."
         ),
         "{}",
-        d.summary
+        d.summary()
     );
     assert_eq!(penalty(&d, "owned"), Some(21_600.0));
     assert_eq!(penalty(&d, "cloud"), Some(0.0));
@@ -53,21 +53,25 @@ fn a_job_bursts_before_its_threshold_when_owned_clusters_would_miss_its_deadline
     let mut relaxed = spec.clone();
     relaxed.runtime.deadline = None;
     let d = place(&relaxed, &fleet(HOUR), &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary);
-    assert!(!d.summary.contains("Deadline"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary());
+    assert!(!d.summary().contains("Deadline"), "{}", d.summary());
 }
 
 #[test]
 fn a_job_whose_owned_cluster_meets_the_deadline_does_not_burst() {
     let spec = due(2, 4 * HOUR, 4, None);
     let d = place(&spec, &fleet(HOUR), &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary());
     assert_eq!(
         rejections(&d, "cloud"),
         vec![Rejection::BurstNotYet { owned_wait_secs: 3_600.0, waited_secs: 0.0, after_secs: 4 * HOUR }]
     );
     assert_eq!(penalty(&d, "owned"), Some(0.0));
-    assert!(d.summary.ends_with("Deadline in 4h: owned clusters expected to finish in 3h, in time."), "{}", d.summary);
+    assert!(
+        d.summary().ends_with("Deadline in 4h: owned clusters expected to finish in 3h, in time."),
+        "{}",
+        d.summary()
+    );
 }
 
 #[test]
@@ -75,11 +79,11 @@ fn time_already_waited_counts_against_the_deadline() {
     let spec = due(2, 4 * HOUR, 4, None);
     // Exactly on time after an hour in the queue: still owned.
     let d = place_waited(&spec, &fleet(HOUR), &PlacementConfig::default(), HOUR as f64);
-    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary());
     // Ninety minutes in the queue: owned would finish 30 minutes late.
     let d = place_waited(&spec, &fleet(HOUR), &PlacementConfig::default(), 5_400.0);
-    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
-    assert!(d.summary.contains("Deadline in 2h30m: owned clusters expected to finish in 3h"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary());
+    assert!(d.summary().contains("Deadline in 2h30m: owned clusters expected to finish in 3h"), "{}", d.summary());
 }
 
 #[test]
@@ -87,20 +91,20 @@ fn bursting_for_a_deadline_stays_within_the_burst_budget() {
     // 8 H100s on the cloud cost $32/h, over a $20/h budget: the job waits and says why.
     let spec = due(2, 2 * HOUR + 1_800, 4, Some(20.0));
     let d = place(&spec, &fleet(HOUR), &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary());
     assert_eq!(rejections(&d, "cloud"), vec![Rejection::OverBudget { usd_per_hour: 32.0, max_usd_per_hour: 20.0 }]);
-    assert!(d.summary.ends_with("cloud clusters were allowed early but owned still scored best."), "{}", d.summary);
+    assert!(d.summary().ends_with("cloud clusters were allowed early but owned still scored best."), "{}", d.summary());
 
     // Within a $40/h budget it bursts.
     let d = place(&due(2, 2 * HOUR + 1_800, 4, Some(40.0)), &fleet(HOUR), &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary());
 
     // `burst: never` keeps it home, late, and the summary says so.
     let mut never = spec;
     never.placement.burst = BurstPolicy::Never;
     let d = place(&never, &fleet(HOUR), &PlacementConfig::default());
     assert_eq!(chosen(&d), Some("owned"));
-    assert!(d.summary.ends_with("the job may not burst (burst: never), so it will be late."), "{}", d.summary);
+    assert!(d.summary().ends_with("the job may not burst (burst: never), so it will be late."), "{}", d.summary());
 }
 
 #[test]
@@ -108,15 +112,15 @@ fn a_deadline_that_can_no_longer_be_met_changes_nothing() {
     let spec = due(2, 2 * HOUR + 1_800, 4, None);
     // After an hour in the queue only 1h30m is left for a 2 h job: no cluster can make it.
     let d = place_waited(&spec, &fleet(HOUR), &PlacementConfig::default(), HOUR as f64);
-    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("owned"), "{}", d.summary());
     assert!(matches!(rejections(&d, "cloud")[..], [Rejection::BurstNotYet { .. }]));
     assert_eq!(penalty(&d, "owned"), Some(0.0));
     assert!(
-        d.summary.ends_with(
+        d.summary().ends_with(
             "Deadline in 1h30m: it can no longer be met (the estimate is 2h), so it does not change the choice."
         ),
         "{}",
-        d.summary
+        d.summary()
     );
 }
 
@@ -132,14 +136,14 @@ fn the_miss_penalty_ranks_an_owned_cluster_that_meets_the_deadline_first() {
     let big = busy("big-nodes", "us-east", Tier::Owned, vec![shape("h100", 16, &[0])], 600);
     let fed = federation(vec![whole, big]);
     let d = place(&spec, &fed, &PlacementConfig::default());
-    assert_eq!(chosen(&d), Some("big-nodes"), "{}", d.summary);
+    assert_eq!(chosen(&d), Some("big-nodes"), "{}", d.summary());
     assert_eq!(penalty(&d, "whole-nodes"), Some(21_600.0));
     assert_eq!(penalty(&d, "big-nodes"), Some(0.0));
 
     let mut undue = spec.clone();
     undue.runtime.deadline = None;
     let without = place(&undue, &fed, &PlacementConfig::default());
-    assert_eq!(chosen(&without), Some("whole-nodes"), "{}", without.summary);
+    assert_eq!(chosen(&without), Some("whole-nodes"), "{}", without.summary());
     // With no penalty the deadline changes nothing here.
     let free = PlacementConfig { deadline_miss_penalty_secs: 0.0, ..PlacementConfig::default() };
     assert_eq!(chosen(&place(&spec, &fed, &free)), Some("whole-nodes"));

@@ -140,12 +140,30 @@ fn landing(finish: f64, started: u64) -> u64 {
 
 /// Moves `link`'s copies forward to `now` at fair shares, recomputed each time one finishes;
 /// finished copies go to `landed`, and every GB moved is added to `moved`.
+///
+/// A copy is finished once its landing time ([`landing`], the time [`Links::next_landing`]
+/// gives) is at or before `now`, whatever crumb of it floating point leaves: otherwise a copy due
+/// a fraction of a microsecond after a whole second would be the next event at that same second
+/// for ever.
 fn advance(link: &mut Link, now: f64, landed: &mut Vec<(u64, u32, usize)>, moved: &mut f64) {
-    while link.at < now && !link.flows.is_empty() && link.gb_per_sec > 0.0 {
+    while !link.flows.is_empty() && link.gb_per_sec > 0.0 {
         let share = link.gb_per_sec / link.flows.len() as f64;
         let least = link.flows.iter().map(|f| f.left_gb).fold(f64::INFINITY, f64::min);
         let finish = link.at + least / share;
-        let until = finish.min(now);
+        if finish - SLACK_SECS > now {
+            // Nothing lands by `now`: every copy moves on at its share.
+            if link.at < now {
+                let each = share * (now - link.at);
+                for flow in &mut link.flows {
+                    let step = each.min(flow.left_gb);
+                    flow.left_gb -= step;
+                    *moved += step;
+                }
+                link.at = now;
+            }
+            break;
+        }
+        let until = finish.max(link.at);
         let each = share * (until - link.at);
         for flow in &mut link.flows {
             let step = each.min(flow.left_gb);
@@ -153,16 +171,16 @@ fn advance(link: &mut Link, now: f64, landed: &mut Vec<(u64, u32, usize)>, moved
             *moved += step;
         }
         link.at = until;
-        if finish <= now {
-            link.flows.retain(|f| {
-                let done = f.left_gb <= DONE_GB;
-                if done {
-                    *moved += f.left_gb;
-                    landed.push((landing(finish, f.started), f.job, f.cluster));
-                }
-                !done
-            });
-        }
+        // The smallest copies are done: what is left of them is rounding.
+        let crumb = DONE_GB.max(share * 2.0 * SLACK_SECS);
+        link.flows.retain(|f| {
+            let done = f.left_gb <= crumb;
+            if done {
+                *moved += f.left_gb;
+                landed.push((landing(finish, f.started), f.job, f.cluster));
+            }
+            !done
+        });
     }
     link.at = link.at.max(now);
 }
@@ -173,6 +191,25 @@ mod tests {
     use super::*;
 
     const LINK: (&str, &str) = ("us-east", "eu-west");
+
+    #[test]
+    fn a_copy_due_a_hair_after_a_whole_second_lands_then_and_time_moves_on() {
+        // 1 GB/s; 100 GB plus 0.5 µs worth: due at 100 s, as `next_landing` rounds it.
+        let mut links = Links::default();
+        links.start(0, 1, LINK, 100.000_000_5, 8.0, 0);
+        assert_eq!(links.next_landing(), Some(100));
+        assert_eq!(links.land_due(100), [(0, 1)], "the copy lands at the time it was announced for");
+        assert_eq!(links.next_landing(), None, "no event is left at 100 s");
+        // Two copies sharing the link, the first finishing a hair past a second.
+        links.start(2, 1, LINK, 50.000_000_2, 8.0, 100);
+        links.start(3, 1, LINK, 80.0, 8.0, 100);
+        let first = links.next_landing().unwrap();
+        assert_eq!(links.land_due(first), [(2, 1)]);
+        let second = links.next_landing().unwrap();
+        assert!(second > first, "{second} > {first}");
+        assert_eq!(links.land_due(second), [(3, 1)]);
+        assert_eq!(links.next_landing(), None);
+    }
 
     #[test]
     fn one_copy_moves_at_the_full_link_and_two_split_it() {

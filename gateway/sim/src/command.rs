@@ -272,8 +272,7 @@ fn replay_all(
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
-                    loop {
-                        let Some(&i) = start_order.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                    while let Some(&i) = start_order.get(next.fetch_add(1, Ordering::Relaxed)) {
                         let (Some(&policy), Some(counter)) = (policies.get(i), progress.get(i)) else { break };
                         let config = SimConfig {
                             seed: args.seed,

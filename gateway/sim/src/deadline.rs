@@ -56,19 +56,7 @@ mod tests {
     use crate::{ClusterUsage, Outcome, SimJob, Tenant};
 
     fn job(id: u32, submit: u64, deadline: Option<u64>) -> SimJob {
-        SimJob {
-            id,
-            submit_secs: submit,
-            duration_secs: 100,
-            estimate_secs: 100,
-            replicas: 1,
-            gpus_per_replica: 1,
-            tenant: 0,
-            gpu_type: None,
-            gpu_memory_gib: 0,
-            dataset: None,
-            deadline_secs: deadline,
-        }
+        SimJob { deadline_secs: deadline, ..SimJob::plain(id, 0, submit, 100, 1) }
     }
 
     fn ran(job: u32, cluster: u32, start: u64, compute_usd: f64) -> Outcome {

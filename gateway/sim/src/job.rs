@@ -66,6 +66,25 @@ pub struct SimJob {
 }
 
 impl SimJob {
+    /// A test job: `id` of `tenant`, submitted at `submit_secs`, one replica of `gpus` GPUs of
+    /// any type, running `duration_secs` with an exact estimate, no data, no deadline.
+    #[cfg(test)]
+    pub(crate) fn plain(id: u32, tenant: u32, submit_secs: u64, duration_secs: u64, gpus: u32) -> Self {
+        Self {
+            id,
+            submit_secs,
+            duration_secs,
+            estimate_secs: duration_secs,
+            replicas: 1,
+            gpus_per_replica: gpus,
+            tenant,
+            gpu_type: None,
+            gpu_memory_gib: 0,
+            dataset: None,
+            deadline_secs: None,
+        }
+    }
+
     /// GPUs of the whole gang.
     pub fn gpus(&self) -> u64 {
         u64::from(self.replicas) * u64::from(self.gpus_per_replica)

@@ -308,19 +308,7 @@ mod tests {
     }
 
     fn job(id: u32, submit: u64, duration: u64, replicas: u32, gpus_per_replica: u32, tenant: u32) -> SimJob {
-        SimJob {
-            id,
-            submit_secs: submit,
-            duration_secs: duration,
-            estimate_secs: duration,
-            replicas,
-            gpus_per_replica,
-            tenant,
-            gpu_type: None,
-            gpu_memory_gib: 0,
-            dataset: None,
-            deadline_secs: None,
-        }
+        SimJob { replicas, ..SimJob::plain(id, tenant, submit, duration, gpus_per_replica) }
     }
 
     fn outcome(job: u32, cluster: u32, start: u64, end: u64, moved_gb: f64, egress: f64, compute: f64) -> Outcome {

@@ -26,19 +26,7 @@ clusters:
 "#;
 
 fn sim_job(id: u32, submit_secs: u64, duration_secs: u64, gpus: u32, tenant: u32) -> SimJob {
-    SimJob {
-        id,
-        submit_secs,
-        duration_secs,
-        estimate_secs: duration_secs,
-        replicas: 1,
-        gpus_per_replica: gpus,
-        tenant,
-        gpu_type: None,
-        gpu_memory_gib: 0,
-        dataset: None,
-        deadline_secs: None,
-    }
+    SimJob::plain(id, tenant, submit_secs, duration_secs, gpus)
 }
 
 fn workload(jobs: Vec<SimJob>) -> Workload {

@@ -96,19 +96,7 @@ mod tests {
 
     fn workload(jobs: u32) -> Workload {
         let jobs = (0..jobs)
-            .map(|id| SimJob {
-                id,
-                submit_secs: u64::from(id),
-                duration_secs: 600,
-                estimate_secs: 500 + u64::from(id),
-                replicas: 1,
-                gpus_per_replica: 1,
-                tenant: 0,
-                gpu_type: None,
-                gpu_memory_gib: 0,
-                dataset: None,
-                deadline_secs: None,
-            })
+            .map(|id| SimJob { estimate_secs: 500 + u64::from(id), ..SimJob::plain(id, 0, u64::from(id), 600, 1) })
             .collect();
         Workload { source: "test".into(), tenants: vec![Tenant { name: "t".into(), home: 0 }], jobs }
     }

@@ -837,3 +837,61 @@ mod properties {
         }
     }
 }
+
+/// Runs `text` on `conn`'s cluster: submitted, offered by a round, accepted and reported running.
+fn run_on(h: &mut Harness, conn: ConnId, text: &str) -> String {
+    let id = h.submit(text);
+    let fx = h.step(Input::Round);
+    let token = fx
+        .sends
+        .iter()
+        .find_map(|(c, m)| match m {
+            GatewayCommand::Offer(a) if *c == conn && a.job_id == id => Some(a.fencing_token),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{id} was not offered: {:?}", fx.sends));
+    h.event(
+        conn,
+        AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: token,
+            accepted: true,
+            reason: String::new(),
+            permanent: false,
+        },
+    );
+    h.event(conn, AgentEvent::Status(report(&id, token, JobState::Running)));
+    assert_eq!(h.state(&id), JobState::Running);
+    id
+}
+
+#[test]
+fn the_federation_queue_charges_a_tenant_for_its_dominant_resource() {
+    // Two 8-GPU nodes of 96 cores: 16 GPUs and 192 cores in all.
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8, 8]));
+    // `cores` holds 1 GPU (6 %) but 72 cores (37.5 %); `gpus` holds 4 GPUs (25 %) and no cores.
+    let cores = "name: c\ntenant: cores\ngang: {replicas: 1, resources: {gpus: 1, cpu: 72}}\npayload: {command: [x]}\n";
+    run_on(&mut h, conn, cores);
+    h.event(conn, inventory(&[7, 8]));
+    let gpus = "name: g\ntenant: gpus\ngang: {replicas: 1, resources: {gpus: 4}}\npayload: {command: [x]}\n";
+    run_on(&mut h, conn, gpus);
+    // One GPU left. Counting GPUs, `cores` (1) would go before `gpus` (4); by dominant share
+    // `gpus` (25 %) goes before `cores` (72 of 192 cores: 37.5 %).
+    h.event(conn, inventory(&[0, 1]));
+    let waiting_cores =
+        h.submit("name: c3\ntenant: cores\ngang: {replicas: 1, resources: {gpus: 1}}\npayload: {command: [x]}\n");
+    let waiting_gpus =
+        h.submit("name: g2\ntenant: gpus\ngang: {replicas: 1, resources: {gpus: 1}}\npayload: {command: [x]}\n");
+    let fx = h.step(Input::Round);
+    let offered: Vec<&str> = sends_to(&fx, conn)
+        .into_iter()
+        .filter_map(|m| match m {
+            GatewayCommand::Offer(a) => Some(a.job_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(offered, [waiting_gpus.as_str()]);
+    assert_eq!(h.state(&waiting_cores), JobState::Queued);
+}

@@ -167,34 +167,6 @@ fn backfill_preempt_op() -> impl Strategy<Value = BackfillPreemptOp> {
     ]
 }
 
-impl Driver {
-    /// Like `advance`, with victims stopped (and the jobs they made room for started) at the end
-    /// of their grace.
-    fn advance_preempting(&mut self, until: Duration) -> Result<(), TestCaseError> {
-        loop {
-            let next = [self.scheduler.next_completion(), self.scheduler.next_preemption_stop()]
-                .into_iter()
-                .flatten()
-                .min()
-                .filter(|next| *next <= until);
-            let Some(next) = next else { break };
-            self.now = next;
-            self.scheduler.complete_due(next);
-            let stops = self.scheduler.stop_preempted(next);
-            // A victim is gone for good here (the gateway would place it again elsewhere).
-            for id in &stops.stopped {
-                self.promised.remove(id);
-            }
-            self.after_starts(stops.started)?;
-            let started = self.scheduler.schedule(next);
-            self.after_starts(started)?;
-        }
-        self.now = until;
-        let started = self.scheduler.schedule(until);
-        self.after_starts(started)
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -231,16 +203,11 @@ proptest! {
                     driver.scheduler.preempt(driver.now);
                     driver.observe()?;
                 }
-                BackfillPreemptOp::Advance(secs) => driver.advance_preempting(driver.now + Duration::from_secs(secs))?,
+                BackfillPreemptOp::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs))?,
             }
         }
         // Run everything out: each holder starts in time, and nothing stays reserved.
-        driver.advance_preempting(driver.now)?;
-        while let Some(next) =
-            [driver.scheduler.next_completion(), driver.scheduler.next_preemption_stop()].into_iter().flatten().min()
-        {
-            driver.advance_preempting(next)?;
-        }
+        driver.drain()?;
         prop_assert!(driver.promised.is_empty(), "never started: {:?}", driver.promised);
         prop_assert_eq!(driver.scheduler.pending().count(), 0, "jobs left pending on an idle member");
     }

@@ -396,20 +396,33 @@ impl Driver {
         Ok(())
     }
 
-    /// Completes and schedules at every estimated end until nothing runs.
-    fn drain(&mut self) -> Result<(), TestCaseError> {
+    /// The next estimated end or end of a preemption grace.
+    fn next_event(&self) -> Option<Duration> {
+        [self.scheduler.next_completion(), self.scheduler.next_preemption_stop()].into_iter().flatten().min()
+    }
+
+    /// Completes, stops victims and schedules at every event until nothing runs.
+    pub(super) fn drain(&mut self) -> Result<(), TestCaseError> {
         self.advance(self.now)?;
-        while let Some(next) = self.scheduler.next_completion() {
+        while let Some(next) = self.next_event() {
             self.advance(next)?;
         }
         Ok(())
     }
 
-    /// Completes and schedules at every estimated end up to `until`, then schedules at `until`.
-    fn advance(&mut self, until: Duration) -> Result<(), TestCaseError> {
-        while let Some(next) = self.scheduler.next_completion().filter(|next| *next <= until) {
+    /// Completes, stops victims whose grace ended (starting the jobs they made room for) and
+    /// schedules at every event up to `until`, then schedules at `until`, as the agent and the
+    /// simulator do.
+    pub(super) fn advance(&mut self, until: Duration) -> Result<(), TestCaseError> {
+        while let Some(next) = self.next_event().filter(|next| *next <= until) {
             self.now = next;
             self.scheduler.complete_due(next);
+            let stops = self.scheduler.stop_preempted(next);
+            // A victim is gone for good here (the gateway would place it again elsewhere).
+            for id in &stops.stopped {
+                self.promised.remove(id);
+            }
+            self.after_starts(stops.started)?;
             let started = self.scheduler.schedule(next);
             self.after_starts(started)?;
         }

@@ -341,13 +341,15 @@ fn write_file(path: &Path, text: &str) -> Result<(), SimError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/hybrid-3region.yaml");
+    pub(crate) const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/hybrid-3region.yaml");
     const PHILLY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/philly.csv");
 
-    fn args(profile: &str, load: f64, jobs: usize, seed: u64) -> SimArgs {
+    /// `--compare --check` of a synthetic `profile` over the hybrid fleet, every option at its
+    /// default.
+    pub(crate) fn args(profile: &str, load: f64, jobs: usize, seed: u64) -> SimArgs {
         SimArgs {
             topology: PathBuf::from(HYBRID),
             trace: None,

@@ -1,37 +1,16 @@
 //! With `--estimate-error`, the gateway and the members know run times only by estimate, and the
 //! truth only decides when jobs end.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
-use meridian_proto::duration::HumanDuration;
-
 use super::*;
+use crate::command::tests::{HYBRID, args};
 use crate::command::{SimArgs, build_workload};
 use crate::workload::EstimateError;
 
-const HYBRID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/sim/hybrid-3region.yaml");
-
 fn noisy_workload(topology: &Topology, sigma: f64, seed: u64) -> Workload {
-    let args = SimArgs {
-        topology: PathBuf::from(HYBRID),
-        trace: None,
-        profile: Some("llm".into()),
-        load: Some(1.0),
-        jobs: Some(150),
-        seed,
-        estimate_error: Some(EstimateError { sigma, bias: 0.0 }),
-        deadlines: None,
-        member_policy: None,
-        policy: None,
-        compare: true,
-        plot: None,
-        burst_after: HumanDuration::from_secs(1800),
-        placement: None,
-        check: true,
-        preemption: None,
-        no_member_preemption: false,
-    };
+    let args = SimArgs { estimate_error: Some(EstimateError { sigma, bias: 0.0 }), ..args("llm", 1.0, 150, seed) };
     build_workload(&args, topology).unwrap()
 }
 

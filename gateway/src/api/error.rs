@@ -39,6 +39,30 @@ pub enum ApiError {
     /// The member cluster did not answer in time.
     #[error("{0}")]
     MemberTimeout(String),
+    /// No credentials, or credentials that do not verify (401). Says which and what to do.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known but may not do this (403).
+    #[error("{subject} may not {action}: {missing}")]
+    Forbidden {
+        /// Who asked (the token's subject).
+        subject: String,
+        /// What they tried, e.g. `cancel job j-1 of tenant vision`.
+        action: String,
+        /// What was missing, e.g. `role member in tenant vision`.
+        missing: String,
+    },
+    /// Too many requests from this client or tenant (429).
+    #[error("{what}; retry in {retry_after_secs}s")]
+    RateLimited {
+        /// Which limit, e.g. `tenant nlp submits at most 10 jobs per second`.
+        what: String,
+        /// When a retry may succeed.
+        retry_after_secs: u64,
+    },
+    /// The request's `Content-Type` is neither JSON nor YAML (415).
+    #[error("Content-Type `{0}` is not supported; send application/json or application/yaml")]
+    UnsupportedMediaType(String),
 }
 
 impl From<LogsError> for ApiError {
@@ -96,6 +120,14 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
         ApiError::Core(Core::Unavailable(_)) | ApiError::ShuttingDown => {
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Vec::new())
         }
+        ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", Vec::new()),
+        ApiError::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden", Vec::new()),
+        ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited", Vec::new()),
+        ApiError::UnsupportedMediaType(_) => (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            vec![FieldError { field: "Content-Type".into(), reason: error.to_string() }],
+        ),
     }
 }
 
@@ -103,7 +135,18 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
 pub fn http(error: &ApiError) -> Response {
     let (status, code, fields) = classify(error);
     let body = json!({"error": {"code": code, "message": error.to_string(), "fields": fields}});
-    (status, axum::Json(body)).into_response()
+    let mut response = (status, axum::Json(body)).into_response();
+    if let ApiError::RateLimited { retry_after_secs, .. } = error {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(*retry_after_secs));
+    }
+    if let ApiError::Unauthenticated(_) = error {
+        response
+            .headers_mut()
+            .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+    }
+    response
 }
 
 /// The gRPC status: the code that matches the HTTP status, with the same message.
@@ -118,6 +161,9 @@ pub fn grpc(error: &ApiError) -> Status {
         StatusCode::CONFLICT => Status::already_exists(message),
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Status::unavailable(message),
         StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),
+        StatusCode::UNAUTHORIZED => Status::unauthenticated(message),
+        StatusCode::FORBIDDEN => Status::permission_denied(message),
+        StatusCode::TOO_MANY_REQUESTS => Status::resource_exhausted(message),
         StatusCode::UNPROCESSABLE_ENTITY if matches!(error, ApiError::Core(_)) => Status::failed_precondition(message),
         _ => Status::invalid_argument(message),
     }

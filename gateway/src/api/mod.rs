@@ -2,8 +2,10 @@
 //! thin adapters over the runtime's [`Handle`]. Wire ↔ domain conversion and the mapping of
 //! errors to statuses ([`error`]) live here and nowhere else.
 
+pub mod conn;
 pub mod error;
 pub mod grpc;
+pub mod rate;
 pub mod rest;
 
 use meridian_proto::gpu::GpuCatalog;

@@ -600,7 +600,7 @@ impl From<&QueuePressure> for pb::QueuePressure {
                 .queues
                 .iter()
                 .map(|q| pb::QueueLoad {
-                    queue: q.queue.clone(),
+                    queue: q.queue.to_string(),
                     weight: q.weight,
                     pending_jobs: q.pending_jobs,
                     pending_gpus: q.pending_gpus,
@@ -642,7 +642,7 @@ impl TryFrom<pb::QueuePressure> for QueuePressure {
                 });
             }
             queues.push(QueueLoad {
-                queue,
+                queue: queue.into(),
                 weight: q.weight,
                 pending_jobs: q.pending_jobs,
                 pending_gpus: q.pending_gpus,

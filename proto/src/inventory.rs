@@ -204,8 +204,8 @@ impl Inventory {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueLoad {
-    /// Queue name.
-    pub queue: String,
+    /// Queue name (shared: a member reports the same names in every pressure report).
+    pub queue: std::sync::Arc<str>,
     /// Fair-share weight.
     pub weight: f64,
     /// Jobs waiting.

@@ -127,7 +127,7 @@ impl Core {
                 // Only more free capacity can let a queued job start now; less is seen by the next
                 // round that runs for another reason (or the periodic one).
                 let grew = shapes_changed || capacity_grew(&entry.inventory, &inventory);
-                entry.inventory = inventory;
+                entry.set_inventory(inventory);
                 if shapes_changed {
                     let known = KnownCluster { info: entry.info.clone(), inventory: entry.inventory.clone() };
                     effects.persist.push(Record::Cluster(known));
@@ -139,8 +139,8 @@ impl Core {
             AgentEvent::Pressure(pressure) => {
                 // Pressure moves expected waits, never what can start now: the periodic round
                 // refreshes decisions with it.
-                if entry.pressure != pressure {
-                    entry.pressure = pressure;
+                if *entry.pressure != pressure {
+                    entry.pressure = std::sync::Arc::new(pressure);
                     self.clusters_version += 1;
                 }
             }

@@ -144,7 +144,7 @@ impl Core {
         let snapshot = match &self.never_fits_snapshot {
             Some(snapshot) => Arc::clone(snapshot),
             None => {
-                let snapshot = Arc::new(self.registry.snapshot(&self.config.network));
+                let snapshot = Arc::new(self.registry.snapshot(&self.network, &self.config.placement.gpu_speed));
                 self.never_fits_snapshot = Some(Arc::clone(&snapshot));
                 snapshot
             }

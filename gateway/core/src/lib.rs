@@ -82,6 +82,8 @@ pub struct Core {
     /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
     /// only when a cluster joins or changes shape.
     never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
+    /// `config.network`, shared by every snapshot instead of copied into each round's.
+    network: Arc<meridian_placement::NetworkTable>,
     /// Demand keys in use, by their canonical copy, with their numbers.
     demand_ids: HashMap<Arc<str>, u32>,
     next_demand_id: u32,
@@ -108,6 +110,7 @@ impl Core {
     /// processes apart (the runtime passes a random number; the simulator a fixed one).
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
         let mut core = Core {
+            network: Arc::new(config.network.clone()),
             config,
             jobs: imbl::OrdMap::new(),
             active: BTreeMap::new(),

@@ -1,6 +1,7 @@
 //! Member clusters: who they are, what they last reported, and which stream speaks for them.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 
 use meridian_placement::{ClusterSnapshot, FederationSnapshot, NetworkTable};
 use meridian_proto::inventory::{ClusterInfo, Inventory, QueuePressure};
@@ -24,12 +25,27 @@ pub struct ClusterEntry {
     pub info: ClusterInfo,
     /// Last reported inventory.
     pub inventory: Inventory,
-    /// Last reported queue pressure.
-    pub pressure: QueuePressure,
+    /// Last reported queue pressure (shared with the snapshots placement reads).
+    pub pressure: Arc<QueuePressure>,
     /// When the agent last said anything (Unix ms; the load time for remembered clusters).
     pub last_seen_ms: i64,
     /// The live stream, if connected.
     pub link: Option<Link>,
+    /// Placement's view of `info` and `inventory` (indexed, priced), built at the first round
+    /// after either changes; each round renews only its pressure and connection state.
+    cached: OnceLock<ClusterSnapshot>,
+}
+
+impl ClusterEntry {
+    fn new(info: ClusterInfo, inventory: Inventory, last_seen_ms: i64, link: Option<Link>) -> Self {
+        Self { info, inventory, pressure: Arc::default(), last_seen_ms, link, cached: OnceLock::new() }
+    }
+
+    /// Replaces the reported inventory.
+    pub fn set_inventory(&mut self, inventory: Inventory) {
+        self.inventory = inventory;
+        self.cached = OnceLock::new();
+    }
 }
 
 /// All member clusters by name, and streams by id.
@@ -45,13 +61,7 @@ impl Registry {
         let clusters = known
             .into_iter()
             .map(|k| {
-                let entry = ClusterEntry {
-                    info: k.info,
-                    inventory: k.inventory,
-                    pressure: QueuePressure::default(),
-                    last_seen_ms: now_ms,
-                    link: None,
-                };
+                let entry = ClusterEntry::new(k.info, k.inventory, now_ms, None);
                 (entry.info.name.clone(), entry)
             })
             .collect();
@@ -92,17 +102,12 @@ impl Registry {
         let replaced = match self.clusters.get_mut(&name) {
             Some(entry) => {
                 entry.info = info;
+                entry.cached = OnceLock::new();
                 entry.last_seen_ms = now_ms;
                 entry.link.replace(link).map(|old| old.conn)
             }
             None => {
-                let entry = ClusterEntry {
-                    info,
-                    inventory: Inventory::default(),
-                    pressure: QueuePressure::default(),
-                    last_seen_ms: now_ms,
-                    link: Some(link),
-                };
+                let entry = ClusterEntry::new(info, Inventory::default(), now_ms, Some(link));
                 self.clusters.insert(name.clone(), entry);
                 None
             }
@@ -126,16 +131,25 @@ impl Registry {
     }
 
     /// The snapshot placement reads: every known cluster with its last report.
-    pub fn snapshot(&self, network: &NetworkTable) -> FederationSnapshot {
+    /// `gpu_speed` is placement's GPU-type throughput table (`PlacementConfig::gpu_speed`).
+    pub fn snapshot(&self, network: &Arc<NetworkTable>, gpu_speed: &BTreeMap<String, f64>) -> FederationSnapshot {
         FederationSnapshot {
             clusters: self
                 .clusters
                 .values()
                 .map(|c| {
-                    ClusterSnapshot::new(c.info.clone(), c.inventory.clone(), c.pressure.clone(), c.link.is_some())
+                    let cached = c.cached.get_or_init(|| {
+                        let mut snapshot =
+                            ClusterSnapshot::new(c.info.clone(), c.inventory.clone(), QueuePressure::default(), false);
+                        if !gpu_speed.is_empty() {
+                            snapshot.set_gpu_speed(gpu_speed);
+                        }
+                        snapshot
+                    });
+                    cached.renewed(Arc::clone(&c.pressure), c.link.is_some())
                 })
                 .collect(),
-            network: network.clone(),
+            network: Arc::clone(network),
         }
     }
 }

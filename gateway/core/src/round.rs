@@ -62,8 +62,7 @@ impl Core {
 
     pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
         self.round_wanted = false;
-        let mut snapshot = self.registry.snapshot(&self.config.network);
-        snapshot.set_gpu_speed(&self.config.placement.gpu_speed);
+        let mut snapshot = self.registry.snapshot(&self.network, &self.config.placement.gpu_speed);
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
         // time), with what earlier rounds kept about them. The round refers to a job by its

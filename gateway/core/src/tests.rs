@@ -895,3 +895,39 @@ fn the_federation_queue_charges_a_tenant_for_its_dominant_resource() {
     assert_eq!(offered, [waiting_gpus.as_str()]);
     assert_eq!(h.state(&waiting_cores), JobState::Queued);
 }
+
+#[test]
+fn the_registry_snapshot_follows_new_inventories_prices_and_pressure() {
+    use crate::registry::{Link, Registry};
+    use meridian_proto::inventory::QueuePressure;
+    let network = Arc::new(meridian_placement::NetworkTable::default());
+    let speeds = BTreeMap::new();
+    let free_of = |registry: &Registry| {
+        let snapshot = registry.snapshot(&network, &speeds);
+        snapshot.clusters[0].inventory().gpus_free()
+    };
+    let mut registry = Registry::default();
+    registry.connect(info("a"), Link { conn: 1, instance: "i".into() }, 0);
+    let AgentEvent::Inventory(busy) = inventory(&[0, 8]) else { unreachable!() };
+    let AgentEvent::Inventory(idle) = inventory(&[8, 8]) else { unreachable!() };
+    registry.entry_of_mut(1).unwrap().set_inventory(busy);
+    assert_eq!(free_of(&registry), 8);
+    // A round's reservation changes only that round's copy.
+    let mut round = registry.snapshot(&network, &speeds);
+    assert!(round.clusters[0].reserve(&spec(JOB)));
+    assert_eq!(round.clusters[0].inventory().gpus_free(), 0);
+    assert_eq!(free_of(&registry), 8);
+    // A new report is seen by the next snapshot.
+    registry.entry_of_mut(1).unwrap().set_inventory(idle);
+    assert_eq!(free_of(&registry), 16);
+    // So are new prices from a reconnecting agent, and new pressure.
+    let mut dearer = info("a");
+    dearer.prices.insert("h100".into(), 9.0);
+    registry.connect(dearer, Link { conn: 2, instance: "i".into() }, 0);
+    registry.entry_of_mut(2).unwrap().pressure =
+        Arc::new(QueuePressure { estimated_wait_secs: 42, ..Default::default() });
+    let snapshot = registry.snapshot(&network, &speeds);
+    assert_eq!(snapshot.clusters[0].info().prices["h100"], 9.0);
+    assert_eq!(snapshot.clusters[0].pressure.estimated_wait_secs, 42);
+    assert!(snapshot.clusters[0].connected);
+}

@@ -40,7 +40,7 @@ fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
 
 fn federation(rng: &mut StdRng) -> FederationSnapshot {
     let clusters = (0..CLUSTERS).map(|i| cluster(rng, i)).collect();
-    FederationSnapshot { clusters, network: NetworkTable::default_seeded() }
+    FederationSnapshot::new(clusters, NetworkTable::default_seeded())
 }
 
 fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, QueuePressure};
 use meridian_proto::spec::JobSpec;
@@ -21,23 +21,27 @@ use super::network::NetworkTable;
 /// that [`reserve`](Self::reserve) updates, the name and region as shared [`Name`]s, and each
 /// GPU type's price. A change behind their back would make placement pick nodes that are not free
 /// or label a decision wrongly; build a new snapshot instead.
+///
+/// The report and what is derived from it are shared (`Arc`): cloning a snapshot for a new
+/// placement cycle copies no inventory, and [`reserve`](Self::reserve) copies a cluster's
+/// inventory and index only the first time it changes them in a cycle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterSnapshot {
-    info: ClusterInfo,
-    inventory: Inventory,
-    /// How busy the cluster's own queues are.
-    pub pressure: QueuePressure,
+    info: Arc<ClusterInfo>,
+    inventory: Arc<Inventory>,
+    /// How busy the cluster's own queues are (shared with the report it came from).
+    pub pressure: Arc<QueuePressure>,
     /// Whether the agent is connected; a disconnected cluster is never chosen.
     pub connected: bool,
-    index: FreeIndex,
+    index: Arc<FreeIndex>,
     name: Name,
     region: Name,
     /// US$ per GPU-hour of each shape's GPU type (`info.price`), looked up once.
-    prices: Vec<f64>,
+    prices: Arc<[f64]>,
     /// Relative throughput of each shape's GPU type ([`PlacementConfig::gpu_speed`]); empty: all 1.
     ///
     /// [`PlacementConfig::gpu_speed`]: crate::PlacementConfig::gpu_speed
-    speeds: Vec<f64>,
+    speeds: Arc<[f64]>,
     /// GPUs of federation-queue jobs decided, earlier in this placement cycle, to wait for this
     /// cluster: they are ahead of any job placed later in the cycle.
     waiting_gpus: u64,
@@ -53,30 +57,37 @@ pub struct ClusterSnapshot {
 pub struct FederationSnapshot {
     /// Member clusters; names are unique.
     pub clusters: Vec<ClusterSnapshot>,
-    /// Links between regions, for data transfer time and egress cost.
-    pub network: NetworkTable,
+    /// Links between regions, for data transfer time and egress cost (shared between cycles).
+    pub network: Arc<NetworkTable>,
 }
 
 impl ClusterSnapshot {
     /// A snapshot of one cluster's report. Indexes the inventory (linear in its nodes).
     pub fn new(info: ClusterInfo, inventory: Inventory, pressure: QueuePressure, connected: bool) -> Self {
-        let index = FreeIndex::new(&inventory.shapes);
+        let index = Arc::new(FreeIndex::new(&inventory.shapes));
         let (name, region) = (Name::from(&info.name), Name::from(&info.region));
         let prices = inventory.shapes.iter().map(|s| info.price(&s.gpu_type)).collect();
         Self {
-            info,
-            inventory,
-            pressure,
+            info: Arc::new(info),
+            inventory: Arc::new(inventory),
+            pressure: Arc::new(pressure),
             connected,
             index,
             name,
             region,
             prices,
-            speeds: Vec::new(),
+            speeds: Arc::from([]),
             waiting_gpus: 0,
             labels_text: OnceLock::new(),
             node_labels_text: OnceLock::new(),
         }
+    }
+
+    /// This snapshot for a new placement cycle: the same report with `pressure` and `connected`
+    /// as they are now and nothing expected to wait. Shares the inventory and its index (see the
+    /// type's doc), so a caller can keep one snapshot per cluster and renew only its pressure.
+    pub fn renewed(&self, pressure: Arc<QueuePressure>, connected: bool) -> Self {
+        Self { pressure, connected, waiting_gpus: 0, ..self.clone() }
     }
 
     /// Records that a job of `gpus` GPUs from the federation queue will wait for this cluster, so
@@ -134,7 +145,8 @@ impl ClusterSnapshot {
             .shapes
             .iter()
             .map(|s| table.get(&s.gpu_type).copied().filter(|v| v.is_finite() && *v > 0.0).unwrap_or(1.0))
-            .collect();
+            .collect::<Vec<_>>()
+            .into();
     }
 
     /// The cluster's nodes and their index, for best fit, every node considered.
@@ -212,7 +224,8 @@ impl ClusterSnapshot {
         });
         let demand = need.demand;
         for (shape_index, node_index, replicas) in taken {
-            let Some(shape) = self.inventory.shapes.get_mut(shape_index) else { continue };
+            let inventory = Arc::make_mut(&mut self.inventory);
+            let Some(shape) = inventory.shapes.get_mut(shape_index) else { continue };
             let Some(reported) = shape.free.get(node_index).copied() else { continue };
             let before = clamp(&reported, shape);
             if let Some(node) = shape.free.get_mut(node_index) {
@@ -222,7 +235,7 @@ impl ClusterSnapshot {
                     memory_gib: before.memory_gib.saturating_sub(replicas.saturating_mul(demand.memory_gib)),
                 };
             }
-            self.index.moved(&self.inventory.shapes, shape_index, node_index, &reported);
+            Arc::make_mut(&mut self.index).moved(&inventory.shapes, shape_index, node_index, &reported);
         }
         true
     }
@@ -231,7 +244,7 @@ impl ClusterSnapshot {
 impl FederationSnapshot {
     /// A snapshot of `clusters` with the given network table.
     pub fn new(clusters: Vec<ClusterSnapshot>, network: NetworkTable) -> Self {
-        Self { clusters, network }
+        Self { clusters, network: Arc::new(network) }
     }
 
     /// Sets every cluster's GPU speeds ([`ClusterSnapshot::set_gpu_speed`]); an empty table

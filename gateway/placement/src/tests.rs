@@ -68,7 +68,7 @@ fn busy(name: &str, region: &str, tier: Tier, shapes: Vec<NodeShape>, wait_secs:
 fn priced(c: ClusterSnapshot, gpu_type: &str, usd_per_gpu_hour: f64) -> ClusterSnapshot {
     let mut info = c.info().clone();
     info.prices.insert(gpu_type.to_owned(), usd_per_gpu_hour);
-    ClusterSnapshot::new(info, c.inventory().clone(), c.pressure.clone(), c.connected)
+    ClusterSnapshot::new(info, c.inventory().clone(), (*c.pressure).clone(), c.connected)
 }
 
 fn job(replicas: u32, gpus: u32) -> JobSpec {

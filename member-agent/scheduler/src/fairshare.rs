@@ -43,8 +43,8 @@ pub(super) struct PendingKey {
 /// One local queue: its weight, its waiting jobs in order, and what its running jobs hold.
 #[derive(Debug, Clone)]
 pub(super) struct QueueState {
-    /// Queue name.
-    pub(super) name: String,
+    /// Queue name (shared with every pressure report that names it).
+    pub(super) name: std::sync::Arc<str>,
     /// Fair-share weight (finite, > 0, checked at construction).
     pub(super) weight: f64,
     /// What a job that cannot start does to the jobs behind it.
@@ -109,7 +109,7 @@ impl QueueState {
     /// An empty queue.
     pub(super) fn new(name: String, weight: f64, policy: QueuePolicy) -> Self {
         Self {
-            name,
+            name: name.into(),
             weight,
             policy,
             pending: BTreeMap::new(),

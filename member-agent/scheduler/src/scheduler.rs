@@ -155,7 +155,7 @@ impl BuiltinScheduler {
     /// `default` if there is one, else the first queue declared.
     pub fn queue_for(&self, tenant: &str) -> &str {
         let index = self.queue_index.get(tenant).or_else(|| self.queue_index.get("default")).copied().unwrap_or(0);
-        self.queues.get(index).map_or("", |q| q.name.as_str())
+        self.queues.get(index).map_or("", |q| &*q.name)
     }
 
     /// Whether `job` could start if every node were free (GPU type, GPU memory and gang shape).
@@ -192,7 +192,7 @@ impl BuiltinScheduler {
         {
             return Err(Error::WouldOvertake {
                 job_id: job.id,
-                queue: self.queues[queue].name.clone(),
+                queue: self.queues[queue].name.to_string(),
                 ahead: head.job.id.clone(),
             });
         }

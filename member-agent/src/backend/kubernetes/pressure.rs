@@ -44,7 +44,7 @@ pub fn pressure_of(groups: &[Value], mode: Mode) -> QueuePressure {
             continue;
         }
         let load = queues.entry(queue.clone()).or_insert_with(|| QueueLoad {
-            queue,
+            queue: queue.into(),
             weight: 1.0,
             pending_jobs: 0,
             pending_gpus: 0,
@@ -88,11 +88,8 @@ mod tests {
             json!({"spec": {"queue": "b", "minResources": {"nvidia.com/gpu": "8"}}, "status": {"phase": "Completed"}}),
         ];
         let pressure = pressure_of(&groups, Mode::Volcano);
-        let loads: Vec<(&str, u32, u32, u32)> = pressure
-            .queues
-            .iter()
-            .map(|q| (q.queue.as_str(), q.pending_jobs, q.pending_gpus, q.running_gpus))
-            .collect();
+        let loads: Vec<(&str, u32, u32, u32)> =
+            pressure.queues.iter().map(|q| (&*q.queue, q.pending_jobs, q.pending_gpus, q.running_gpus)).collect();
         assert_eq!(loads, [("a", 1, 4, 16), ("b", 1, 8, 0)]);
     }
 

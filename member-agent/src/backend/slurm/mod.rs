@@ -331,7 +331,7 @@ impl Shared {
                 None => row.partition.clone(),
             };
             let load = queues.entry(queue.clone()).or_insert(QueueLoad {
-                queue,
+                queue: queue.into(),
                 weight: 1.0,
                 pending_jobs: 0,
                 pending_gpus: 0,

@@ -191,6 +191,12 @@ impl AgentConfig {
         Self::parse(&config_file::read(path)?, path)
     }
 
+    /// Reads a YAML config file without checking it, for a caller that overrides fields
+    /// (`--gateway`) and then calls [`AgentConfig::check`].
+    pub fn load_unchecked(path: &Path) -> Result<Self> {
+        config_file::parse_yaml(&config_file::read(path)?, path)
+    }
+
     /// Parses and checks YAML text; `path` is used in messages only.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let config: AgentConfig = config_file::parse_yaml(text, path)?;

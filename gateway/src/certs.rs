@@ -408,6 +408,18 @@ mod tests {
     }
 
     #[test]
+    fn a_client_ca_file_with_the_old_and_the_new_ca_accepts_certificates_of_both() {
+        // Development CAs share their name: rollover must still try every anchor of that name.
+        let (old, new) = (Ca::generate(Validity::days(1)).unwrap(), Ca::generate(Validity::days(1)).unwrap());
+        let both = format!("{}{}", old.pair.cert_pem, new.pair.cert_pem);
+        for ca in [&old, &new] {
+            verify_chain(&both, &ca.agent("a", Validity::days(1)).unwrap(), Path::new("both.pem")).unwrap();
+        }
+        let stranger = Ca::generate(Validity::days(1)).unwrap().agent("a", Validity::days(1)).unwrap();
+        assert!(verify_chain(&both, &stranger, Path::new("both.pem")).is_err());
+    }
+
+    #[test]
     fn cluster_names_that_would_escape_the_directory_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         init(dir.path(), &[], 1, false).unwrap();

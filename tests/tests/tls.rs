@@ -225,6 +225,18 @@ async fn no_certificate_an_expired_one_or_one_from_another_ca_is_refused() {
 
     let clusters = gateway.client().clusters().await.unwrap();
     assert_eq!(clusters["clusters"].as_array().map(Vec::len), Some(0), "nobody attached: {clusters}");
+
+    // Users' `Jobs` calls share the port and need no client certificate.
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca)).domain_name("localhost");
+    let channel = Endpoint::from_shared(format!("https://{}", gateway.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let answer = pb::jobs_client::JobsClient::new(channel).list_clusters(pb::ListClustersRequest {}).await.unwrap();
+    assert!(answer.into_inner().clusters_json.contains("\"clusters\""));
 }
 
 #[tokio::test]

@@ -52,6 +52,12 @@ pub struct GatewayConfig {
     pub lease_margin: HumanDuration,
     /// Finished jobs and their decisions are forgotten this long after they finished.
     pub retention: HumanDuration,
+    /// TLS on both ports: the server certificate, its key, and the CA agents' client
+    /// certificates must chain to (see `docs/security.md`). Required unless `insecure`.
+    pub tls: Option<crate::tls::TlsConfig>,
+    /// Serve plain text on both ports, with no agent authentication (tests, local experiments).
+    /// Logs a warning at start-up.
+    pub insecure: bool,
 }
 
 /// Per-tenant settings.
@@ -90,6 +96,8 @@ impl Default for GatewayConfig {
             lost_job_timeout: HumanDuration::from_secs(600),
             lease_margin: HumanDuration::from_secs(60),
             retention: HumanDuration::from_secs(7 * 24 * 3600),
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -140,6 +148,7 @@ impl GatewayConfig {
             }
         }
         problems.extend(self.placement.problems("placement."));
+        problems.extend(crate::tls::problems(self.tls.as_ref(), self.insecure));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }
@@ -190,7 +199,7 @@ mod tests {
 
     #[test]
     fn an_empty_file_gives_the_defaults() {
-        let config = GatewayConfig::parse("", Path::new("g.yaml")).unwrap();
+        let config = GatewayConfig::parse("insecure: true\n", Path::new("g.yaml")).unwrap();
         assert_eq!(config.listen.port(), 7070);
         assert_eq!(config.tenant_weight("anyone"), 1.0);
     }
@@ -203,7 +212,7 @@ mod tests {
 
     #[test]
     fn every_invalid_value_is_reported() {
-        let text = "tenants: {nlp: {weight: 0}}\ndefaultTenantWeight: -1\nofferTimeout: 0s\n";
+        let text = "insecure: true\ntenants: {nlp: {weight: 0}}\ndefaultTenantWeight: -1\nofferTimeout: 0s\n";
         match GatewayConfig::parse(text, Path::new("g.yaml")) {
             Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 3, "{problems:?}"),
             other => panic!("expected invalid, got {other:?}"),

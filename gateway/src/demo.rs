@@ -1,5 +1,6 @@
 //! `meridian demo`: a gateway and three member clusters in one process, on loopback gRPC, with a
-//! realistic mixed workload. No servers to install, no files written.
+//! realistic mixed workload, over mTLS like a real federation. No servers to install; the only
+//! files written are its certificates, in a temporary directory removed at the end.
 //!
 //! The clusters are the ones in `deploy/examples/local/` (the same files, compiled in). Jobs run
 //! on the builtin scheduler with shrunk run times (by default one hour of job time per second),
@@ -132,6 +133,17 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     }
     let time_scale = args.seconds_per_hour / 3600.0;
     let mut config = GatewayConfig::parse(GATEWAY_CONFIG, Path::new("deploy/examples/local/gateway.yaml"))?;
+    // The demo's federation speaks mTLS like the example: a CA and certificates made now, in a
+    // directory removed at the end.
+    let certs = tempfile::tempdir().context("a temporary directory for the demo's certificates")?;
+    let dir = certs.path();
+    crate::certs::init(dir, &[], 1, false)?;
+    config.tls = Some(crate::tls::TlsConfig {
+        cert: dir.join("gateway.pem"),
+        key: dir.join("gateway.key"),
+        client_ca: dir.join("ca.pem"),
+        ..config.tls.clone().context("the example gateway.yaml has a tls section")?
+    });
     config.listen = "127.0.0.1:0".parse()?;
     config.grpc_listen = "127.0.0.1:0".parse()?;
     config.placement_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(200));
@@ -155,7 +167,13 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let mut cluster_configs = BTreeMap::new();
     for (file, text) in AGENT_CONFIGS {
         let mut agent_config = AgentConfig::parse(text, Path::new(file))?;
-        agent_config.gateway = format!("http://{}", addrs.grpc);
+        crate::certs::issue(dir, &agent_config.cluster, 1, false)?;
+        agent_config.gateway = format!("https://{}", addrs.grpc);
+        agent_config.tls = Some(meridian_agent::config::TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("cluster-{}.pem", agent_config.cluster)),
+            key: dir.join(format!("cluster-{}.key", agent_config.cluster)),
+        });
         agent_config.time_scale = time_scale;
         agent_config.report_interval = meridian_proto::duration::HumanDuration(Duration::from_millis(500));
         let agent = meridian_agent::agent_from_config(&agent_config)?;

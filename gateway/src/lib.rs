@@ -11,10 +11,12 @@
 //!   only the public API; [`demo`] and [`sim`]: the demonstration and the placement lab.
 
 pub mod api;
+pub mod certs;
 pub mod config;
 pub mod demo;
 pub mod runtime;
 pub mod server;
+pub mod tls;
 
 pub use meridian_cli as cli;
 pub use meridian_cli::client;

@@ -29,6 +29,9 @@ enum Command {
     Demo(meridian_gateway::demo::DemoArgs),
     /// Replay a workload over a simulated federation and compare placement policies.
     Sim(meridian_gateway::sim::command::SimArgs),
+    /// Make a development CA and certificates for the gateway and its agents.
+    #[command(subcommand)]
+    Certs(meridian_gateway::certs::CertsCommand),
     #[command(flatten)]
     User(UserCommand),
 }
@@ -54,6 +57,8 @@ struct GatewayArgs {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // One crypto provider for the whole process (rustls, tonic), chosen before any TLS is set up.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Gateway(args) => {
@@ -79,6 +84,13 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Certs(command) => match meridian_gateway::certs::run(command, &mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::User(command) => {
             let mut out = std::io::stdout();
             match meridian_gateway::cli::run(command, &cli.client, &mut out).await {

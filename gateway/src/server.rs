@@ -10,8 +10,10 @@ use meridian_core::{Core, Loaded};
 use meridian_store::Store;
 use tokio::sync::watch;
 
+use crate::api::conn::Plain;
 use crate::config::GatewayConfig;
 use crate::runtime::{Handle, Runtime, now_ms};
+use crate::tls::{Listener, TlsHandshake};
 
 /// Addresses the gateway listens on (after binding port 0, the real ports).
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +45,9 @@ pub enum ServeError {
         #[source]
         source: meridian_core::record::DecodeError,
     },
+    /// The TLS files could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::Error),
     /// A listener could not be bound or failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -66,6 +71,18 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(BoundAddrs, Handle),
 ) -> Result<(), ServeError> {
+    // Certificates are read before anything else starts: a bad file is a start-up error.
+    let reloader = match &config.tls {
+        Some(tls) => Some(crate::tls::Reloader::new(tls)?),
+        None => {
+            tracing::warn!(
+                "insecure: serving plain text on both ports; agents are not authenticated and anyone who reaches \
+                 the gRPC port can speak for any cluster"
+            );
+            None
+        }
+    };
+    let limits = config.tls.as_ref().map(crate::tls::TlsConfig::limits).unwrap_or_default();
     let core = load(&config, store.as_ref()).await?;
     tracing::info!(store = %store.describe(), jobs = core.job_count(), active = core.active_count(), "state loaded");
     let rest_listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -77,12 +94,34 @@ pub async fn serve(
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let catalog = config.gpu_catalog();
-    let rest = tokio::spawn(crate::api::serve_rest(handle.clone(), catalog.clone(), rest_listener, stop_rx.clone()));
-    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, stop_rx.clone()));
+    let configs = reloader.as_ref().map(crate::tls::Reloader::subscribe);
+    let rest = match &configs {
+        Some(configs) => tokio::spawn(crate::api::serve_rest(
+            handle.clone(),
+            catalog.clone(),
+            rest_listener,
+            TlsHandshake::new(configs.clone(), Listener::Rest),
+            limits,
+            stop_rx.clone(),
+        )),
+        None => tokio::spawn(crate::api::serve_rest(
+            handle.clone(),
+            catalog.clone(),
+            rest_listener,
+            Plain,
+            limits,
+            stop_rx.clone(),
+        )),
+    };
+    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, configs, limits, stop_rx.clone()));
+    let reload = reloader.map(|reloader| tokio::spawn(reloader.run(stop_rx.clone())));
     shutdown.await;
     tracing::info!("gateway shutting down");
     let _ = stop_tx.send(true);
     let (rest, grpc) = tokio::join!(rest, grpc);
+    if let Some(reload) = reload {
+        let _ = reload.await;
+    }
     runtime.join().await;
     rest.map_err(std::io::Error::other)??;
     grpc.map_err(std::io::Error::other)??;

@@ -2,7 +2,7 @@
 //! builtin backend) the nodes and queues it schedules.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use meridian_proto::config_file;
 use meridian_proto::duration::HumanDuration;
@@ -32,9 +32,18 @@ pub struct AgentConfig {
     /// `owned` or `cloud`.
     #[serde(default = "default_tier")]
     pub tier: Tier,
-    /// Gateway gRPC address, e.g. `http://127.0.0.1:7071`.
+    /// Gateway gRPC address: `https://HOST:7071` (with `tls`), or `http://` with `insecure`.
     #[serde(default = "default_gateway")]
     pub gateway: String,
+    /// The CA the gateway's certificate must chain to, and this agent's client certificate
+    /// (naming the cluster: URI SAN `urn:meridian:cluster:NAME`) with its key. Read again at
+    /// every connection, so rotated files are used without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
+    /// Speak plain text to an `http://` gateway (tests, local experiments): nothing
+    /// authenticates either side.
+    #[serde(default)]
+    pub insecure: bool,
     /// US$ per GPU-hour by GPU type.
     #[serde(default)]
     pub prices: BTreeMap<String, f64>,
@@ -89,6 +98,18 @@ pub struct AgentConfig {
     /// Builtin backend: whether and how the member preempts (see [`PreemptionConfig`]).
     #[serde(default)]
     pub preemption: PreemptionConfig,
+}
+
+/// The agent's `tls:` section: PEM files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsFiles {
+    /// The CA that signed the gateway's certificate.
+    pub ca: PathBuf,
+    /// This agent's certificate (made by `meridian certs issue --cluster NAME`).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
 }
 
 /// How the builtin backend runs jobs.
@@ -170,6 +191,12 @@ impl AgentConfig {
         Self::parse(&config_file::read(path)?, path)
     }
 
+    /// Reads a YAML config file without checking it, for a caller that overrides fields
+    /// (`--gateway`) and then calls [`AgentConfig::check`].
+    pub fn load_unchecked(path: &Path) -> Result<Self> {
+        config_file::parse_yaml(&config_file::read(path)?, path)
+    }
+
     /// Parses and checks YAML text; `path` is used in messages only.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let config: AgentConfig = config_file::parse_yaml(text, path)?;
@@ -187,9 +214,7 @@ impl AgentConfig {
         if self.region.trim().is_empty() {
             problems.push("region: must name the region".to_string());
         }
-        if !(self.gateway.starts_with("http://") || self.gateway.starts_with("https://")) {
-            problems.push(format!("gateway: `{}` must start with http:// or https://", self.gateway));
-        }
+        self.check_transport(&mut problems);
         for (gpu, price) in &self.prices {
             if !price.is_finite() || *price < 0.0 {
                 problems.push(format!("prices.{gpu}: {price} must be a non-negative number of US$ per GPU-hour"));
@@ -275,6 +300,41 @@ impl AgentConfig {
         config_file::check(path, problems)
     }
 
+    /// `gateway`, `tls` and `insecure` must agree: https with `tls`, http only with `insecure`.
+    fn check_transport(&self, problems: &mut Vec<String>) {
+        let https = self.gateway.starts_with("https://");
+        if !(https || self.gateway.starts_with("http://")) {
+            problems
+                .push(format!("gateway: `{}` must start with https:// (or http:// with insecure: true)", self.gateway));
+            return;
+        }
+        match (https, &self.tls, self.insecure) {
+            (true, Some(tls), false) => {
+                for (field, path) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
+                    if path.as_os_str().is_empty() {
+                        problems.push(format!("tls.{field}: must name a PEM file"));
+                    }
+                }
+            }
+            (true, None, _) => problems.push(format!(
+                "tls: the gateway `{}` is https; set `tls: {{ca, cert, key}}` (`meridian certs issue --cluster {}` makes the certificate)",
+                self.gateway, self.cluster
+            )),
+            (true, Some(_), true) => {
+                problems.push("insecure: true contradicts the `tls` section; remove one of them".to_string())
+            }
+            (false, None, true) => {}
+            (false, None, false) => problems.push(format!(
+                "gateway: `{}` is plain text; use https:// with a `tls` section, or set `insecure: true` to speak plain text",
+                self.gateway
+            )),
+            (false, Some(_), _) => problems.push(format!(
+                "tls: set, but the gateway `{}` is http://; use https://",
+                self.gateway
+            )),
+        }
+    }
+
     /// The cluster identity sent in the hello.
     pub fn cluster_info(&self) -> ClusterInfo {
         ClusterInfo {
@@ -333,7 +393,7 @@ impl AgentConfig {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "cluster: east\nregion: us-east\nrunner: simulated\nnodes:\n  - {shape: dgx, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+    const GOOD: &str = "cluster: east\nregion: us-east\ninsecure: true\nrunner: simulated\nnodes:\n  - {shape: dgx, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 
     #[test]
     fn a_minimal_config_gets_defaults_and_expands_nodes() {
@@ -347,7 +407,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed() {
-        let text = "cluster: ''\nregion: r\nrunner: simulated\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
+        let text = "cluster: ''\nregion: r\ninsecure: true\nrunner: simulated\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 5, "{problems:?}"),
             other => panic!("expected invalid, got {other:?}"),
@@ -356,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_kubernetes_agent_needs_its_section_and_no_nodes() {
-        let text = "cluster: c\nregion: r\nbackend: kubernetes\n";
+        let text = "cluster: c\nregion: r\ninsecure: true\nbackend: kubernetes\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => {
                 assert_eq!(problems.len(), 1, "{problems:?}");
@@ -364,7 +424,7 @@ mod tests {
             }
             other => panic!("expected invalid, got {other:?}"),
         }
-        let text = "cluster: c\nregion: r\nbackend: kubernetes\nkubernetes:\n  mode: kueue\n  namespace: Bad\n";
+        let text = "cluster: c\nregion: r\ninsecure: true\nbackend: kubernetes\nkubernetes:\n  mode: kueue\n  namespace: Bad\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => {
                 assert!(problems[0].starts_with("kubernetes.namespace:"), "{problems:?}")
@@ -372,7 +432,7 @@ mod tests {
             other => panic!("expected invalid, got {other:?}"),
         }
         let config = AgentConfig::parse(
-            "cluster: c\nregion: r\nbackend: kubernetes\nkubernetes: {mode: volcano}\n",
+            "cluster: c\nregion: r\ninsecure: true\nbackend: kubernetes\nkubernetes: {mode: volcano}\n",
             Path::new("a.yaml"),
         )
         .unwrap();
@@ -381,21 +441,21 @@ mod tests {
 
     #[test]
     fn the_process_runner_is_the_default_and_needs_no_nodes_when_it_discovers_gpus() {
-        let config = AgentConfig::parse("cluster: east\nregion: us-east\n", Path::new("a.yaml")).unwrap();
+        let config =
+            AgentConfig::parse("cluster: east\nregion: us-east\ninsecure: true\n", Path::new("a.yaml")).unwrap();
         assert_eq!(config.runner, RunnerKind::Process);
         assert!(!config.supports_containers(), "the process runner runs no containers");
         assert_eq!(config.process_config().kill_grace, HumanDuration::from_secs(10));
         assert_eq!(config.process_config().log_bytes, 1 << 20);
 
-        let without_discovery = "cluster: east\nregion: us-east\nprocess: {gpuDiscovery: none}\n";
+        let without_discovery = "cluster: east\nregion: us-east\ninsecure: true\nprocess: {gpuDiscovery: none}\n";
         let err = AgentConfig::parse(without_discovery, Path::new("a.yaml")).unwrap_err();
         assert!(err.to_string().contains("nodes:"), "{err}");
     }
 
     #[test]
     fn the_process_runner_refuses_containers_and_a_time_scale() {
-        let text =
-            "cluster: east\nregion: us-east\nsupportsContainers: true\ntimeScale: 0.001\nprocess: {logBytes: 0}\n";
+        let text = "cluster: east\nregion: us-east\ninsecure: true\nsupportsContainers: true\ntimeScale: 0.001\nprocess: {logBytes: 0}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => {
                 assert_eq!(problems.len(), 3, "{problems:?}");
@@ -437,6 +497,29 @@ mod tests {
     }
 
     #[test]
+    fn the_gateway_address_tls_and_insecure_must_agree() {
+        let base = "cluster: east\nregion: us-east\nrunner: simulated\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+        let tls = "tls: {ca: ca.pem, cert: east.pem, key: east.key}\n";
+        let parse = |extra: &str| AgentConfig::parse(&format!("{base}{extra}"), Path::new("a.yaml"));
+        let err = parse("").unwrap_err().to_string();
+        assert!(
+            err.contains("gateway: `http://127.0.0.1:7071` is plain text") && err.contains("insecure: true"),
+            "{err}"
+        );
+        let err = parse("gateway: https://gw:7071\n").unwrap_err().to_string();
+        assert!(
+            err.contains("tls: the gateway `https://gw:7071` is https") && err.contains("certs issue --cluster east")
+        );
+        let err = parse(&format!("gateway: http://gw:7071\n{tls}")).unwrap_err().to_string();
+        assert!(err.contains("use https://"), "{err}");
+        let err = parse(&format!("gateway: https://gw:7071\ninsecure: true\n{tls}")).unwrap_err().to_string();
+        assert!(err.contains("insecure: true contradicts"), "{err}");
+        let config = parse(&format!("gateway: https://gw:7071\n{tls}")).unwrap();
+        assert_eq!(config.tls.unwrap().cert, Path::new("east.pem"));
+        assert!(parse("insecure: true\n").is_ok());
+    }
+
+    #[test]
     fn unknown_fields_are_named() {
         let err = AgentConfig::parse(&format!("{GOOD}colour: red\n"), Path::new("a.yaml")).unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
@@ -444,7 +527,7 @@ mod tests {
 
     #[test]
     fn cluster_and_node_labels_reach_the_hello_and_the_nodes() {
-        let text = "cluster: east\nregion: us-east\nlabels: {gpu-fabric: ib}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {rack: r1}}\n  - {shape: mig, count: 1, gpuType: a100-80g.1g.10gb, gpus: 56, cpu: 96, memoryGiB: 1024}\n";
+        let text = "cluster: east\nregion: us-east\ninsecure: true\nlabels: {gpu-fabric: ib}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {rack: r1}}\n  - {shape: mig, count: 1, gpuType: a100-80g.1g.10gb, gpus: 56, cpu: 96, memoryGiB: 1024}\n";
         let config = AgentConfig::parse(text, Path::new("a.yaml")).unwrap();
         assert_eq!(config.cluster_info().labels.get("gpu-fabric").map(String::as_str), Some("ib"));
         let nodes = config.node_specs();
@@ -455,7 +538,7 @@ mod tests {
 
     #[test]
     fn bad_labels_are_each_named_by_path() {
-        let text = "cluster: east\nregion: us-east\nlabels: {meridian.io/tier: gold, ok: 'a b'}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {'bad key': x}}\n";
+        let text = "cluster: east\nregion: us-east\ninsecure: true\nlabels: {meridian.io/tier: gold, ok: 'a b'}\nnodes:\n  - {shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024, labels: {'bad key': x}}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => {
                 assert_eq!(problems.len(), 3, "{problems:?}");

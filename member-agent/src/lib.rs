@@ -101,6 +101,7 @@ fn settings(config: &config::AgentConfig) -> agent::Settings {
     agent::Settings {
         info: config.cluster_info(),
         gateway: config.gateway.clone(),
+        tls: config.tls.clone(),
         report_interval: config.report_interval.0,
     }
 }

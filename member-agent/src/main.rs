@@ -28,7 +28,9 @@ async fn main() -> ExitCode {
     meridian_agent::backend::kubernetes::install_crypto_provider();
     meridian_agent::init_logging("info");
     let args = Args::parse();
-    let mut config = match AgentConfig::load(&args.config) {
+    // Checked once the command line's overrides are in: `--gateway https://...` may be what
+    // makes the config's `tls` section consistent.
+    let mut config = match AgentConfig::load_unchecked(&args.config) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: {e}");

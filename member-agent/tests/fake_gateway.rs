@@ -123,7 +123,7 @@ impl World {
         );
 
         let yaml = format!(
-            "cluster: east\nregion: us-east\ngateway: http://{address}\nrunner: simulated\ntimeScale: {time_scale}\nreportInterval: 100ms\n\
+            "cluster: east\nregion: us-east\ngateway: http://{address}\ninsecure: true\nrunner: simulated\ntimeScale: {time_scale}\nreportInterval: 100ms\n\
              nodes:\n  - {{shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 64, memoryGiB: 512}}\n"
         );
         let config = AgentConfig::parse(&yaml, Path::new("east.yaml")).unwrap();

@@ -13,7 +13,7 @@ fn without_nvml_and_without_nodes_the_agent_exits_64_saying_what_to_declare() {
     }
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
-    std::fs::write(&config, "cluster: solo\nregion: us-east\nrunner: process\n").unwrap();
+    std::fs::write(&config, "cluster: solo\nregion: us-east\ninsecure: true\nrunner: process\n").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_meridian-agent")).arg("--config").arg(&config).output().unwrap();
     assert_eq!(output.status.code(), Some(64), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -94,6 +94,9 @@ pub struct Gateway {
     pub grpc: SocketAddr,
     /// Its working directory (config, data, logs).
     pub dir: PathBuf,
+    /// The CA its certificate chains to, when it serves TLS (`tls:` in its config): REST and
+    /// the CLI then use https.
+    pub ca: Option<PathBuf>,
 }
 
 impl Gateway {
@@ -106,7 +109,7 @@ impl Gateway {
     /// agents find the gateway again).
     pub async fn start_on(dir: &Path, config: &str, rest: &str, grpc: &str) -> Result<Self> {
         let config_path = dir.join("gateway.yaml");
-        std::fs::write(&config_path, config)?;
+        std::fs::write(&config_path, plain_unless_tls(config))?;
         let ready = dir.join("gateway.ready");
         let _ = std::fs::remove_file(&ready);
         let mut command = Command::new(&binaries().meridian);
@@ -123,21 +126,42 @@ impl Gateway {
         let addrs: Value = serde_json::from_str(&text)?;
         let rest = addrs["rest"].as_str().ok_or_else(|| anyhow!("ready file lacks rest"))?.parse()?;
         let grpc = addrs["grpc"].as_str().ok_or_else(|| anyhow!("ready file lacks grpc"))?.parse()?;
-        Ok(Self { proc, rest, grpc, dir: dir.to_path_buf() })
+        Ok(Self { proc, rest, grpc, dir: dir.to_path_buf(), ca: None })
+    }
+
+    /// Starts a gateway that serves TLS: `config` has a `tls:` section; `ca` is the CA its
+    /// certificate chains to (for the REST client and the CLI).
+    pub async fn start_tls(dir: &Path, config: &str, ca: &Path) -> Result<Self> {
+        let mut gateway = Self::start(dir, config).await?;
+        gateway.ca = Some(ca.to_path_buf());
+        Ok(gateway)
+    }
+
+    /// The REST address as the CLI takes it: `https://...` when the gateway serves TLS.
+    pub fn rest_url(&self) -> String {
+        match &self.ca {
+            Some(_) => format!("https://{}", self.rest),
+            None => self.rest.to_string(),
+        }
     }
 
     /// A REST client for this gateway.
     pub fn client(&self) -> Client {
-        Client::new(&self.rest.to_string()).unwrap_or_else(|e| panic!("client for {}: {e}", self.rest))
+        let client = Client::new(&self.rest_url()).unwrap_or_else(|e| panic!("client for {}: {e}", self.rest));
+        match &self.ca {
+            Some(ca) => client.with_ca_file(ca).unwrap_or_else(|e| panic!("CA {}: {e}", ca.display())),
+            None => client,
+        }
     }
 
     /// Runs the `meridian` CLI against this gateway.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(&binaries().meridian)
-            .args(args)
-            .env("MERIDIAN_GATEWAY", self.rest.to_string())
-            .output()
-            .unwrap_or_else(|e| panic!("running meridian {args:?}: {e}"))
+        let mut command = Command::new(&binaries().meridian);
+        command.args(args).env("MERIDIAN_GATEWAY", self.rest_url()).env_remove("MERIDIAN_CA");
+        if let Some(ca) = &self.ca {
+            command.env("MERIDIAN_CA", ca);
+        }
+        command.output().unwrap_or_else(|e| panic!("running meridian {args:?}: {e}"))
     }
 
     /// Waits until `count` clusters are connected and have reported GPUs.
@@ -188,13 +212,30 @@ impl Agent {
         Self::start_via(dir, name, config, gateway.grpc)
     }
 
-    /// Starts an agent that dials `grpc` (a proxy in front of the gateway, say).
+    /// Starts an agent that dials `grpc` (a proxy in front of the gateway, say): over TLS when
+    /// `config` has a `tls:` section, else in plain text with `insecure: true` added.
     pub fn start_via(dir: &Path, name: &str, config: &str, grpc: SocketAddr) -> Result<Self> {
         let path = dir.join(format!("{name}.yaml"));
-        std::fs::write(&path, config)?;
+        std::fs::write(&path, plain_unless_tls(config))?;
+        let scheme = if has_tls(config) { "https" } else { "http" };
         let mut command = Command::new(&binaries().agent);
-        command.arg("--config").arg(&path).arg("--gateway").arg(format!("http://{grpc}"));
+        command.arg("--config").arg(&path).arg("--gateway").arg(format!("{scheme}://{grpc}"));
         Ok(Self { proc: Proc::spawn(command, dir.join(format!("{name}.log")))? })
+    }
+}
+
+/// Whether a YAML config has a top-level `tls:` section.
+fn has_tls(config: &str) -> bool {
+    config.lines().any(|line| line.starts_with("tls:"))
+}
+
+/// Tests written before TLS run their processes in plain text: `insecure: true` is added to a
+/// config that sets neither `tls` nor `insecure`.
+fn plain_unless_tls(config: &str) -> String {
+    if has_tls(config) || config.lines().any(|line| line.starts_with("insecure:")) {
+        config.to_string()
+    } else {
+        format!("insecure: true\n{config}")
     }
 }
 

@@ -125,9 +125,14 @@ async fn a_second_gateway_on_the_same_data_directory_refuses_to_start() {
     let first = Gateway::start(dir.path(), "").await.unwrap();
     let output = tokio::task::spawn_blocking({
         let data = dir.path().join("data");
+        // The same (plain-text) config as the first, so only the data directory is in the way.
+        let config = dir.path().join("gateway.yaml");
         move || {
             Command::new(&binaries().meridian)
-                .args(["gateway", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--data-dir"])
+                .arg("gateway")
+                .arg("--config")
+                .arg(config)
+                .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--data-dir"])
                 .arg(data)
                 .output()
                 .unwrap()

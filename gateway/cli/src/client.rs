@@ -6,8 +6,12 @@
 //! the API grows new fields.
 //!
 //! Each request opens its own HTTP/1.1 connection: the CLI makes one or two calls per process,
-//! so a connection pool would only add state. Only plain `http://` is supported.
+//! so a connection pool would only add state. `https://` addresses are verified against the CA
+//! file given with [`Client::with_ca_file`] (the gateway's own CA; the system roots are not
+//! used); plain `http://` works against an `insecure` gateway.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,7 +19,10 @@ use hyper::body::Bytes;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HOST, USER_AGENT};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 /// How long one request (connect, send, and read the whole answer) may take.
@@ -42,6 +49,10 @@ pub struct Client {
     /// `host:port` as connected to and sent in the `Host` header.
     authority: String,
     timeout: Duration,
+    /// Whether the address was `https://`.
+    https: bool,
+    /// TLS settings trusting the CA file, once one is given.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// One invalid field reported by the API (`{"field": "gang.resources.gpus", "reason": "..."}`).
@@ -80,6 +91,33 @@ pub enum ClientError {
         addr: String,
         /// The time limit that passed.
         after: Duration,
+    },
+    /// An `https://` address was given without the gateway's CA.
+    #[error(
+        "{addr} is https: give the gateway's CA with --ca FILE or MERIDIAN_CA (the system roots are not used; \
+         `meridian certs init` wrote it as ca.pem)"
+    )]
+    NoCa {
+        /// The `host:port`.
+        addr: String,
+    },
+    /// The CA file could not be used.
+    #[error("CA file {}: {reason}", path.display())]
+    CaFile {
+        /// The file given with --ca or MERIDIAN_CA.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The TLS handshake failed (a gateway speaking plain HTTP, a certificate the CA did not
+    /// sign, an expired or misnamed certificate).
+    #[error("TLS with the gateway at {addr} failed: {source} (is the gateway serving TLS, and is the CA its CA?)")]
+    Tls {
+        /// The `host:port` dialled.
+        addr: String,
+        /// rustls's reason.
+        #[source]
+        source: std::io::Error,
     },
     /// The HTTP exchange broke off (connection reset, malformed HTTP).
     #[error("HTTP exchange with the gateway at {addr} failed: {source}")]
@@ -127,12 +165,35 @@ impl ClientError {
 
 impl Client {
     /// A client for the gateway at `addr`: `127.0.0.1:7070`, `localhost:7070`, `localhost`
-    /// (port 7070), `[::1]:7070` or `http://host:port` (port 80 when an `http://` URL names
-    /// none). `https://` is refused: the gateway's REST API speaks plain HTTP.
+    /// (port 7070), `[::1]:7070`, `http://host:port` (port 80 when an `http://` URL names
+    /// none) or `https://host:port` (port 443; needs [`Client::with_ca_file`]).
     pub fn new(addr: &str) -> Result<Self> {
         let authority =
             parse_address(addr).map_err(|reason| ClientError::InvalidAddress { addr: addr.to_owned(), reason })?;
-        Ok(Client { authority, timeout: DEFAULT_TIMEOUT })
+        let https = addr.trim().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+        Ok(Client { authority, timeout: DEFAULT_TIMEOUT, https, tls: None })
+    }
+
+    /// The same client trusting the CA certificate(s) in the PEM file `ca` for `https://`.
+    pub fn with_ca_file(mut self, ca: &Path) -> Result<Self> {
+        let bad = |reason: String| ClientError::CaFile { path: ca.to_path_buf(), reason };
+        let pem = std::fs::read(ca).map_err(|e| bad(e.to_string()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            roots.add(cert.map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(bad("no `BEGIN CERTIFICATE` block found".into()));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        self.tls = Some(Arc::new(config));
+        Ok(self)
     }
 
     /// The same client with a different per-request time limit (default [`DEFAULT_TIMEOUT`]).
@@ -260,7 +321,6 @@ impl Client {
         path_and_query: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<(StatusCode, Bytes)> {
-        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
         let mut builder = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -283,8 +343,27 @@ impl Client {
             .map_err(|source| ClientError::Connect { addr: self.authority.clone(), source })?;
         // Small request/response pairs: don't let Nagle delay them.
         let _ = stream.set_nodelay(true);
+        if !self.https {
+            return self.send(stream, request).await;
+        }
+        let tls = self.tls.clone().ok_or_else(|| ClientError::NoCa { addr: self.authority.clone() })?;
+        let host =
+            server_name(&self.authority).map_err(|source| ClientError::Tls { addr: self.authority.clone(), source })?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(host, stream)
+            .await
+            .map_err(|source| ClientError::Tls { addr: self.authority.clone(), source })?;
+        self.send(stream, request).await
+    }
+
+    /// Sends `request` over an open connection (plain or TLS) and reads the whole answer.
+    async fn send<Io>(&self, io: Io, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes)>
+    where
+        Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
         let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http_error)?;
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(http_error)?;
 
         let response = async {
             let response = sender.send_request(request).await.map_err(http_error)?;
@@ -311,6 +390,14 @@ impl Client {
     }
 }
 
+/// The name the gateway's certificate must carry: the host of `host:port`, an IP address when
+/// it is one (brackets dropped).
+fn server_name(authority: &str) -> std::io::Result<ServerName<'static>> {
+    let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_owned()).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
 /// Percent-encodes `text` for a URL path segment or query value: everything except the RFC 3986
 /// unreserved characters (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` of its UTF-8 bytes.
 pub fn percent_encode(text: &str) -> String {
@@ -333,12 +420,10 @@ fn parse_address(input: &str) -> std::result::Result<String, String> {
     let trimmed = input.trim();
     let (rest, default_port) = match trimmed.split_once("://") {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (rest, 80),
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(
-                "https is not supported; the gateway's REST API speaks plain HTTP (use http://HOST:PORT)".into()
-            );
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (rest, 443),
+        Some((scheme, _)) => {
+            return Err(format!("unsupported scheme `{scheme}`; use https://HOST:PORT, http://HOST:PORT or HOST:PORT"));
         }
-        Some((scheme, _)) => return Err(format!("unsupported scheme `{scheme}`; use HOST:PORT or http://HOST:PORT")),
         None => (trimmed, DEFAULT_PORT),
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
@@ -472,8 +557,9 @@ mod tests {
     }
 
     #[test]
-    fn addresses_reject_tls_paths_and_bad_ports() {
-        assert!(parse_address("https://gw:7070").unwrap_err().contains("https is not supported"));
+    fn addresses_reject_paths_and_bad_ports() {
+        assert_eq!(parse_address("https://gw:7070").unwrap(), "gw:7070");
+        assert_eq!(parse_address("HTTPS://gw").unwrap(), "gw:443");
         assert!(parse_address("grpc://gw:7070").unwrap_err().contains("unsupported scheme"));
         assert!(parse_address("http://gw:7070/v1").is_err());
         assert!(parse_address("gw:0").is_err());
@@ -483,7 +569,8 @@ mod tests {
         assert!(parse_address(":7070").is_err());
         assert!(parse_address("::1:7070").unwrap_err().contains("brackets"));
         assert!(parse_address("[::1").is_err());
-        assert!(matches!(Client::new("https://x"), Err(ClientError::InvalidAddress { .. })));
+        assert!(Client::new("https://x").unwrap().https);
+        assert!(!Client::new("http://x").unwrap().https);
     }
 
     #[test]

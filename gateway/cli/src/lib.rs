@@ -73,9 +73,13 @@ pub enum UserCommand {
 /// Options shared by every user command: which gateway to ask and how to print the answer.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ClientArgs {
-    /// The gateway's REST address: HOST:PORT or http://HOST:PORT.
+    /// The gateway's REST address: https://HOST:PORT, or HOST:PORT / http://HOST:PORT for an
+    /// `insecure` gateway.
     #[arg(long, env = "MERIDIAN_GATEWAY", default_value = "127.0.0.1:7070", global = true)]
     pub gateway: String,
+    /// The CA certificate (PEM) the gateway's certificate must chain to, for https://.
+    #[arg(long, env = "MERIDIAN_CA", value_name = "FILE", global = true)]
+    pub ca: Option<PathBuf>,
     /// How to print answers: readable tables, or the API's JSON.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
     pub output: OutputFormat,
@@ -115,7 +119,10 @@ pub enum CliError {
 /// Runs one user command against the gateway named in `args` and writes what it prints to
 /// `out`. A closed pipe (`meridian jobs | head`) is not an error.
 pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> Result<(), CliError> {
-    let client = Client::new(&args.gateway)?;
+    let mut client = Client::new(&args.gateway)?;
+    if let Some(ca) = &args.ca {
+        client = client.with_ca_file(ca)?;
+    }
 
     let now = now_ms();
     let (answer, table): (Value, String) = match cmd {
@@ -315,7 +322,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreadable_spec_files_are_named() {
-        let args = ClientArgs { gateway: "127.0.0.1:9".into(), output: OutputFormat::Table };
+        let args = ClientArgs { gateway: "127.0.0.1:9".into(), ca: None, output: OutputFormat::Table };
         let missing = PathBuf::from("/definitely/not/here.yaml");
         let mut out = Vec::new();
         let error = run(UserCommand::Submit { file: missing }, &args, &mut out).await.unwrap_err();

@@ -30,6 +30,9 @@ pub struct FederationApi {
     pub handle: Handle,
     /// Flips to true at shutdown; ends every stream's reader.
     pub shutdown: watch::Receiver<bool>,
+    /// Whether a stream must come with a client certificate naming its cluster (TLS); false
+    /// only with `insecure: true`.
+    pub require_certificate: bool,
 }
 
 type GatewayStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
@@ -42,6 +45,21 @@ impl pb::federation_server::Federation for FederationApi {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<tonic::Response<Self::AttachStream>, Status> {
+        // The clusters this connection's certificate may speak for (rustls has verified it).
+        let certified: Option<Vec<String>> = if self.require_certificate {
+            let names = request
+                .peer_certs()
+                .and_then(|certs| certs.first().map(|leaf| crate::tls::identity::clusters_named(leaf)))
+                .ok_or_else(|| {
+                    Status::unauthenticated(
+                        "the Federation stream needs a client certificate naming the cluster \
+                         (URI SAN urn:meridian:cluster:NAME; see `meridian certs issue`)",
+                    )
+                })?;
+            Some(names)
+        } else {
+            None
+        };
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
@@ -52,6 +70,19 @@ impl pb::federation_server::Federation for FederationApi {
         };
         let hello = AgentHello::try_from(hello).map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
         let cluster = hello.info.name.clone();
+        if let Some(names) = &certified
+            && !names.contains(&cluster)
+        {
+            let certificate = if names.is_empty() { "no cluster".to_string() } else { names.join(", ") };
+            tracing::warn!(
+                hello = %cluster,
+                certificate = %certificate,
+                "refused an agent whose certificate names another cluster"
+            );
+            return Err(Status::permission_denied(format!(
+                "the client certificate names {certificate}, not cluster `{cluster}`"
+            )));
+        }
         let conn = self.handle.next_conn();
         let outbox = self.handle.attach(conn, hello).await.map_err(|e| error::grpc(&ApiError::from(e)))?;
         let handle = self.handle.clone();

@@ -8,46 +8,96 @@ pub mod grpc;
 pub mod rate;
 pub mod rest;
 
+use std::sync::Arc;
+
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::pb;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
+
+use self::conn::{Handshake, Plain};
+use crate::tls::{ConnLimits, Listener, ServerConfigs, TlsHandshake};
 
 pub use error::ApiError;
 
 use crate::runtime::Handle;
 
-/// Serves the REST API on `listener` until `shutdown` flips.
-pub async fn serve_rest(
+/// Serves the REST API on `listener` until `shutdown` flips: each connection is handed to
+/// `handshake` (plain text or TLS) on its own task, then served HTTP/1.1.
+pub async fn serve_rest<H: Handshake>(
     handle: Handle,
     catalog: GpuCatalog,
     listener: tokio::net::TcpListener,
+    handshake: H,
+    limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, rest::router(rest::RestState { handle, catalog }))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await
+    let router = rest::router(rest::RestState { handle, catalog });
+    let mut incoming = crate::tls::incoming(listener, handshake, limits, shutdown.clone());
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            next = incoming.next() => {
+                let Some(Ok(io)) = next else { break };
+                let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                let mut stop = shutdown.clone();
+                connections.spawn(async move {
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+                    tokio::pin!(connection);
+                    tokio::select! {
+                        result = connection.as_mut() => {
+                            if let Err(e) = result {
+                                tracing::debug!(error = %e, "REST connection ended with an error");
+                            }
+                        }
+                        () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                            connection.as_mut().graceful_shutdown();
+                            let _ = connection.await;
+                        }
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+        }
+    }
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
-/// Serves the gRPC services until `shutdown` flips.
+/// Serves the gRPC services until `shutdown` flips. With `tls`, the agents' stream requires a
+/// client certificate naming the cluster; without, anyone may attach (`insecure: true`).
 pub async fn serve_grpc(
     handle: Handle,
     catalog: GpuCatalog,
     listener: tokio::net::TcpListener,
+    tls: Option<watch::Receiver<Arc<ServerConfigs>>>,
+    limits: ConnLimits,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let mut stop = shutdown.clone();
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(pb::federation_server::FederationServer::new(grpc::FederationApi {
             handle: handle.clone(),
-            shutdown,
+            shutdown: shutdown.clone(),
+            require_certificate: tls.is_some(),
         }))
-        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog }))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await
-        .map_err(std::io::Error::other)
+        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog }));
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    match tls {
+        Some(configs) => {
+            let handshake = TlsHandshake::new(configs, Listener::Grpc);
+            router
+                .serve_with_incoming_shutdown(crate::tls::incoming(listener, handshake, limits, shutdown), stopped)
+                .await
+        }
+        None => {
+            router.serve_with_incoming_shutdown(crate::tls::incoming(listener, Plain, limits, shutdown), stopped).await
+        }
+    }
+    .map_err(std::io::Error::other)
 }

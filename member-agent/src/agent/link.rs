@@ -10,6 +10,9 @@ use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::config::TlsFiles;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
@@ -37,6 +40,20 @@ pub enum LinkError {
     /// The gateway refused the stream because another live agent holds this cluster's name.
     #[error("the gateway refused the stream: {0}")]
     Refused(String),
+    /// The gateway did not accept this agent's certificate for the cluster it named.
+    #[error("the gateway denied this agent's identity: {0}")]
+    Denied(String),
+    /// A TLS file could not be read.
+    #[error("tls.{field}: cannot read {}: {source}", path.display())]
+    TlsFile {
+        /// The config field.
+        field: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The stream failed.
     #[error("gateway stream: {0}")]
     Stream(#[source] tonic::Status),
@@ -50,10 +67,12 @@ pub enum LinkError {
 
 impl LinkError {
     fn from_status(status: tonic::Status) -> Self {
-        if status.code() == tonic::Code::AlreadyExists {
-            LinkError::Refused(status.message().to_string())
-        } else {
-            LinkError::Stream(status)
+        match status.code() {
+            tonic::Code::AlreadyExists => LinkError::Refused(status.message().to_string()),
+            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+                LinkError::Denied(status.message().to_string())
+            }
+            _ => LinkError::Stream(status),
         }
     }
 }
@@ -98,19 +117,38 @@ pub(crate) trait Dial: Send + Sync {
 
 /// Dials the gateway's `Federation.Attach` over gRPC.
 pub(crate) struct GrpcDialer {
-    /// The gateway's address, `http://host:port`.
+    /// The gateway's address, `https://host:port` (`http://` when insecure).
     pub(crate) gateway: String,
+    /// Read at every dial, so rotated files are picked up by the next connection.
+    pub(crate) tls: Option<TlsFiles>,
+}
+
+/// The client TLS settings from the files as they are now.
+fn client_tls(files: &TlsFiles) -> Result<ClientTlsConfig, LinkError> {
+    let read = |field: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| LinkError::TlsFile { field, path: path.to_path_buf(), source })
+    };
+    let ca = read("ca", &files.ca)?;
+    let cert = read("cert", &files.cert)?;
+    let key = read("key", &files.key)?;
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).identity(Identity::from_pem(cert, key)))
 }
 
 impl Dial for GrpcDialer {
     fn dial(&self, hello: AgentHello) -> Dialing {
         let gateway = self.gateway.clone();
+        let tls = self.tls.as_ref().map(client_tls);
         Box::pin(async move {
-            let endpoint = tonic::transport::Endpoint::from_shared(gateway.clone())
-                .map_err(|e| LinkError::BadAddress { address: gateway, reason: e.to_string() })?
+            let bad_address =
+                |e: tonic::transport::Error| LinkError::BadAddress { address: gateway.clone(), reason: e.to_string() };
+            let mut endpoint = tonic::transport::Endpoint::from_shared(gateway.clone())
+                .map_err(bad_address)?
                 .connect_timeout(Duration::from_secs(5))
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_timeout(Duration::from_secs(20));
+            if let Some(tls) = tls {
+                endpoint = endpoint.tls_config(tls?).map_err(bad_address)?;
+            }
             let channel = endpoint.connect().await.map_err(LinkError::Connect)?;
             let mut client = pb::federation_client::FederationClient::new(channel);
             let (tx, rx) = mpsc::channel::<AgentEvent>(OUTBOUND_CAPACITY);
@@ -251,6 +289,30 @@ mod tests {
         let refused = LinkError::from_status(tonic::Status::already_exists("cluster east is held by agent 1a2b"));
         assert!(matches!(&refused, LinkError::Refused(m) if m.contains("1a2b")), "{refused}");
         assert!(matches!(LinkError::from_status(tonic::Status::unavailable("x")), LinkError::Stream(_)));
+        let denied = LinkError::from_status(tonic::Status::permission_denied("names a, not cluster `b`"));
+        assert!(matches!(&denied, LinkError::Denied(m) if m.contains("not cluster")), "{denied}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_tls_file_is_named_at_dial() {
+        let files = TlsFiles { ca: "/nonexistent/ca.pem".into(), cert: "c.pem".into(), key: "c.key".into() };
+        let dialer = GrpcDialer { gateway: "https://127.0.0.1:1".into(), tls: Some(files) };
+        let hello = AgentHello {
+            info: meridian_proto::inventory::ClusterInfo {
+                name: "east".into(),
+                region: "r".into(),
+                tier: meridian_proto::inventory::Tier::Owned,
+                backend: meridian_proto::inventory::BackendKind::Builtin,
+                prices: Default::default(),
+                supports_containers: true,
+                supports_bare_commands: true,
+                labels: Default::default(),
+            },
+            instance_id: "i".into(),
+            agent_version: "0".into(),
+        };
+        let err = dialer.dial(hello).await.err().unwrap().to_string();
+        assert!(err.starts_with("tls.ca: cannot read /nonexistent/ca.pem"), "{err}");
     }
 
     #[test]

@@ -49,8 +49,10 @@ const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(10);
 pub struct Settings {
     /// The cluster it speaks for, sent in the hello.
     pub info: ClusterInfo,
-    /// The gateway's gRPC address, `http://host:port`.
+    /// The gateway's gRPC address, `https://host:port` (or `http://` when insecure).
     pub gateway: String,
+    /// The CA and this agent's certificate and key, read at each dial; `None` for plain text.
+    pub tls: Option<crate::config::TlsFiles>,
     /// How often it sends a heartbeat (with inventory and pressure).
     pub report_interval: Duration,
 }
@@ -74,7 +76,7 @@ impl Agent {
         inventory: Arc<dyn InventorySource>,
         events: JobEventReceiver,
     ) -> Self {
-        let dialer = Box::new(link::GrpcDialer { gateway: settings.gateway.clone() });
+        let dialer = Box::new(link::GrpcDialer { gateway: settings.gateway.clone(), tls: settings.tls.clone() });
         Self::with_dialer(settings, dialer, backend, inventory, events)
     }
 

@@ -214,6 +214,7 @@ impl Harness {
                 labels: Default::default(),
             },
             gateway: "memory".into(),
+            tls: None,
             report_interval: INTERVAL,
         };
         let agent = Agent::with_dialer(

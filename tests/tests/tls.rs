@@ -1,0 +1,337 @@
+//! End to end over TLS: the real gateway with `tls:` and real agents with client certificates.
+//!
+//! - An agent whose certificate names cluster A cannot attach as B, and B's jobs never reach it.
+//! - No certificate, an expired one, or one from another CA is refused.
+//! - A second agent for a live cluster is refused; the first keeps its jobs.
+//! - A certificate rotated on disk serves the next connection, without a restart.
+//! - REST over https works with the CLI; plain http to the TLS port fails with a clear answer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use meridian_e2e::{Agent, Gateway, agent_config, poll};
+use meridian_gateway::certs::{Ca, Pair, Validity};
+use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
+use meridian_proto::pb;
+use meridian_proto::protocol::AgentHello;
+use time::OffsetDateTime;
+use tokio_stream::StreamExt;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+const NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+/// Jobs that must not end during a test: one hour of job time lasts an hour.
+const SLOW: f64 = 1.0;
+const WAIT: Duration = Duration::from_secs(30);
+const JOB: &str = "name: long\ntenant: team-a\ngang: {replicas: 1, resources: {gpus: 4, cpu: 8, memoryGiB: 64}}\n\
+                   runtime: {estimate: 1h}\npayload: {image: registry.local/train:1, command: [python, train.py]}\n";
+
+/// A directory with a CA, the gateway's certificate, and agents' certificates.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: Ca,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::generate(Validity::days(1)).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), &ca.pair.cert_pem).unwrap();
+        let server = ca.server(&[], Validity::days(1)).unwrap();
+        write_pair(dir.path(), "gateway", &server);
+        Self { dir, ca }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn gateway_config(&self) -> String {
+        format!(
+            "tls: {{cert: {}, key: {}, clientCa: {}, reloadInterval: 100ms}}\nplacementInterval: 200ms\nofferTimeout: 10s\nclusterTimeout: 10s\n",
+            self.path("gateway.pem").display(),
+            self.path("gateway.key").display(),
+            self.path("ca.pem").display()
+        )
+    }
+
+    /// Writes `file.pem`/`file.key` for an agent certificate naming `cluster`.
+    fn agent(&self, file: &str, cluster: &str) -> Pair {
+        let pair = self.ca.agent(cluster, Validity::days(1)).unwrap();
+        write_pair(self.dir.path(), file, &pair);
+        pair
+    }
+
+    /// An agent config for `cluster` presenting the certificate in `file`.
+    fn agent_config(&self, cluster: &str, file: &str) -> String {
+        let config = agent_config(cluster, "us-east", "owned", "{h100: 2.0}", NODES, SLOW);
+        format!(
+            "{config}tls: {{ca: {}, cert: {}, key: {}}}\n",
+            self.path("ca.pem").display(),
+            self.path(&format!("{file}.pem")).display(),
+            self.path(&format!("{file}.key")).display()
+        )
+    }
+
+    async fn gateway(&self) -> Gateway {
+        Gateway::start_tls(self.dir.path(), &self.gateway_config(), &self.path("ca.pem")).await.unwrap()
+    }
+}
+
+fn write_pair(dir: &Path, name: &str, pair: &Pair) {
+    std::fs::write(dir.join(format!("{name}.pem")), &pair.cert_pem).unwrap();
+    std::fs::write(dir.join(format!("{name}.key")), &pair.key_pem).unwrap();
+}
+
+/// Replaces a file in one step, as a careful operator (or Kubernetes) does.
+fn replace(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Attaches to the gateway's Federation stream as `cluster`, presenting `identity`; returns the
+/// status the gateway answered (or the transport error as `Unavailable`).
+async fn attach(gateway: &Gateway, ca_pem: &str, identity: Option<&Pair>, cluster: &str) -> Result<(), tonic::Status> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)).domain_name("localhost");
+    if let Some(pair) = identity {
+        tls = tls.identity(Identity::from_pem(&pair.cert_pem, &pair.key_pem));
+    }
+    let unavailable = |e: tonic::transport::Error| tonic::Status::unavailable(format!("{e:?}"));
+    let channel = Endpoint::from_shared(format!("https://{}", gateway.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .map_err(unavailable)?
+        .connect()
+        .await
+        .map_err(unavailable)?;
+    let hello = AgentHello {
+        info: ClusterInfo {
+            name: cluster.into(),
+            region: "us-east".into(),
+            tier: Tier::Owned,
+            backend: BackendKind::Builtin,
+            prices: Default::default(),
+            supports_containers: true,
+            supports_bare_commands: true,
+            labels: Default::default(),
+        },
+        instance_id: "test-client".into(),
+        agent_version: "0".into(),
+    };
+    let hello = pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(pb::Hello::from(&hello))) };
+    // Keep the stream open after the hello so the gateway answers rather than seeing an end.
+    let outbound = tokio_stream::once(hello).chain(tokio_stream::pending());
+    let mut client = pb::federation_client::FederationClient::new(channel);
+    let response = tokio::time::timeout(WAIT, client.attach(outbound)).await.expect("the gateway answers")?;
+    // The welcome (or the stream's failure) is the first message.
+    let first = tokio::time::timeout(WAIT, response.into_inner().message()).await.expect("a first message")?;
+    match first {
+        Some(_) => Ok(()),
+        None => Err(tonic::Status::unavailable("the stream ended without a welcome")),
+    }
+}
+
+async fn wait_for_log(gateway: &Gateway, needles: &[&str]) -> String {
+    poll(WAIT, || async {
+        let log = gateway.proc.log();
+        log.lines().find(|line| needles.iter().all(|n| line.contains(n))).map(str::to_string)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no gateway log line with {needles:?}:\n{}", gateway.proc.log()))
+}
+
+/// The connected cluster `name` and the job `id` running there.
+async fn east_running_a_job(gateway: &Gateway) -> String {
+    gateway.wait_for_clusters(1).await.unwrap();
+    let (job, _) = gateway.client().submit(JOB).await.unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    let running = gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    assert_eq!(running["cluster"], "east");
+    id
+}
+
+#[tokio::test]
+async fn an_agent_certified_for_one_cluster_cannot_speak_for_another() {
+    let pki = Pki::new();
+    pki.agent("east", "east");
+    pki.agent("west", "west");
+    let gateway = pki.gateway().await;
+    let _east = Agent::start(pki.dir.path(), "east", &pki.agent_config("east", "east"), &gateway).unwrap();
+    let id = east_running_a_job(&gateway).await;
+    let before = gateway.client().clusters().await.unwrap();
+
+    // A real agent process holding west's certificate, configured to speak for east.
+    let rogue = Agent::start(pki.dir.path(), "rogue", &pki.agent_config("east", "west"), &gateway).unwrap();
+    let line = wait_for_log(&gateway, &["refused an agent whose certificate names another cluster"]).await;
+    assert!(line.contains("WARN") && line.contains("hello=east") && line.contains("certificate=west"), "{line}");
+    let rogue_log = poll(WAIT, || async {
+        let log = rogue.proc.log();
+        log.contains("the gateway denied this agent's identity").then_some(log)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the rogue agent was not told:\n{}", rogue.proc.log()));
+    assert!(rogue_log.contains("not cluster `east`"), "{rogue_log}");
+    assert!(!rogue_log.contains(&id), "east's job reached the rogue agent:\n{rogue_log}");
+
+    // East is untouched: its job runs there, its inventory is its own.
+    let job = gateway.client().get(&id).await.unwrap();
+    assert_eq!((job["state"].as_str(), job["cluster"].as_str()), (Some("Running"), Some("east")), "{job}");
+    let after = gateway.client().clusters().await.unwrap();
+    assert_eq!(after["clusters"][0]["gpusTotal"], before["clusters"][0]["gpusTotal"]);
+    assert_eq!(after["clusters"][0]["connected"], true);
+
+    // The same certificate speaking for its own cluster is welcome.
+    let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
+    let west = Pair {
+        cert_pem: std::fs::read_to_string(pki.path("west.pem")).unwrap(),
+        key_pem: std::fs::read_to_string(pki.path("west.key")).unwrap(),
+    };
+    attach(&gateway, &ca, Some(&west), "west").await.unwrap();
+}
+
+#[tokio::test]
+async fn no_certificate_an_expired_one_or_one_from_another_ca_is_refused() {
+    let pki = Pki::new();
+    let gateway = pki.gateway().await;
+    let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
+
+    let none = attach(&gateway, &ca, None, "east").await.unwrap_err();
+    assert_eq!(none.code(), tonic::Code::Unauthenticated, "{none:?}");
+    assert!(none.message().contains("client certificate"), "{none:?}");
+
+    let now = OffsetDateTime::now_utc();
+    let past = Validity { from: now - time::Duration::days(30), until: now - time::Duration::days(1) };
+    let expired = pki.ca.agent("east", past).unwrap();
+    let refused = attach(&gateway, &ca, Some(&expired), "east").await.unwrap_err();
+    assert_ne!(refused.code(), tonic::Code::Ok);
+    wait_for_log(&gateway, &["TLS handshake failed", "certificate expired"]).await;
+
+    let stranger = Ca::generate(Validity::days(1)).unwrap().agent("east", Validity::days(1)).unwrap();
+    let refused = attach(&gateway, &ca, Some(&stranger), "east").await.unwrap_err();
+    assert_ne!(refused.code(), tonic::Code::Ok);
+    // Development CAs share their name, so the stranger's certificate finds our CA by name and
+    // fails on its signature; a differently named CA would be an unknown issuer.
+    poll(WAIT, || async {
+        let log = gateway.proc.log();
+        log.lines()
+            .filter(|l| l.contains("TLS handshake failed"))
+            .any(|l| l.contains("BadSignature") || l.contains("UnknownIssuer"))
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no refusal of the stranger's certificate:\n{}", gateway.proc.log()));
+
+    let clusters = gateway.client().clusters().await.unwrap();
+    assert_eq!(clusters["clusters"].as_array().map(Vec::len), Some(0), "nobody attached: {clusters}");
+
+    // Users' `Jobs` calls share the port and need no client certificate.
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca)).domain_name("localhost");
+    let channel = Endpoint::from_shared(format!("https://{}", gateway.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let answer = pb::jobs_client::JobsClient::new(channel).list_clusters(pb::ListClustersRequest {}).await.unwrap();
+    assert!(answer.into_inner().clusters_json.contains("\"clusters\""));
+}
+
+#[tokio::test]
+async fn a_second_agent_for_a_live_cluster_is_refused_and_the_first_keeps_its_jobs() {
+    let pki = Pki::new();
+    pki.agent("east", "east");
+    let gateway = pki.gateway().await;
+    let _east = Agent::start(pki.dir.path(), "east", &pki.agent_config("east", "east"), &gateway).unwrap();
+    let id = east_running_a_job(&gateway).await;
+
+    // Same certificate, another process: a valid identity, but east already has a live agent.
+    let second = Agent::start(pki.dir.path(), "east-2", &pki.agent_config("east", "east"), &gateway).unwrap();
+    wait_for_log(&gateway, &["refused a second agent for a connected cluster"]).await;
+    poll(WAIT, || async { second.proc.log().contains("the gateway refused this agent").then_some(()) })
+        .await
+        .unwrap_or_else(|_| panic!("the second agent was not told:\n{}", second.proc.log()));
+    let job = gateway.client().get(&id).await.unwrap();
+    assert_eq!((job["state"].as_str(), job["cluster"].as_str()), (Some("Running"), Some("east")), "{job}");
+    assert!(!gateway.proc.log().contains("agent disconnected"), "{}", gateway.proc.log());
+}
+
+#[tokio::test]
+async fn a_certificate_rotated_on_disk_serves_the_next_connection_without_a_restart() {
+    let pki = Pki::new();
+    let gateway = pki.gateway().await;
+    let pid = gateway.proc.pid();
+    gateway.client().clusters().await.unwrap();
+
+    // Rotate to a certificate from a new CA; a client trusting only the new CA fails until the
+    // gateway has reloaded, then succeeds; the old CA's clients are then refused.
+    let new_ca = Ca::generate(Validity::days(1)).unwrap();
+    let new_server = new_ca.server(&[], Validity::days(1)).unwrap();
+    std::fs::write(pki.path("new-ca.pem"), &new_ca.pair.cert_pem).unwrap();
+    let new_client = || {
+        meridian_gateway::client::Client::new(&format!("https://{}", gateway.rest))
+            .unwrap()
+            .with_ca_file(&pki.path("new-ca.pem"))
+            .unwrap()
+    };
+    let err = new_client().clusters().await.unwrap_err();
+    assert!(err.to_string().contains("TLS with the gateway"), "{err}");
+    replace(&pki.path("gateway.key"), &new_server.key_pem);
+    replace(&pki.path("gateway.pem"), &new_server.cert_pem);
+    poll(WAIT, || async { new_client().clusters().await.ok() })
+        .await
+        .unwrap_or_else(|_| panic!("the new certificate was never served:\n{}", gateway.proc.log()));
+    assert!(gateway.client().clusters().await.is_err(), "the old CA's certificate is no longer served");
+    assert!(gateway.proc.log().contains("TLS certificate, key and client CA reloaded"));
+    assert_eq!(gateway.proc.pid(), pid);
+}
+
+#[tokio::test]
+async fn rest_over_https_works_with_the_cli_and_plain_http_to_the_tls_port_fails_clearly() {
+    let pki = Pki::new();
+    let gateway = pki.gateway().await;
+
+    let output = gateway.cli(&["clusters", "-o", "json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("\"clusters\""));
+
+    let plain = std::process::Command::new(&meridian_e2e::binaries().meridian)
+        .args(["clusters"])
+        .env("MERIDIAN_GATEWAY", format!("http://{}", gateway.rest))
+        .env_remove("MERIDIAN_CA")
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(stderr.contains("HTTPS only") && stderr.contains("https://"), "{stderr}");
+
+    let no_ca = std::process::Command::new(&meridian_e2e::binaries().meridian)
+        .args(["clusters"])
+        .env("MERIDIAN_GATEWAY", format!("https://{}", gateway.rest))
+        .env_remove("MERIDIAN_CA")
+        .output()
+        .unwrap();
+    assert!(!no_ca.status.success());
+    let stderr = String::from_utf8_lossy(&no_ca.stderr);
+    assert!(stderr.contains("--ca") && stderr.contains("MERIDIAN_CA"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_gateway_without_tls_or_insecure_refuses_to_start_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, "placementInterval: 1s\n").unwrap();
+    let output = std::process::Command::new(&meridian_e2e::binaries().meridian)
+        .arg("gateway")
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("tls:") && stderr.contains("meridian certs init") && stderr.contains("insecure: true"));
+}

@@ -579,7 +579,7 @@ impl FakeAgent {
         let free: u32 = self.free.iter().sum();
         QueuePressure {
             queues: vec![QueueLoad {
-                queue: "default".to_string(),
+                queue: "default".into(),
                 weight: 1.0,
                 pending_jobs: 0,
                 pending_gpus: 0,

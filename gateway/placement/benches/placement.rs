@@ -179,7 +179,7 @@ fn latency_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &Placement
     let rebuilt: Vec<ClusterSnapshot> = fed
         .clusters
         .iter()
-        .map(|c| ClusterSnapshot::new(c.info().clone(), c.inventory().clone(), c.pressure.clone(), c.connected))
+        .map(|c| ClusterSnapshot::new(c.info().clone(), c.inventory().clone(), (*c.pressure).clone(), c.connected))
         .collect();
     println!("building the snapshot of {} clusters: {:?}", black_box(rebuilt).len(), start.elapsed());
     for job in jobs.iter().take(1000) {

@@ -13,6 +13,7 @@ use meridian_proto::protocol::GatewayCommand;
 use crate::agents::assignment;
 use crate::io::Effects;
 use crate::jobs::holds_gpus;
+use crate::quota::RoundQuotas;
 use crate::record::JobRecord;
 use crate::{Core, Decided};
 
@@ -65,6 +66,9 @@ impl Core {
         let mut snapshot = self.registry.snapshot(&self.config.network);
         snapshot.set_gpu_speed(&self.config.placement.gpu_speed);
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
+        // GPUs each tenant holds, for quotas (worked out only when some tenant has one).
+        let quotas_on = self.config.has_quotas();
+        let mut held_gpus: HashMap<String, u32> = HashMap::new();
         // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
         // time), with what earlier rounds kept about them. The round refers to a job by its
         // position here, which sorts like its id, so ordering and lookups compare no text.
@@ -87,6 +91,14 @@ impl Core {
                         usage.insert(job.spec.tenant.clone(), held);
                     }
                 }
+                if quotas_on {
+                    match held_gpus.get_mut(job.spec.tenant.as_str()) {
+                        Some(gpus) => *gpus = gpus.saturating_add(job.spec.total_gpus()),
+                        None => {
+                            held_gpus.insert(job.spec.tenant.clone(), job.spec.total_gpus());
+                        }
+                    }
+                }
             }
             if job.state == JobState::Queued {
                 queued.push(Queued {
@@ -95,6 +107,11 @@ impl Core {
                     decided: active.decided.clone(),
                 });
             }
+        }
+        let mut quotas = RoundQuotas::default();
+        if quotas_on {
+            quotas = RoundQuotas::new(&self.config, queued.iter().map(|q| q.job.as_ref()), &held_gpus);
+            queued = self.hold_back_beyond_queue_limits(&quotas, queued, now_ms);
         }
         if queued.is_empty() {
             return;
@@ -134,6 +151,12 @@ impl Core {
         while let Some(next) = queue.pop_next() {
             let Some(entry) = queued.get(next.id) else { continue };
             let job = &entry.job;
+            // Over its tenant's GPU quota: it waits, and says so (a cheap check, before any
+            // placement work).
+            if let Some(wait) = quotas.gpu_wait(job) {
+                self.wait_for_quota(&job.id, entry.decided.as_deref(), wait, now_ms);
+                continue;
+            }
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
@@ -155,7 +178,7 @@ impl Core {
                 let previous = entry.decided.as_deref();
                 let fresh = match previous {
                     Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
-                    Some(Decided::Stored(_)) | None => false,
+                    Some(Decided::Stored(_) | Decided::Quota { .. }) | None => false,
                 };
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
@@ -189,6 +212,7 @@ impl Core {
                 fits_somewhere_now.clear();
             }
             queue.placed(&next);
+            quotas.offered(job);
             // Its hold (if it had one) has served: the cluster is open to the jobs after it.
             holds.release(&next.id);
             let mut offered = JobRecord::clone(job);
@@ -213,12 +237,12 @@ impl Core {
 }
 
 /// A queued job in a round, with what earlier rounds kept about it.
-struct Queued {
-    job: Arc<JobRecord>,
+pub(crate) struct Queued {
+    pub(crate) job: Arc<JobRecord>,
     /// Its demand key's number, if a round worked it out already.
-    demand: Option<u32>,
+    pub(crate) demand: Option<u32>,
     /// Its latest decision.
-    decided: Option<Arc<Decided>>,
+    pub(crate) decided: Option<Arc<Decided>>,
 }
 
 /// `per_replica` × `replicas`, saturating.

@@ -77,8 +77,15 @@ pub async fn serve(
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let catalog = config.gpu_catalog();
-    let rest = tokio::spawn(crate::api::serve_rest(handle.clone(), catalog.clone(), rest_listener, stop_rx.clone()));
-    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, stop_rx.clone()));
+    let submit_rate = Arc::new(crate::api::SubmitRate::from_config(&config));
+    let rest = tokio::spawn(crate::api::serve_rest(
+        handle.clone(),
+        catalog.clone(),
+        Arc::clone(&submit_rate),
+        rest_listener,
+        stop_rx.clone(),
+    ));
+    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, submit_rate, grpc_listener, stop_rx.clone()));
     shutdown.await;
     tracing::info!("gateway shutting down");
     let _ = stop_tx.send(true);

@@ -5,8 +5,11 @@
 pub mod conn;
 pub mod error;
 pub mod grpc;
+pub mod quota;
 pub mod rate;
 pub mod rest;
+
+use std::sync::Arc;
 
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::pb;
@@ -14,6 +17,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub use error::ApiError;
+pub use quota::SubmitRate;
 
 use crate::runtime::Handle;
 
@@ -21,10 +25,11 @@ use crate::runtime::Handle;
 pub async fn serve_rest(
     handle: Handle,
     catalog: GpuCatalog,
+    submit_rate: Arc<SubmitRate>,
     listener: tokio::net::TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, rest::router(rest::RestState { handle, catalog }))
+    axum::serve(listener, rest::router(rest::RestState { handle, catalog, submit_rate }))
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         })
@@ -35,6 +40,7 @@ pub async fn serve_rest(
 pub async fn serve_grpc(
     handle: Handle,
     catalog: GpuCatalog,
+    submit_rate: Arc<SubmitRate>,
     listener: tokio::net::TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -44,7 +50,7 @@ pub async fn serve_grpc(
             handle: handle.clone(),
             shutdown,
         }))
-        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog }))
+        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog, submit_rate }))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
             let _ = stop.wait_for(|s| *s).await;
         })

@@ -946,7 +946,7 @@ fn a_job_over_the_gpu_quota_waits_with_the_quota_explanation_and_starts_once_its
     h.event(conn, AgentEvent::Status(report(&first, 1, JobState::Succeeded)));
     h.event(conn, inventory(&[8, 8]));
     let fx = h.step(Input::Round);
-    assert_eq!(offers(&fx), [second.clone()]);
+    assert_eq!(offers(&fx), [second.as_str()]);
     assert_eq!(h.state(&second), JobState::Offered);
     h.core.check_indexes();
 }

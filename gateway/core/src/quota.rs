@@ -88,6 +88,56 @@ pub(crate) struct TenantRound {
     held_gpus: u32,
 }
 
+/// Why a round holds a job back, borrowed from the round's quotas: comparing it with the job's
+/// previous explanation costs no allocation; [`Hold::wait`] builds the explanation only when it
+/// changed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Hold<'a> {
+    /// Past `maxGpus`: the tenant holds `round.held_gpus`, the job needs `needs`.
+    Gpus {
+        /// The tenant's quota in this round.
+        round: &'a TenantRound,
+        /// GPUs the job's gang takes.
+        needs: u32,
+    },
+    /// Past `maxQueuedJobs` (`limit`).
+    QueuedJobs {
+        /// The tenant's quota in this round.
+        round: &'a TenantRound,
+        /// Its `maxQueuedJobs`.
+        limit: u32,
+    },
+}
+
+impl Hold<'_> {
+    /// Whether `wait` already says this (for the same job, so the same tenant and config path).
+    fn is_explained_by(&self, wait: &QuotaWait) -> bool {
+        match (self, wait) {
+            (Hold::Gpus { round, needs }, QuotaWait::Gpus { held, limit, needs: was, .. }) => {
+                *held == round.held_gpus && Some(*limit) == round.quota.max_gpus && was == needs
+            }
+            (Hold::QueuedJobs { limit, .. }, QuotaWait::QueuedJobs { limit: was, .. }) => was == limit,
+            _ => false,
+        }
+    }
+
+    /// The explanation.
+    fn wait(&self) -> QuotaWait {
+        match *self {
+            Hold::Gpus { round, needs } => QuotaWait::Gpus {
+                tenant: Arc::clone(&round.tenant),
+                source: Arc::clone(&round.source),
+                held: round.held_gpus,
+                limit: round.quota.max_gpus.unwrap_or(0),
+                needs,
+            },
+            Hold::QueuedJobs { round, limit } => {
+                QuotaWait::QueuedJobs { tenant: Arc::clone(&round.tenant), source: Arc::clone(&round.source), limit }
+            }
+        }
+    }
+}
+
 /// The quotas of the tenants with queued jobs in one round.
 #[derive(Debug, Default)]
 pub(crate) struct RoundQuotas {
@@ -102,9 +152,10 @@ impl RoundQuotas {
         held: &HashMap<String, u32>,
     ) -> Self {
         let mut tenants = HashMap::new();
+        let mut seen = std::collections::HashSet::new();
         for job in queued {
             let tenant = job.spec.tenant.as_str();
-            if tenants.contains_key(tenant) {
+            if !seen.insert(tenant) {
                 continue;
             }
             let quota = config.quota(tenant);
@@ -126,27 +177,34 @@ impl RoundQuotas {
         self.tenants.is_empty()
     }
 
-    /// Positions (in `queued`) of the jobs past their tenant's `maxQueuedJobs`, each with the
-    /// explanation; the first ones of each tenant in fair-queue order (priority, then age) stay.
-    pub(crate) fn beyond_queue_limits(&self, queued: &[&JobRecord]) -> Vec<(usize, QuotaWait)> {
-        let mut by_tenant: HashMap<&str, Vec<usize>> = HashMap::new();
+    /// For each position in `queued`, the hold of a job past its tenant's `maxQueuedJobs` (None:
+    /// considered); empty when no job is past its limit. The first jobs of each tenant in
+    /// fair-queue order (priority, then age) are considered.
+    pub(crate) fn beyond_queue_limits(&self, queued: &[&JobRecord]) -> Vec<Option<Hold<'_>>> {
+        if !self.tenants.values().any(|round| round.quota.max_queued_jobs.is_some()) {
+            return Vec::new();
+        }
+        let mut by_tenant: HashMap<&str, (&TenantRound, Vec<usize>)> = HashMap::new();
         for (at, job) in queued.iter().enumerate() {
-            if let Some(round) = self.tenants.get(job.spec.tenant.as_str())
+            let tenant = job.spec.tenant.as_str();
+            if let Some((_, positions)) = by_tenant.get_mut(tenant) {
+                positions.push(at);
+            } else if let Some(round) = self.tenants.get(tenant)
                 && round.quota.max_queued_jobs.is_some()
             {
-                by_tenant.entry(job.spec.tenant.as_str()).or_default().push(at);
+                by_tenant.insert(tenant, (round, vec![at]));
             }
         }
-        let mut beyond = Vec::new();
-        for (tenant, mut positions) in by_tenant {
-            let Some(round) = self.tenants.get(tenant) else { continue };
+        let mut holds = Vec::new();
+        for (round, mut positions) in by_tenant.into_values() {
             let Some(limit) = round.quota.max_queued_jobs else { continue };
             let keep = usize::try_from(limit).unwrap_or(usize::MAX);
             if positions.len() <= keep {
                 continue;
             }
-            // The order the fair queue serves one tenant's jobs in; positions sort like ids.
-            positions.sort_by(|&a, &b| {
+            // Split off the first `keep` in the order the fair queue serves one tenant's jobs
+            // (positions sort like ids): linear, no full sort of a long backlog.
+            positions.select_nth_unstable_by(keep, |&a, &b| {
                 let (a_job, b_job) = (queued[a], queued[b]);
                 b_job
                     .spec
@@ -155,33 +213,32 @@ impl RoundQuotas {
                     .then(a_job.submitted_at_ms.cmp(&b_job.submitted_at_ms))
                     .then(a.cmp(&b))
             });
-            let wait =
-                QuotaWait::QueuedJobs { tenant: Arc::clone(&round.tenant), source: Arc::clone(&round.source), limit };
-            beyond.extend(positions.into_iter().skip(keep).map(|at| (at, wait.clone())));
+            if holds.is_empty() {
+                holds = vec![None; queued.len()];
+            }
+            for &at in &positions[keep..] {
+                holds[at] = Some(Hold::QueuedJobs { round, limit });
+            }
         }
-        beyond.sort_unstable_by_key(|(at, _)| *at);
-        beyond
+        holds
     }
 
-    /// Why `job` may not be offered now because of its tenant's `maxGpus`, if it may not.
-    pub(crate) fn gpu_wait(&self, job: &JobRecord) -> Option<QuotaWait> {
+    /// The hold of `job` if offering it would take its tenant past `maxGpus`.
+    pub(crate) fn gpu_hold(&self, job: &JobRecord) -> Option<Hold<'_>> {
         if self.tenants.is_empty() {
             return None;
         }
         let round = self.tenants.get(job.spec.tenant.as_str())?;
         let limit = round.quota.max_gpus?;
         let needs = job.spec.total_gpus();
-        (round.held_gpus.saturating_add(needs) > limit).then(|| QuotaWait::Gpus {
-            tenant: Arc::clone(&round.tenant),
-            source: Arc::clone(&round.source),
-            held: round.held_gpus,
-            limit,
-            needs,
-        })
+        (round.held_gpus.saturating_add(needs) > limit).then_some(Hold::Gpus { round, needs })
     }
 
     /// Counts an offer of `job` against its tenant's GPUs.
     pub(crate) fn offered(&mut self, job: &JobRecord) {
+        if self.tenants.is_empty() {
+            return;
+        }
         if let Some(round) = self.tenants.get_mut(job.spec.tenant.as_str()) {
             round.held_gpus = round.held_gpus.saturating_add(job.spec.total_gpus());
         }
@@ -189,15 +246,15 @@ impl RoundQuotas {
 }
 
 impl Core {
-    /// Makes `wait` the explanation of queued job `id`, unless it already is (`previous`): a job
+    /// Makes `hold` the explanation of queued job `id`, unless it already is (`previous`): a job
     /// that waits round after round for the same reason costs no allocation.
-    pub(crate) fn wait_for_quota(&mut self, id: &str, previous: Option<&Decided>, wait: QuotaWait, now_ms: i64) {
-        if let Some(Decided::Quota { wait: waiting, .. }) = previous
-            && *waiting == wait
+    pub(crate) fn wait_for_quota(&mut self, id: &str, previous: Option<&Decided>, hold: Hold<'_>, now_ms: i64) {
+        if let Some(Decided::Quota { wait, .. }) = previous
+            && hold.is_explained_by(wait)
         {
             return;
         }
-        self.decide(id, Decided::Quota { at_ms: now_ms, wait });
+        self.decide(id, Decided::Quota { at_ms: now_ms, wait: hold.wait() });
     }
 
     /// The round's queue without the jobs past their tenant's `maxQueuedJobs`; those wait, and
@@ -211,18 +268,17 @@ impl Core {
         if quotas.is_empty() {
             return queued;
         }
-        let beyond = {
+        let holds = {
             let jobs: Vec<&JobRecord> = queued.iter().map(|q| q.job.as_ref()).collect();
             quotas.beyond_queue_limits(&jobs)
         };
-        if beyond.is_empty() {
+        if holds.is_empty() {
             return queued;
         }
-        let mut beyond = beyond.into_iter().peekable();
         let mut kept = Vec::with_capacity(queued.len());
-        for (at, entry) in queued.into_iter().enumerate() {
-            match beyond.next_if(|(position, _)| *position == at) {
-                Some((_, wait)) => self.wait_for_quota(&entry.job.id, entry.decided.as_deref(), wait, now_ms),
+        for (entry, hold) in queued.into_iter().zip(holds) {
+            match hold {
+                Some(hold) => self.wait_for_quota(&entry.job.id, entry.decided.as_deref(), hold, now_ms),
                 None => kept.push(entry),
             }
         }

@@ -153,8 +153,8 @@ impl Core {
             let job = &entry.job;
             // Over its tenant's GPU quota: it waits, and says so (a cheap check, before any
             // placement work).
-            if let Some(wait) = quotas.gpu_wait(job) {
-                self.wait_for_quota(&job.id, entry.decided.as_deref(), wait, now_ms);
+            if let Some(hold) = quotas.gpu_hold(job) {
+                self.wait_for_quota(&job.id, entry.decided.as_deref(), hold, now_ms);
                 continue;
             }
             // A job whose gang fits on no cluster now cannot be offered, whatever placement

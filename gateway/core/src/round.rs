@@ -120,8 +120,13 @@ impl Core {
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
         let mut holds = {
-            let oldest_first =
-                queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
+            // A job over its tenant's GPU quota cannot be offered this round (the tenant's count
+            // only grows within a round), so it must not hold a cluster against other tenants.
+            let oldest_first = queued
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| quotas.gpu_hold(&q.job).is_none())
+                .map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
         let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {

@@ -1085,3 +1085,26 @@ fn a_restarted_core_counts_the_gpus_its_tenants_held() {
     assert_eq!(restarted.state(&running), JobState::Succeeded);
     assert_eq!(offers(&restarted.step(Input::Round)), [waiting]);
 }
+
+#[test]
+fn a_gang_over_its_gpu_quota_does_not_hold_a_cluster_against_other_tenants() {
+    let mut config = with_quota("nlp", TenantQuota { max_gpus: Some(16), ..Default::default() });
+    config.placement.hold_after_secs = 0.0;
+    let mut h = Harness::new(config);
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8, 8, 8]));
+    run_on(&mut h, conn, &job_of("nlp", 8));
+    h.event(conn, inventory(&[0, 8, 0]));
+    // Over quota (8 held + 16 > 16), and it does not fit now either: without the quota it would
+    // hold east, and a 10-hour job of another tenant could not take the free node.
+    let gang =
+        h.submit("name: gang\ntenant: nlp\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n");
+    h.step(Input::Round);
+    assert!(summary(&mut h, &gang).contains("maxGpus"), "{}", summary(&mut h, &gang));
+    let long = h.submit(
+        "name: long\ntenant: vision\ngang: {replicas: 1, resources: {gpus: 8}}\nruntime: {estimate: 10h}\n\
+         payload: {command: [x]}\n",
+    );
+    let fx = h.step(Input::Round);
+    assert_eq!(offers(&fx), [long.as_str()]);
+}

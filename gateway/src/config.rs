@@ -27,10 +27,13 @@ pub struct GatewayConfig {
     pub grpc_listen: SocketAddr,
     /// Where the embedded store keeps its database (`meridian.redb`, locked while the gateway runs).
     pub data_dir: PathBuf,
-    /// Fair-share weight per tenant; tenants not listed get `default_tenant_weight`.
+    /// Fair-share weight and quota per tenant; tenants not listed get `default_tenant_weight`
+    /// and `default_quota`.
     pub tenants: BTreeMap<String, TenantConfig>,
-    /// Weight of tenants not listed in `tenants`.
+    /// Weight of tenants not listed in `tenants` (or listed without a weight).
     pub default_tenant_weight: f64,
+    /// Quota of tenants without their own `quota` block. The default sets no limit.
+    pub default_quota: QuotaConfig,
     /// Extra GPU types beyond the built-in list.
     pub gpu_types: Vec<GpuTypeConfig>,
     /// Region-pair network: overrides on top of the seeded defaults.
@@ -61,11 +64,75 @@ pub struct GatewayConfig {
 }
 
 /// Per-tenant settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TenantConfig {
-    /// Share of GPUs relative to other tenants (2 gets twice what 1 gets under contention).
-    pub weight: f64,
+    /// Share of GPUs relative to other tenants (2 gets twice what 1 gets under contention);
+    /// absent: `defaultTenantWeight`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// The tenant's limits; absent: `defaultQuota`. A block given replaces `defaultQuota` as a
+    /// whole (a limit it leaves out is not limited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaConfig>,
+}
+
+/// A tenant's limits; every one is optional and absent means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// GPUs the tenant may hold across the federation (offered, bound, running and `Unknown`
+    /// jobs). A job that would go past it waits `Queued`; a gang larger than it is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u32>,
+    /// Only the tenant's first this many queued jobs (priority, then age) are placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_jobs: Option<u32>,
+    /// Submits per second the tenant may make on average (REST and gRPC together); more are
+    /// answered 429 with `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submits_per_second: Option<f64>,
+    /// Submits the tenant may make at once before the rate applies; absent: the rate rounded
+    /// up (at least 1). Needs `submitsPerSecond`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_burst: Option<u32>,
+}
+
+impl QuotaConfig {
+    /// Problems with the values, each naming its field under `prefix` (e.g. `defaultQuota.`).
+    pub fn problems(&self, prefix: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (field, value) in
+            [("maxGpus", self.max_gpus), ("maxQueuedJobs", self.max_queued_jobs), ("submitBurst", self.submit_burst)]
+        {
+            if value == Some(0) {
+                problems.push(format!("{prefix}{field}: must be at least 1 (leave it out for no limit)"));
+            }
+        }
+        match self.submits_per_second {
+            Some(rate) if !(rate.is_finite() && rate > 0.0) => {
+                problems.push(format!("{prefix}submitsPerSecond: {rate} must be a positive number"));
+            }
+            None if self.submit_burst.is_some() => {
+                problems.push(format!("{prefix}submitBurst: needs {prefix}submitsPerSecond"));
+            }
+            _ => {}
+        }
+        problems
+    }
+
+    /// The limits placement enforces.
+    pub fn placement(&self) -> meridian_core::TenantQuota {
+        meridian_core::TenantQuota { max_gpus: self.max_gpus, max_queued_jobs: self.max_queued_jobs }
+    }
+
+    /// The submit rate limit, if any: (per second, burst).
+    pub fn submit_rate(&self) -> Option<(f64, u32)> {
+        let per_second = self.submits_per_second?;
+        // `as` saturates; a rate beyond u32 is no limit in practice anyway.
+        let burst = self.submit_burst.unwrap_or(per_second.ceil() as u32).max(1);
+        Some((per_second, burst))
+    }
 }
 
 /// An extra GPU model.
@@ -87,6 +154,7 @@ impl Default for GatewayConfig {
             data_dir: PathBuf::from("meridian-data"),
             tenants: BTreeMap::new(),
             default_tenant_weight: 1.0,
+            default_quota: QuotaConfig::default(),
             gpu_types: Vec::new(),
             network: NetworkTable::default(),
             placement: PlacementConfig::default(),
@@ -121,13 +189,19 @@ impl GatewayConfig {
         let mut problems = Vec::new();
         let positive = |v: f64| v.is_finite() && v > 0.0;
         for (tenant, t) in &self.tenants {
-            if !positive(t.weight) {
-                problems.push(format!("tenants.{tenant}.weight: {} must be a positive number", t.weight));
+            if let Some(weight) = t.weight
+                && !positive(weight)
+            {
+                problems.push(format!("tenants.{tenant}.weight: {weight} must be a positive number"));
+            }
+            if let Some(quota) = &t.quota {
+                problems.extend(quota.problems(&format!("tenants.{tenant}.quota.")));
             }
         }
         if !positive(self.default_tenant_weight) {
             problems.push(format!("defaultTenantWeight: {} must be a positive number", self.default_tenant_weight));
         }
+        problems.extend(self.default_quota.problems("defaultQuota."));
         for (i, gpu) in self.gpu_types.iter().enumerate() {
             if gpu.name.trim().is_empty() {
                 problems.push(format!("gpuTypes[{i}].name: must not be empty"));
@@ -169,7 +243,15 @@ impl GatewayConfig {
 
     /// Fair-share weight of `tenant`.
     pub fn tenant_weight(&self, tenant: &str) -> f64 {
-        self.tenants.get(tenant).map_or(self.default_tenant_weight, |t| t.weight)
+        self.tenants.get(tenant).and_then(|t| t.weight).unwrap_or(self.default_tenant_weight)
+    }
+
+    /// The quota of `tenant`, and where it is configured (`tenants.NAME.quota` or `defaultQuota`).
+    pub fn quota(&self, tenant: &str) -> (&QuotaConfig, String) {
+        match self.tenants.get(tenant).and_then(|t| t.quota.as_ref()) {
+            Some(quota) => (quota, format!("tenants.{tenant}.quota")),
+            None => (&self.default_quota, "defaultQuota".to_string()),
+        }
     }
 
     /// The policy the core runs with.
@@ -177,13 +259,19 @@ impl GatewayConfig {
         meridian_core::CoreConfig {
             placement: self.placement.clone(),
             network: self.network_table(),
-            tenant_weights: self.tenants.iter().map(|(name, t)| (name.clone(), t.weight)).collect(),
+            tenant_weights: self.tenants.iter().filter_map(|(name, t)| Some((name.clone(), t.weight?))).collect(),
             default_tenant_weight: self.default_tenant_weight,
             offer_timeout: self.offer_timeout.0,
             cluster_timeout: self.cluster_timeout.0,
             lost_job_timeout: self.lost_job_timeout.0,
             lease_margin: self.lease_margin.0,
             retention: self.retention.0,
+            quotas: self
+                .tenants
+                .iter()
+                .filter_map(|(name, t)| Some((name.clone(), t.quota.as_ref()?.placement())))
+                .collect(),
+            default_quota: self.default_quota.placement(),
         }
     }
 
@@ -208,6 +296,46 @@ mod tests {
     fn unknown_fields_are_named() {
         let err = GatewayConfig::parse("listn: 1.2.3.4:5\n", Path::new("g.yaml")).unwrap_err();
         assert!(err.to_string().contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn quotas_are_read_per_tenant_with_a_default_for_the_rest() {
+        let text = "insecure: true\ntenants:\n  nlp: {quota: {maxGpus: 8, submitsPerSecond: 2}}\n  vision: {weight: 2}\n\
+                    defaultQuota: {maxQueuedJobs: 100}\n";
+        let config = GatewayConfig::parse(text, Path::new("g.yaml")).unwrap();
+        let (nlp, source) = config.quota("nlp");
+        assert_eq!((nlp.max_gpus, nlp.max_queued_jobs, source.as_str()), (Some(8), None, "tenants.nlp.quota"));
+        assert_eq!(nlp.submit_rate(), Some((2.0, 2)));
+        let (vision, source) = config.quota("vision");
+        assert_eq!((vision.max_queued_jobs, source.as_str()), (Some(100), "defaultQuota"));
+        assert_eq!(config.tenant_weight("nlp"), 1.0, "no weight given: the default");
+        assert_eq!(config.tenant_weight("vision"), 2.0);
+        let core = config.core_config();
+        assert_eq!(core.quota("nlp").max_gpus, Some(8));
+        assert_eq!(core.quota("anyone").max_queued_jobs, Some(100));
+    }
+
+    #[test]
+    fn invalid_quotas_name_their_fields() {
+        let text = "insecure: true\ntenants: {nlp: {quota: {maxGpus: 0, submitsPerSecond: -1}}}\n\
+                    defaultQuota: {submitBurst: 5, maxQueuedJobs: 0}\n";
+        match GatewayConfig::parse(text, Path::new("g.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                let joined = problems.join("\n");
+                for field in [
+                    "tenants.nlp.quota.maxGpus",
+                    "tenants.nlp.quota.submitsPerSecond",
+                    "defaultQuota.maxQueuedJobs",
+                    "defaultQuota.submitBurst: needs defaultQuota.submitsPerSecond",
+                ] {
+                    assert!(joined.contains(field), "{field} missing from {joined}");
+                }
+                assert_eq!(problems.len(), 4, "{problems:?}");
+            }
+            other => panic!("expected invalid, got {other:?}"),
+        }
+        let err = GatewayConfig::parse("defaultQuota: {maxGPUs: 3}\n", Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("maxGPUs"), "{err}");
     }
 
     #[test]

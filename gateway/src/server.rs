@@ -94,11 +94,13 @@ pub async fn serve(
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let catalog = config.gpu_catalog();
+    let submit_rate = Arc::new(crate::api::SubmitRate::from_config(&config));
     let configs = reloader.as_ref().map(crate::tls::Reloader::subscribe);
     let rest = match &configs {
         Some(configs) => tokio::spawn(crate::api::serve_rest(
             handle.clone(),
             catalog.clone(),
+            Arc::clone(&submit_rate),
             rest_listener,
             TlsHandshake::new(configs.clone(), Listener::Rest),
             limits,
@@ -107,13 +109,22 @@ pub async fn serve(
         None => tokio::spawn(crate::api::serve_rest(
             handle.clone(),
             catalog.clone(),
+            Arc::clone(&submit_rate),
             rest_listener,
             Plain,
             limits,
             stop_rx.clone(),
         )),
     };
-    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, configs, limits, stop_rx.clone()));
+    let grpc = tokio::spawn(crate::api::serve_grpc(
+        handle,
+        catalog,
+        submit_rate,
+        grpc_listener,
+        configs,
+        limits,
+        stop_rx.clone(),
+    ));
     let reload = reloader.map(|reloader| tokio::spawn(reloader.run(stop_rx.clone())));
     shutdown.await;
     tracing::info!("gateway shutting down");

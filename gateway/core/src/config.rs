@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use meridian_placement::{NetworkTable, PlacementConfig};
 
+use crate::quota::TenantQuota;
+
 /// Timeouts, weights and limits of the core. `Default` reads as the documented defaults.
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -28,6 +30,10 @@ pub struct CoreConfig {
     pub lease_margin: Duration,
     /// Finished jobs (and their decisions) are forgotten this long after they finished.
     pub retention: Duration,
+    /// Placement quotas of the tenants that have their own (`tenants.NAME.quota`).
+    pub quotas: BTreeMap<String, TenantQuota>,
+    /// Placement quota of every other tenant (`defaultQuota`); the default sets no limit.
+    pub default_quota: TenantQuota,
 }
 
 impl Default for CoreConfig {
@@ -42,6 +48,8 @@ impl Default for CoreConfig {
             lost_job_timeout: Duration::from_secs(600),
             lease_margin: Duration::from_secs(60),
             retention: Duration::from_secs(7 * 24 * 3600),
+            quotas: BTreeMap::new(),
+            default_quota: TenantQuota::default(),
         }
     }
 }
@@ -50,6 +58,22 @@ impl CoreConfig {
     /// Fair-share weight of `tenant`.
     pub fn tenant_weight(&self, tenant: &str) -> f64 {
         self.tenant_weights.get(tenant).copied().unwrap_or(self.default_tenant_weight)
+    }
+
+    /// The placement quota of `tenant`.
+    pub fn quota(&self, tenant: &str) -> TenantQuota {
+        self.quotas.get(tenant).copied().unwrap_or(self.default_quota)
+    }
+
+    /// Where the quota of `tenant` is configured, for explanations: `tenants.NAME.quota` or
+    /// `defaultQuota`.
+    pub fn quota_source(&self, tenant: &str) -> String {
+        if self.quotas.contains_key(tenant) { format!("tenants.{tenant}.quota") } else { "defaultQuota".to_string() }
+    }
+
+    /// Whether any tenant has a placement quota: without one, rounds skip quota work entirely.
+    pub fn has_quotas(&self) -> bool {
+        self.default_quota.limits_anything() || self.quotas.values().any(TenantQuota::limits_anything)
     }
 
     /// The lease agents get, or None when the margin leaves none (then agents never stop jobs

@@ -103,6 +103,20 @@ pub enum Error {
         /// Per cluster, why not.
         reasons: Vec<(String, String)>,
     },
+    /// The job's gang is larger than its tenant's whole GPU quota, so it could never start.
+    #[error(
+        "the job needs {needs} GPUs but tenant {tenant} may hold at most {limit} ({field}); split the job or raise the quota"
+    )]
+    ExceedsQuota {
+        /// The config path of the limit, e.g. `tenants.nlp.quota.maxGpus`.
+        field: String,
+        /// The tenant.
+        tenant: String,
+        /// The limit.
+        limit: u32,
+        /// GPUs the gang takes.
+        needs: u32,
+    },
     /// The idempotency key was used before for a different spec.
     #[error("idempotencyKey `{key}` was already used by job {existing} with a different spec")]
     IdempotencyConflict {

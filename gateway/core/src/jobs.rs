@@ -139,6 +139,16 @@ impl Core {
             }
             return Ok(Reply::Submitted { job: Arc::clone(job), created: false });
         }
+        if let Some(limit) = self.config.quota(&spec.tenant).max_gpus
+            && spec.total_gpus() > limit
+        {
+            return Err(Error::ExceedsQuota {
+                field: format!("{}.maxGpus", self.config.quota_source(&spec.tenant)),
+                tenant: spec.tenant.clone(),
+                limit,
+                needs: spec.total_gpus(),
+            });
+        }
         // Whether a job could ever run depends only on the clusters' shapes: the snapshot is
         // built once and kept until a cluster joins or changes shape.
         let snapshot = match &self.never_fits_snapshot {

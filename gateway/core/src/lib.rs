@@ -17,6 +17,7 @@ mod agents;
 pub mod config;
 pub mod io;
 mod jobs;
+pub mod quota;
 pub mod record;
 pub mod registry;
 mod round;
@@ -33,6 +34,7 @@ use meridian_placement::Decision;
 
 pub use config::CoreConfig;
 pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
+pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
@@ -51,6 +53,14 @@ pub enum Decided {
     },
     /// Read from the store (the decision that placed the job).
     Stored(StoredDecision),
+    /// A round held the job back for its tenant's quota before placing it. Not stored: rounds
+    /// work it out again after a restart.
+    Quota {
+        /// When the job began waiting for this (Unix ms).
+        at_ms: i64,
+        /// Which limit, with the numbers.
+        wait: QuotaWait,
+    },
 }
 
 /// An active job as rounds read it: its record, and what rounds keep about it between rounds.

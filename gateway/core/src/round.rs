@@ -13,6 +13,7 @@ use meridian_proto::protocol::GatewayCommand;
 use crate::agents::assignment;
 use crate::io::Effects;
 use crate::jobs::holds_gpus;
+use crate::quota::RoundQuotas;
 use crate::record::JobRecord;
 use crate::{Core, Decided};
 
@@ -95,6 +96,14 @@ impl Core {
                 });
             }
         }
+        let mut quotas = RoundQuotas::default();
+        if self.config.has_quotas() {
+            // GPUs each tenant holds (whole numbers: usage adds whole gangs).
+            let held_gpus: HashMap<String, u32> =
+                usage.iter().map(|(tenant, held)| (tenant.clone(), held.gpus as u32)).collect();
+            quotas = RoundQuotas::new(&self.config, queued.iter().map(|q| q.job.as_ref()), &held_gpus);
+            queued = self.hold_back_beyond_queue_limits(&quotas, queued, now_ms);
+        }
         if queued.is_empty() {
             return;
         }
@@ -102,8 +111,13 @@ impl Core {
         let waited = |submitted_at_ms: i64| (now_ms.saturating_sub(submitted_at_ms) as f64 / 1000.0).max(0.0);
         let config = self.config.placement.clone();
         let mut holds = {
-            let oldest_first =
-                queued.iter().enumerate().map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
+            // A job over its tenant's GPU quota cannot be offered this round (the tenant's count
+            // only grows within a round), so it must not hold a cluster against other tenants.
+            let oldest_first = queued
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| quotas.gpu_hold(&q.job).is_none())
+                .map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
         let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {
@@ -133,6 +147,12 @@ impl Core {
         while let Some(next) = queue.pop_next() {
             let Some(entry) = queued.get(next.id) else { continue };
             let job = &entry.job;
+            // Over its tenant's GPU quota: it waits, and says so (a cheap check, before any
+            // placement work).
+            if let Some(hold) = quotas.gpu_hold(job) {
+                self.wait_for_quota(&job.id, entry.decided.as_deref(), hold, now_ms);
+                continue;
+            }
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
             // would score: skip it (the expensive part of a round over a long queue) unless its
             // explanation is missing or old. It still counts as waiting where it last chose to.
@@ -154,7 +174,7 @@ impl Core {
                 let previous = entry.decided.as_deref();
                 let fresh = match previous {
                     Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
-                    Some(Decided::Stored(_)) | None => false,
+                    Some(Decided::Stored(_) | Decided::Quota { .. }) | None => false,
                 };
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
@@ -188,6 +208,7 @@ impl Core {
                 fits_somewhere_now.clear();
             }
             queue.placed(&next);
+            quotas.offered(job);
             // Its hold (if it had one) has served: the cluster is open to the jobs after it.
             holds.release(&next.id);
             let mut offered = JobRecord::clone(job);
@@ -212,12 +233,12 @@ impl Core {
 }
 
 /// A queued job in a round, with what earlier rounds kept about it.
-struct Queued {
-    job: Arc<JobRecord>,
+pub(crate) struct Queued {
+    pub(crate) job: Arc<JobRecord>,
     /// Its demand key's number, if a round worked it out already.
-    demand: Option<u32>,
+    pub(crate) demand: Option<u32>,
     /// Its latest decision.
-    decided: Option<Arc<Decided>>,
+    pub(crate) decided: Option<Arc<Decided>>,
 }
 
 /// `per_replica` × `replicas`, saturating.

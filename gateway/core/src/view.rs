@@ -179,6 +179,7 @@ impl ReadView {
             Some(Decided::Stored(stored)) => {
                 (Some(stored.at_ms), Some(stored.summary.clone()), stored.candidates.clone())
             }
+            Some(Decided::Quota { at_ms, wait }) => (Some(*at_ms), Some(wait.to_string()), Vec::new()),
             None => (None, None, Vec::new()),
         };
         let summary = match (job.state, decision_summary, &job.placement) {

@@ -103,6 +103,11 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
                 .map(|(cluster, reason)| FieldError { field: format!("clusters.{cluster}"), reason: reason.clone() })
                 .collect(),
         ),
+        ApiError::Core(Core::ExceedsQuota { field, .. }) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "exceeds_quota",
+            vec![FieldError { field: field.clone(), reason: error.to_string() }],
+        ),
         ApiError::Core(Core::IdempotencyConflict { .. }) => (
             StatusCode::CONFLICT,
             "conflict",

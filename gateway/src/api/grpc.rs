@@ -124,6 +124,8 @@ pub struct JobsApi {
     pub handle: Handle,
     /// GPU types specs may name.
     pub catalog: GpuCatalog,
+    /// Per-tenant submit rates.
+    pub submit_rate: std::sync::Arc<super::SubmitRate>,
 }
 
 fn job_to_wire(job: &JobRecord) -> pb::Job {
@@ -150,6 +152,7 @@ fn grpc<T>(result: Result<T, ApiError>) -> Result<T, Status> {
 impl pb::jobs_server::Jobs for JobsApi {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<tonic::Response<pb::Job>, Status> {
         let spec = grpc(parse_job_spec(&request.into_inner().spec_text, &self.catalog).map_err(ApiError::from))?;
+        grpc(self.submit_rate.check(&spec.tenant))?;
         let (job, _) = grpc(self.handle.submit(spec).await.map_err(ApiError::from))?;
         Ok(tonic::Response::new(job_to_wire(&job)))
     }

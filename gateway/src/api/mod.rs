@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod error;
 pub mod grpc;
+pub mod quota;
 pub mod rate;
 pub mod rest;
 
@@ -20,6 +21,7 @@ use self::conn::{Handshake, Plain};
 use crate::tls::{ConnLimits, Listener, ServerConfigs, TlsHandshake};
 
 pub use error::ApiError;
+pub use quota::SubmitRate;
 
 use crate::runtime::Handle;
 
@@ -28,12 +30,13 @@ use crate::runtime::Handle;
 pub async fn serve_rest<H: Handshake>(
     handle: Handle,
     catalog: GpuCatalog,
+    submit_rate: Arc<SubmitRate>,
     listener: tokio::net::TcpListener,
     handshake: H,
     limits: ConnLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let router = rest::router(rest::RestState { handle, catalog });
+    let router = rest::router(rest::RestState { handle, catalog, submit_rate });
     let mut incoming = crate::tls::incoming(listener, handshake, limits, shutdown.clone());
     let mut connections = JoinSet::new();
     loop {
@@ -72,6 +75,7 @@ pub async fn serve_rest<H: Handshake>(
 pub async fn serve_grpc(
     handle: Handle,
     catalog: GpuCatalog,
+    submit_rate: Arc<SubmitRate>,
     listener: tokio::net::TcpListener,
     tls: Option<watch::Receiver<Arc<ServerConfigs>>>,
     limits: ConnLimits,
@@ -84,7 +88,7 @@ pub async fn serve_grpc(
             shutdown: shutdown.clone(),
             require_certificate: tls.is_some(),
         }))
-        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog }));
+        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog, submit_rate }));
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };

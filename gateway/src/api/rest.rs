@@ -34,6 +34,8 @@ pub struct RestState {
     pub handle: Handle,
     /// GPU types specs may name.
     pub catalog: GpuCatalog,
+    /// Per-tenant submit rates.
+    pub submit_rate: std::sync::Arc<super::SubmitRate>,
 }
 
 /// The REST router.
@@ -71,6 +73,7 @@ async fn submit_job(State(state): State<RestState>, body: Bytes) -> Result<Respo
     })?;
     // Parsed here, on the caller's task, so the core's loop only sees valid specs.
     let spec = parse_job_spec(text, &state.catalog)?;
+    state.submit_rate.check(&spec.tenant)?;
     let (job, created) = state.handle.submit(spec).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, axum::Json(job)).into_response())

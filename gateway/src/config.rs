@@ -9,6 +9,7 @@ use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use serde::{Deserialize, Serialize};
 
+use crate::api::limits::LimitsConfig;
 use crate::placement::{NetworkTable, PlacementConfig};
 
 pub use meridian_proto::config_file::ConfigError as Error;
@@ -52,6 +53,8 @@ pub struct GatewayConfig {
     pub lease_margin: HumanDuration,
     /// Finished jobs and their decisions are forgotten this long after they finished.
     pub retention: HumanDuration,
+    /// What a REST client may hold and how fast it may ask: connection caps, timeouts, rate.
+    pub limits: LimitsConfig,
 }
 
 /// Per-tenant settings.
@@ -90,6 +93,7 @@ impl Default for GatewayConfig {
             lost_job_timeout: HumanDuration::from_secs(600),
             lease_margin: HumanDuration::from_secs(60),
             retention: HumanDuration::from_secs(7 * 24 * 3600),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -140,6 +144,7 @@ impl GatewayConfig {
             }
         }
         problems.extend(self.placement.problems("placement."));
+        problems.extend(self.limits.problems("limits."));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

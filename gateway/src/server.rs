@@ -77,7 +77,14 @@ pub async fn serve(
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let catalog = config.gpu_catalog();
-    let rest = tokio::spawn(crate::api::serve_rest(handle.clone(), catalog.clone(), rest_listener, stop_rx.clone()));
+    let rest = tokio::spawn(crate::api::serve_rest(
+        handle.clone(),
+        catalog.clone(),
+        rest_listener,
+        crate::api::conn::Plain,
+        config.limits.clone(),
+        stop_rx.clone(),
+    ));
     let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, stop_rx.clone()));
     shutdown.await;
     tracing::info!("gateway shutting down");

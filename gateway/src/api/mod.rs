@@ -5,6 +5,10 @@
 pub mod conn;
 pub mod error;
 pub mod grpc;
+pub mod guard;
+pub mod limits;
+pub mod listener;
+pub mod query;
 pub mod rate;
 pub mod rest;
 
@@ -17,18 +21,19 @@ pub use error::ApiError;
 
 use crate::runtime::Handle;
 
-/// Serves the REST API on `listener` until `shutdown` flips.
-pub async fn serve_rest(
+/// Serves the REST API on `listener` until `shutdown` flips, each connection through
+/// `handshake`, under the connection caps, timeouts and request rate of `limits`.
+pub async fn serve_rest<H: conn::Handshake>(
     handle: Handle,
     catalog: GpuCatalog,
     listener: tokio::net::TcpListener,
-    mut shutdown: watch::Receiver<bool>,
+    handshake: H,
+    limits: limits::LimitsConfig,
+    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, rest::router(rest::RestState { handle, catalog }))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await
+    let router = rest::router(rest::RestState { handle, catalog });
+    let tracker = limits::ConnectionTracker::new(&limits);
+    listener::serve(listener, handshake, router, &limits, tracker, shutdown).await
 }
 
 /// Serves the gRPC services until `shutdown` flips.

@@ -35,6 +35,7 @@ pub async fn serve<H: Handshake>(
     tracker: Arc<ConnectionTracker>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    warn_if_short_of_descriptors(limits);
     let guard = Guard::new(router, limits);
     let settings = ConnectionSettings {
         header_read_timeout: limits.header_read_timeout.0,
@@ -78,6 +79,27 @@ pub async fn serve<H: Handshake>(
     drop(listener);
     while connections.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Descriptors kept for everything that is not a REST connection: the gRPC port and its agents,
+/// the store, logs.
+const OTHER_DESCRIPTORS: u64 = 256;
+
+/// Warns when the caps could run the process out of file descriptors before they apply: then
+/// accepts fail and `/healthz` and agents go unanswered, which the caps exist to prevent.
+fn warn_if_short_of_descriptors(limits: &LimitsConfig) {
+    let needed = (limits.max_connections + limits.reserve_connections) as u64 + OTHER_DESCRIPTORS;
+    let open_files = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    if let Some(open_files) = open_files
+        && open_files < needed
+    {
+        tracing::warn!(
+            open_files,
+            needed,
+            "limits.maxConnections + limits.reserveConnections leave too few file descriptors under the \
+             open-file limit (ulimit -n); lower limits.maxConnections or raise the limit"
+        );
+    }
 }
 
 /// Resolves once `shutdown` flips (or its sender is gone).

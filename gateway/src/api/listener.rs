@@ -195,3 +195,102 @@ impl Connection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use axum::routing::get;
+    use meridian_proto::duration::HumanDuration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::api::conn::Plain;
+    use crate::api::limits::ConnectionCounts;
+
+    /// Far above every timeout the tests set; only reached when a test fails.
+    const DEADLINE: Duration = Duration::from_secs(20);
+
+    /// A handshake that never finishes.
+    #[derive(Clone)]
+    struct Stalls;
+
+    impl Handshake for Stalls {
+        type Io = TcpStream;
+
+        async fn handshake(&self, _tcp: TcpStream) -> std::io::Result<TcpStream> {
+            std::future::pending().await
+        }
+    }
+
+    struct Running {
+        addr: SocketAddr,
+        tracker: Arc<ConnectionTracker>,
+        stop: watch::Sender<bool>,
+        served: tokio::task::JoinHandle<std::io::Result<()>>,
+    }
+
+    async fn start<H: Handshake>(handshake: H, limits: LimitsConfig) -> Running {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tracker = ConnectionTracker::new(&limits);
+        let (stop, stopped) = watch::channel(false);
+        let router = Router::new().route("/healthz", get(|| async { "ok" }));
+        let served = tokio::spawn({
+            let tracker = Arc::clone(&tracker);
+            async move { serve(listener, handshake, router, &limits, tracker, stopped).await }
+        });
+        Running { addr, tracker, stop, served }
+    }
+
+    async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        match tokio::time::timeout(DEADLINE, stream.read_to_end(&mut bytes)).await.expect("closed in time") {
+            // Closing with unread bytes resets: still the server closing.
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => bytes,
+            result => {
+                result.unwrap();
+                bytes
+            }
+        }
+    }
+
+    async fn wait_for_counts(tracker: &ConnectionTracker, expected: ConnectionCounts) {
+        let deadline = Instant::now() + DEADLINE;
+        while tracker.counts() != expected {
+            assert!(Instant::now() < deadline, "counts {:?}, expected {expected:?}", tracker.counts());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_kept_alive_connections_and_returns() {
+        let running = start(Plain, LimitsConfig::default()).await;
+        let mut kept = TcpStream::connect(running.addr).await.unwrap();
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+        let mut answer = [0u8; 256];
+        let n = tokio::time::timeout(DEADLINE, kept.read(&mut answer)).await.unwrap().unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer[..n]));
+        wait_for_counts(&running.tracker, ConnectionCounts { served: 1, reserve: 0 }).await;
+
+        running.stop.send(true).unwrap();
+        assert!(read_to_close(&mut kept).await.is_empty());
+        tokio::time::timeout(DEADLINE, running.served).await.expect("serve returned in time").unwrap().unwrap();
+        assert_eq!(running.tracker.counts(), ConnectionCounts::default());
+    }
+
+    #[tokio::test]
+    async fn a_stalled_handshake_is_closed_at_the_header_timeout_and_its_slot_freed() {
+        let limits =
+            LimitsConfig { header_read_timeout: HumanDuration(Duration::from_millis(200)), ..LimitsConfig::default() };
+        let running = start(Stalls, limits).await;
+        let mut stalled = TcpStream::connect(running.addr).await.unwrap();
+        stalled.write_all(b"\x16\x03\x01").await.unwrap();
+        let started = Instant::now();
+        assert!(read_to_close(&mut stalled).await.is_empty());
+        assert!(started.elapsed() >= Duration::from_millis(150), "closed after {:?}", started.elapsed());
+        wait_for_counts(&running.tracker, ConnectionCounts::default()).await;
+        running.stop.send(true).unwrap();
+        tokio::time::timeout(DEADLINE, running.served).await.unwrap().unwrap().unwrap();
+    }
+}

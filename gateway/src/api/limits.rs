@@ -43,6 +43,9 @@ pub struct LimitsConfig {
     /// A request's body must arrive within this, counted from the end of its head; otherwise the
     /// JSON 408 and the connection is closed.
     pub body_read_timeout: HumanDuration,
+    /// An answer's bytes must be taken by the client within this each time the socket is full;
+    /// otherwise the connection is closed (a client that does not read cannot hold it).
+    pub write_timeout: HumanDuration,
     /// The whole life of a reserve connection (handshake, one request, its answer).
     pub reserve_timeout: HumanDuration,
     /// Requests per second one client address may make on average (`/healthz` is not counted).
@@ -59,6 +62,7 @@ impl Default for LimitsConfig {
             reserve_connections: 32,
             header_read_timeout: HumanDuration::from_secs(10),
             body_read_timeout: HumanDuration::from_secs(30),
+            write_timeout: HumanDuration::from_secs(30),
             reserve_timeout: HumanDuration::from_secs(2),
             requests_per_second: 200.0,
             request_burst: 400,
@@ -88,6 +92,7 @@ impl LimitsConfig {
         for (field, value) in [
             ("headerReadTimeout", self.header_read_timeout),
             ("bodyReadTimeout", self.body_read_timeout),
+            ("writeTimeout", self.write_timeout),
             ("reserveTimeout", self.reserve_timeout),
         ] {
             if value.0.is_zero() {

@@ -2,19 +2,23 @@
 //! on the connection's own task under the header-read timeout, and drains on shutdown. Used
 //! instead of `axum::serve`, which has no timeouts or caps.
 
+use std::future::Future;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::conn::Handshake;
 use super::guard::{Access, Guard};
@@ -40,6 +44,7 @@ pub async fn serve<H: Handshake>(
     let settings = ConnectionSettings {
         header_read_timeout: limits.header_read_timeout.0,
         reserve_timeout: limits.reserve_timeout.0,
+        write_timeout: limits.write_timeout.0,
     };
     let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
@@ -117,6 +122,7 @@ fn is_per_connection(error: &std::io::Error) -> bool {
 struct ConnectionSettings {
     header_read_timeout: Duration,
     reserve_timeout: Duration,
+    write_timeout: Duration,
 }
 
 /// One accepted connection and what it may do.
@@ -165,6 +171,7 @@ impl Connection {
             .header_read_timeout(header_read_timeout)
             .max_buf_size(MAX_HEAD_BYTES)
             .keep_alive(!reserve);
+        let io = WriteTimeout { io, limit: settings.write_timeout, stalled: None };
         let connection = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let life = async {
@@ -193,6 +200,70 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+/// Fails a write that makes no progress for `limit`, so that a client that does not read its
+/// answers cannot hold a connection (hyper has no write timeout of its own).
+struct WriteTimeout<Io> {
+    io: Io,
+    limit: Duration,
+    /// Running while a write waits on the client.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<Io> WriteTimeout<Io> {
+    /// Passes `result` through, timing a write that waits.
+    fn timed<T>(&mut self, result: Poll<std::io::Result<T>>, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        if result.is_ready() {
+            self.stalled = None;
+            return result;
+        }
+        let limit = self.limit;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "the client did not read its answer within limits.writeTimeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<Io: AsyncRead + Unpin> AsyncRead for WriteTimeout<Io> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<Io: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<Io> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.timed(result, cx)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.io).poll_flush(cx);
+        self.timed(result, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.timed(result, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.timed(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
@@ -235,7 +306,9 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let tracker = ConnectionTracker::new(&limits);
         let (stop, stopped) = watch::channel(false);
-        let router = Router::new().route("/healthz", get(|| async { "ok" }));
+        let router = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/big", get(|| async { vec![b'x'; 64 << 20] }));
         let served = tokio::spawn({
             let tracker = Arc::clone(&tracker);
             async move { serve(listener, handshake, router, &limits, tracker, stopped).await }
@@ -289,6 +362,20 @@ mod tests {
         let started = Instant::now();
         assert!(read_to_close(&mut stalled).await.is_empty());
         assert!(started.elapsed() >= Duration::from_millis(150), "closed after {:?}", started.elapsed());
+        wait_for_counts(&running.tracker, ConnectionCounts::default()).await;
+        running.stop.send(true).unwrap();
+        tokio::time::timeout(DEADLINE, running.served).await.unwrap().unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_its_answer_is_cut_off_at_the_write_timeout() {
+        let limits =
+            LimitsConfig { write_timeout: HumanDuration(Duration::from_millis(300)), ..LimitsConfig::default() };
+        let running = start(Plain, limits).await;
+        let mut reader_that_stops = TcpStream::connect(running.addr).await.unwrap();
+        reader_that_stops.write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+        wait_for_counts(&running.tracker, ConnectionCounts { served: 1, reserve: 0 }).await;
+        // 64 MiB do not fit in the socket buffers: the write stalls, and the connection goes.
         wait_for_counts(&running.tracker, ConnectionCounts::default()).await;
         running.stop.send(true).unwrap();
         tokio::time::timeout(DEADLINE, running.served).await.unwrap().unwrap().unwrap();

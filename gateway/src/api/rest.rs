@@ -56,7 +56,8 @@ pub fn router(state: RestState) -> Router {
             ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
         })
         // Bodies a little over the spec limit still reach the handler, which answers with the
-        // JSON error; far larger ones are cut off by axum.
+        // JSON error naming `spec`; larger ones are refused by the guard in front of the router
+        // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
         .with_state(state)
 }

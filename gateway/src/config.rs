@@ -9,6 +9,7 @@ use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use serde::{Deserialize, Serialize};
 
+use crate::api::limits::LimitsConfig;
 use crate::placement::{NetworkTable, PlacementConfig};
 
 pub use meridian_proto::config_file::ConfigError as Error;
@@ -61,6 +62,8 @@ pub struct GatewayConfig {
     /// Serve plain text on both ports, with no agent authentication (tests, local experiments).
     /// Logs a warning at start-up.
     pub insecure: bool,
+    /// What a REST client may hold and how fast it may ask: connection caps, timeouts, rate.
+    pub limits: LimitsConfig,
 }
 
 /// Per-tenant settings.
@@ -166,6 +169,7 @@ impl Default for GatewayConfig {
             retention: HumanDuration::from_secs(7 * 24 * 3600),
             tls: None,
             insecure: false,
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -223,6 +227,7 @@ impl GatewayConfig {
         }
         problems.extend(self.placement.problems("placement."));
         problems.extend(crate::tls::problems(self.tls.as_ref(), self.insecure));
+        problems.extend(self.limits.problems("limits."));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

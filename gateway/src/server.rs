@@ -103,7 +103,7 @@ pub async fn serve(
             Arc::clone(&submit_rate),
             rest_listener,
             TlsHandshake::new(configs.clone(), Listener::Rest),
-            limits,
+            config.limits.clone(),
             stop_rx.clone(),
         )),
         None => tokio::spawn(crate::api::serve_rest(
@@ -112,7 +112,7 @@ pub async fn serve(
             Arc::clone(&submit_rate),
             rest_listener,
             Plain,
-            limits,
+            config.limits.clone(),
             stop_rx.clone(),
         )),
     };

@@ -63,6 +63,42 @@ pub enum ApiError {
     /// The request's `Content-Type` is neither JSON nor YAML (415).
     #[error("Content-Type `{0}` is not supported; send application/json or application/yaml")]
     UnsupportedMediaType(String),
+    /// The path exists but not with this method (405).
+    #[error("{method} is not allowed on {path}")]
+    MethodNotAllowed {
+        /// The method asked for.
+        method: String,
+        /// The path asked for.
+        path: String,
+    },
+    /// The request body did not arrive in time (408); the connection is closed.
+    #[error("the request body did not arrive within {0:?}; send it promptly")]
+    RequestTimeout(std::time::Duration),
+    /// The request body is larger than any endpoint accepts (413); the connection is closed.
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The largest body read.
+        limit: usize,
+    },
+    /// The request target (path and query) is too long (414).
+    #[error("the request target is {length} bytes; at most {limit} are accepted")]
+    UriTooLong {
+        /// Its length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The gateway has no connection to spare (503); `/healthz` is still answered.
+    #[error("{0}")]
+    Overloaded(String),
+    /// A rejection from the HTTP layer that has no variant of its own, kept with its status.
+    #[error("{message}")]
+    Rejected {
+        /// The HTTP status it was answered with.
+        status: StatusCode,
+        /// What the layer said.
+        message: String,
+    },
 }
 
 impl From<LogsError> for ApiError {
@@ -133,6 +169,41 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
             "unsupported_media_type",
             vec![FieldError { field: "Content-Type".into(), reason: error.to_string() }],
         ),
+        ApiError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", Vec::new()),
+        ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout", Vec::new()),
+        ApiError::BodyTooLarge { .. } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            vec![FieldError { field: "body".into(), reason: error.to_string() }],
+        ),
+        ApiError::UriTooLong { .. } => (
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            vec![FieldError { field: "uri".into(), reason: error.to_string() }],
+        ),
+        ApiError::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Vec::new()),
+        ApiError::Rejected { status, .. } => (*status, code_of(*status), Vec::new()),
+    }
+}
+
+/// The error code answered with `status` when nothing more specific is known.
+pub fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthenticated",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::CONFLICT => "conflict",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::URI_TOO_LONG => "uri_too_long",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid_spec",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limited",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        status if status.is_client_error() => "bad_request",
+        _ => "internal",
     }
 }
 
@@ -165,11 +236,12 @@ pub fn grpc(error: &ApiError) -> Status {
         }
         StatusCode::CONFLICT => Status::already_exists(message),
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Status::unavailable(message),
-        StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),
+        StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => Status::deadline_exceeded(message),
         StatusCode::UNAUTHORIZED => Status::unauthenticated(message),
         StatusCode::FORBIDDEN => Status::permission_denied(message),
         StatusCode::TOO_MANY_REQUESTS => Status::resource_exhausted(message),
         StatusCode::UNPROCESSABLE_ENTITY if matches!(error, ApiError::Core(_)) => Status::failed_precondition(message),
+        status if status.is_server_error() => Status::internal(message),
         _ => Status::invalid_argument(message),
     }
 }

@@ -5,6 +5,10 @@
 pub mod conn;
 pub mod error;
 pub mod grpc;
+pub mod guard;
+pub mod limits;
+pub mod listener;
+pub mod query;
 pub mod quota;
 pub mod rate;
 pub mod rest;
@@ -14,10 +18,8 @@ use std::sync::Arc;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::pb;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio_stream::StreamExt;
 
-use self::conn::{Handshake, Plain};
+use self::conn::Plain;
 use crate::tls::{ConnLimits, Listener, ServerConfigs, TlsHandshake};
 
 pub use error::ApiError;
@@ -25,49 +27,20 @@ pub use quota::SubmitRate;
 
 use crate::runtime::Handle;
 
-/// Serves the REST API on `listener` until `shutdown` flips: each connection is handed to
-/// `handshake` (plain text or TLS) on its own task, then served HTTP/1.1.
-pub async fn serve_rest<H: Handshake>(
+/// Serves the REST API on `listener` until `shutdown` flips, each connection through
+/// `handshake`, under the connection caps, timeouts and request rate of `limits`.
+pub async fn serve_rest<H: conn::Handshake>(
     handle: Handle,
     catalog: GpuCatalog,
     submit_rate: Arc<SubmitRate>,
     listener: tokio::net::TcpListener,
     handshake: H,
-    limits: ConnLimits,
-    mut shutdown: watch::Receiver<bool>,
+    limits: limits::LimitsConfig,
+    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let router = rest::router(rest::RestState { handle, catalog, submit_rate });
-    let mut incoming = crate::tls::incoming(listener, handshake, limits, shutdown.clone());
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            next = incoming.next() => {
-                let Some(Ok(io)) = next else { break };
-                let service = hyper_util::service::TowerToHyperService::new(router.clone());
-                let mut stop = shutdown.clone();
-                connections.spawn(async move {
-                    let connection = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
-                    tokio::pin!(connection);
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(e) = result {
-                                tracing::debug!(error = %e, "REST connection ended with an error");
-                            }
-                        }
-                        () = async { let _ = stop.wait_for(|s| *s).await; } => {
-                            connection.as_mut().graceful_shutdown();
-                            let _ = connection.await;
-                        }
-                    }
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            () = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-        }
-    }
-    while connections.join_next().await.is_some() {}
-    Ok(())
+    let tracker = limits::ConnectionTracker::new(&limits);
+    listener::serve(listener, handshake, router, &limits, tracker, shutdown).await
 }
 
 /// Serves the gRPC services until `shutdown` flips. With `tls`, the agents' stream requires a

@@ -4,8 +4,9 @@ use std::collections::HashMap;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use meridian_core::JobFilter;
@@ -15,6 +16,7 @@ use meridian_proto::validate::{MAX_SPEC_BYTES, SpecError, parse_job_spec};
 use serde_json::json;
 
 use super::error::{ApiError, Result};
+use super::query::decode_query;
 use crate::runtime::{Handle, now_ms};
 
 /// Bytes of output per `GET /v1/jobs/{id}/logs` answer when `maxBytes` is not given.
@@ -51,8 +53,13 @@ pub fn router(state: RestState) -> Router {
             let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});
             (StatusCode::NOT_FOUND, axum::Json(body))
         })
+        // axum adds the `Allow` header to this answer.
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
+        })
         // Bodies a little over the spec limit still reach the handler, which answers with the
-        // JSON error; far larger ones are cut off by axum.
+        // JSON error naming `spec`; larger ones are refused by the guard in front of the router
+        // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
         .with_state(state)
 }
@@ -64,7 +71,23 @@ async fn health(State(state): State<RestState>) -> Response {
     }
 }
 
-async fn submit_job(State(state): State<RestState>, body: Bytes) -> Result<Response> {
+/// Media types a job spec may be sent as (parameters such as `charset` aside).
+pub const SPEC_MEDIA_TYPES: [&str; 4] = ["application/json", "application/yaml", "application/x-yaml", "text/yaml"];
+
+/// Checks a spec's `Content-Type`: JSON or YAML, or none at all (the body is sniffed).
+pub fn check_spec_content_type(headers: &HeaderMap) -> Result<()> {
+    let Some(value) = headers.get(CONTENT_TYPE) else { return Ok(()) };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let media_type = text.split(';').next().unwrap_or_default().trim();
+    if SPEC_MEDIA_TYPES.iter().any(|known| known.eq_ignore_ascii_case(media_type)) {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(text.chars().take(128).collect()))
+    }
+}
+
+async fn submit_job(State(state): State<RestState>, headers: HeaderMap, body: Bytes) -> Result<Response> {
+    check_spec_content_type(&headers)?;
     if body.len() > MAX_SPEC_BYTES {
         return Err(ApiError::InvalidSpec(SpecError::TooLarge { size: body.len(), limit: MAX_SPEC_BYTES }));
     }
@@ -126,11 +149,13 @@ pub fn parse_list_query(params: &HashMap<String, String>) -> Result<ListQuery> {
     Ok(query)
 }
 
-async fn list_jobs(
-    State(state): State<RestState>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Result<axum::Json<serde_json::Value>> {
-    let query = parse_list_query(&params)?;
+/// The request's query parameters, decoded strictly (see [`decode_query`]).
+fn query_params(raw: Option<String>) -> Result<HashMap<String, String>> {
+    Ok(decode_query(raw.as_deref().unwrap_or_default())?.into_iter().collect())
+}
+
+async fn list_jobs(State(state): State<RestState>, RawQuery(raw): RawQuery) -> Result<axum::Json<serde_json::Value>> {
+    let query = parse_list_query(&query_params(raw)?)?;
     let page = state.handle.view().list(&query.filter, query.limit, query.after.as_deref());
     let mut body = json!({ "jobs": page.jobs });
     if let Some(next) = page.next {
@@ -177,12 +202,8 @@ pub fn parse_logs_query(params: &HashMap<String, String>) -> Result<(Option<u64>
     Ok((from, max_bytes))
 }
 
-async fn job_logs(
-    State(state): State<RestState>,
-    Path(id): Path<String>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Result<Response> {
-    let (from, max_bytes) = parse_logs_query(&params)?;
+async fn job_logs(State(state): State<RestState>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Result<Response> {
+    let (from, max_bytes) = parse_logs_query(&query_params(raw)?)?;
     let chunk = state.handle.logs(&id, from, max_bytes).await?;
     Ok(axum::Json(chunk).into_response())
 }

@@ -52,6 +52,9 @@ pub struct GatewayConfig {
     pub lease_margin: HumanDuration,
     /// Finished jobs and their decisions are forgotten this long after they finished.
     pub retention: HumanDuration,
+    /// How REST and gRPC `Jobs` callers authenticate (see `docs/security/auth.md`). Left out:
+    /// every caller is an anonymous admin (a development mode; the gateway warns at start-up).
+    pub auth: Option<crate::auth::AuthConfig>,
 }
 
 /// Per-tenant settings.
@@ -90,6 +93,7 @@ impl Default for GatewayConfig {
             lost_job_timeout: HumanDuration::from_secs(600),
             lease_margin: HumanDuration::from_secs(60),
             retention: HumanDuration::from_secs(7 * 24 * 3600),
+            auth: None,
         }
     }
 }
@@ -140,6 +144,9 @@ impl GatewayConfig {
             }
         }
         problems.extend(self.placement.problems("placement."));
+        if let Some(auth) = &self.auth {
+            problems.extend(auth.problems("auth."));
+        }
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }
@@ -199,6 +206,17 @@ mod tests {
     fn unknown_fields_are_named() {
         let err = GatewayConfig::parse("listn: 1.2.3.4:5\n", Path::new("g.yaml")).unwrap_err();
         assert!(err.to_string().contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn an_auth_section_needs_a_tokens_file_or_jwt_settings() {
+        let err = GatewayConfig::parse("auth: {}\n", Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("auth.tokensFile, auth.jwt"), "{err}");
+        let text = "auth: {tokensFile: tokens.yaml, jwt: {issuer: '', audience: m, jwksFile: k.json}}\n";
+        let err = GatewayConfig::parse(text, Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("auth.jwt.issuer: must not be empty"), "{err}");
+        let ok = GatewayConfig::parse("auth: {tokensFile: tokens.yaml}\n", Path::new("g.yaml")).unwrap();
+        assert!(ok.auth.is_some());
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum ServeError {
         #[source]
         source: meridian_core::record::DecodeError,
     },
+    /// A file named in `auth` could not be read or is invalid.
+    #[error("auth: {0}")]
+    Auth(#[from] crate::auth::LoadError),
     /// A listener could not be bound or failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -66,6 +69,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(BoundAddrs, Handle),
 ) -> Result<(), ServeError> {
+    let auth = Arc::new(crate::auth::Authenticator::from_config(config.auth.as_ref())?);
+    if !auth.is_on() {
+        tracing::warn!(
+            "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` (docs/security/auth.md)"
+        );
+    }
     let core = load(&config, store.as_ref()).await?;
     tracing::info!(store = %store.describe(), jobs = core.job_count(), active = core.active_count(), "state loaded");
     let rest_listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -77,12 +86,19 @@ pub async fn serve(
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let catalog = config.gpu_catalog();
-    let rest = tokio::spawn(crate::api::serve_rest(handle.clone(), catalog.clone(), rest_listener, stop_rx.clone()));
-    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, grpc_listener, stop_rx.clone()));
+    let auth_files = tokio::spawn(Arc::clone(&auth).watch_files(stop_rx.clone()));
+    let rest = tokio::spawn(crate::api::serve_rest(
+        handle.clone(),
+        catalog.clone(),
+        Arc::clone(&auth),
+        rest_listener,
+        stop_rx.clone(),
+    ));
+    let grpc = tokio::spawn(crate::api::serve_grpc(handle, catalog, auth, grpc_listener, stop_rx.clone()));
     shutdown.await;
     tracing::info!("gateway shutting down");
     let _ = stop_tx.send(true);
-    let (rest, grpc) = tokio::join!(rest, grpc);
+    let (rest, grpc, _) = tokio::join!(rest, grpc, auth_files);
     runtime.join().await;
     rest.map_err(std::io::Error::other)??;
     grpc.map_err(std::io::Error::other)??;

@@ -145,7 +145,8 @@ async fn tenants_see_and_change_only_their_own_jobs_and_secrets_never_leave_the_
     let (alice, bob, vic, root) = (as_user(ALICE), as_user(BOB), as_user(VIC), as_user(ROOT));
     poll(Duration::from_secs(20), || async {
         let clusters = root.clusters().await.ok()?;
-        (clusters["clusters"][0]["connected"] == true).then_some(())
+        let east = &clusters["clusters"][0];
+        (east["connected"] == true && east["gpusTotal"].as_u64().unwrap_or(0) > 0).then_some(())
     })
     .await
     .unwrap();

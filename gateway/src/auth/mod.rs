@@ -139,6 +139,8 @@ pub struct Authenticator {
     reload_interval: Duration,
 }
 
+// Large only in one variant, and there is one per gateway: boxing would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Mode {
     /// No `auth` configured: everyone is an anonymous admin.
     Off,

@@ -235,8 +235,9 @@ impl<'de> Deserialize<'de> for BurstPolicy {
     }
 }
 
-/// What runs: a container image, a command, or both.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// What runs: a container image, a command, or both. Its `Debug` hides secret env values, so
+/// a `{:?}` in a log line cannot leak them.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Payload {
     /// Container image; needs a backend that runs containers.
@@ -252,6 +253,18 @@ pub struct Payload {
     /// user ever shows them (see [`Payload::redacted`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub secret_env: BTreeSet<String>,
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = self.redacted();
+        f.debug_struct("Payload")
+            .field("image", &shown.image)
+            .field("command", &shown.command)
+            .field("env", &shown.env)
+            .field("secret_env", &shown.secret_env)
+            .finish()
+    }
 }
 
 impl Payload {
@@ -322,6 +335,18 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = r#"{"name":"n","tenant":"t","gang":{"resources":{"gpus":1}},"payload":{"command":["true"]}}"#;
+
+    #[test]
+    fn debug_output_hides_secret_env_values() {
+        let payload = Payload {
+            command: vec!["x".into()],
+            env: [("API_KEY".to_string(), "hunter2".to_string()), ("LR".to_string(), "1".to_string())].into(),
+            secret_env: ["API_KEY".to_string()].into(),
+            ..Payload::default()
+        };
+        let shown = format!("{payload:?}");
+        assert!(!shown.contains("hunter2") && shown.contains(SECRET_SET) && shown.contains("\"LR\": \"1\""), "{shown}");
+    }
 
     #[test]
     fn preemptible_defaults_to_false_and_is_written_only_when_set() {

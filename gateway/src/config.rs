@@ -64,6 +64,9 @@ pub struct GatewayConfig {
     pub insecure: bool,
     /// What a REST client may hold and how fast it may ask: connection caps, timeouts, rate.
     pub limits: LimitsConfig,
+    /// How REST and gRPC `Jobs` callers authenticate (see `docs/security/auth.md`). Left out:
+    /// every caller is an anonymous admin (a development mode; the gateway warns at start-up).
+    pub auth: Option<crate::auth::AuthConfig>,
 }
 
 /// Per-tenant settings.
@@ -170,6 +173,7 @@ impl Default for GatewayConfig {
             tls: None,
             insecure: false,
             limits: LimitsConfig::default(),
+            auth: None,
         }
     }
 }
@@ -228,6 +232,9 @@ impl GatewayConfig {
         problems.extend(self.placement.problems("placement."));
         problems.extend(crate::tls::problems(self.tls.as_ref(), self.insecure));
         problems.extend(self.limits.problems("limits."));
+        if let Some(auth) = &self.auth {
+            problems.extend(auth.problems("auth."));
+        }
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }
@@ -341,6 +348,19 @@ mod tests {
         }
         let err = GatewayConfig::parse("defaultQuota: {maxGPUs: 3}\n", Path::new("g.yaml")).unwrap_err();
         assert!(err.to_string().contains("maxGPUs"), "{err}");
+    }
+
+    #[test]
+    fn an_auth_section_needs_a_tokens_file_or_jwt_settings() {
+        let err = GatewayConfig::parse("insecure: true\nauth: {}\n", Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("auth.tokensFile, auth.jwt"), "{err}");
+        let text =
+            "insecure: true\nauth: {tokensFile: tokens.yaml, jwt: {issuer: '', audience: m, jwksFile: k.json}}\n";
+        let err = GatewayConfig::parse(text, Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("auth.jwt.issuer: must not be empty"), "{err}");
+        let ok =
+            GatewayConfig::parse("insecure: true\nauth: {tokensFile: tokens.yaml}\n", Path::new("g.yaml")).unwrap();
+        assert!(ok.auth.is_some());
     }
 
     #[test]

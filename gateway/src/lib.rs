@@ -11,6 +11,7 @@
 //!   only the public API; [`demo`] and [`sim`]: the demonstration and the placement lab.
 
 pub mod api;
+pub mod auth;
 pub mod certs;
 pub mod config;
 pub mod demo;

@@ -150,6 +150,11 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
     .await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A bad tokens or key file is bad configuration.
+        Err(e @ server::ServeError::Auth(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(64)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

@@ -48,6 +48,9 @@ pub enum ServeError {
     /// The TLS files could not be loaded.
     #[error("{0}")]
     Tls(#[from] crate::tls::Error),
+    /// A file named in `auth` could not be read or is invalid.
+    #[error("auth: {0}")]
+    Auth(#[from] crate::auth::LoadError),
     /// A listener could not be bound or failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -83,6 +86,12 @@ pub async fn serve(
         }
     };
     let limits = config.tls.as_ref().map(crate::tls::TlsConfig::limits).unwrap_or_default();
+    let auth = Arc::new(crate::auth::Authenticator::from_config(config.auth.as_ref())?);
+    if !auth.is_on() {
+        tracing::warn!(
+            "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` (docs/security/auth.md)"
+        );
+    }
     let core = load(&config, store.as_ref()).await?;
     tracing::info!(store = %store.describe(), jobs = core.job_count(), active = core.active_count(), "state loaded");
     let rest_listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -93,43 +102,36 @@ pub async fn serve(
     let (runtime, handle) = Runtime::start(core, store, config.runtime_config(), stop_rx.clone());
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
-    let catalog = config.gpu_catalog();
-    let submit_rate = Arc::new(crate::api::SubmitRate::from_config(&config));
+    let auth_files = tokio::spawn(Arc::clone(&auth).watch_files(stop_rx.clone()));
+    let services = crate::api::Services {
+        handle,
+        catalog: config.gpu_catalog(),
+        submit_rate: Arc::new(crate::api::SubmitRate::from_config(&config)),
+        auth,
+    };
     let configs = reloader.as_ref().map(crate::tls::Reloader::subscribe);
     let rest = match &configs {
         Some(configs) => tokio::spawn(crate::api::serve_rest(
-            handle.clone(),
-            catalog.clone(),
-            Arc::clone(&submit_rate),
+            services.clone(),
             rest_listener,
             TlsHandshake::new(configs.clone(), Listener::Rest),
             config.limits.clone(),
             stop_rx.clone(),
         )),
         None => tokio::spawn(crate::api::serve_rest(
-            handle.clone(),
-            catalog.clone(),
-            Arc::clone(&submit_rate),
+            services.clone(),
             rest_listener,
             Plain,
             config.limits.clone(),
             stop_rx.clone(),
         )),
     };
-    let grpc = tokio::spawn(crate::api::serve_grpc(
-        handle,
-        catalog,
-        submit_rate,
-        grpc_listener,
-        configs,
-        limits,
-        stop_rx.clone(),
-    ));
+    let grpc = tokio::spawn(crate::api::serve_grpc(services, grpc_listener, configs, limits, stop_rx.clone()));
     let reload = reloader.map(|reloader| tokio::spawn(reloader.run(stop_rx.clone())));
     shutdown.await;
     tracing::info!("gateway shutting down");
     let _ = stop_tx.send(true);
-    let (rest, grpc) = tokio::join!(rest, grpc);
+    let (rest, grpc, _) = tokio::join!(rest, grpc, auth_files);
     if let Some(reload) = reload {
         let _ = reload.await;
     }

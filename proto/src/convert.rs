@@ -279,6 +279,7 @@ impl From<&spec::Payload> for pb::Payload {
             image: payload.image.clone().unwrap_or_default(),
             command: payload.command.clone(),
             env: payload.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            secret_env: payload.secret_env.iter().cloned().collect(),
         }
     }
 }
@@ -393,6 +394,7 @@ impl From<pb::Payload> for spec::Payload {
             image: non_empty(payload.image),
             command: payload.command,
             env: payload.env.into_iter().collect(),
+            secret_env: payload.secret_env.into_iter().collect(),
         }
     }
 }
@@ -754,6 +756,21 @@ mod tests {
         let spec = example();
         assert_eq!(round_trip(&spec), spec);
         assert_eq!(spec_from_wire(pb::JobSpec::from(&spec), &GpuCatalog::default()).unwrap(), spec);
+    }
+
+    #[test]
+    fn secret_env_values_reach_the_member_over_the_wire() {
+        let text = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n\
+                    payload: {command: [x], env: {API_KEY: real-value, LR: '1'}, secretEnv: [API_KEY]}\n";
+        let spec = parse_job_spec(text, &GpuCatalog::default()).unwrap();
+        let wire = pb::JobSpec::from(&spec);
+        let payload = wire.payload.as_ref().unwrap();
+        assert_eq!(payload.env["API_KEY"], "real-value");
+        assert_eq!(payload.secret_env, vec!["API_KEY".to_string()]);
+        assert_eq!(round_trip(&spec), spec);
+        // What users see keeps the marking but not the value.
+        let shown = pb::JobSpec::from(&spec.redacted());
+        assert_eq!(shown.payload.unwrap().env["API_KEY"], crate::spec::SECRET_SET);
     }
 
     /// The fenced code blocks of `docs/job-spec.md` tagged `lang`, in order.

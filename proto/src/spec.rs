@@ -4,7 +4,7 @@
 //! rejected so a typo never silently changes a job. Parse with [`crate::validate::parse_job_spec`], which accepts
 //! YAML or JSON and reports errors with the field path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::de::{self, MapAccess, Visitor};
@@ -19,6 +19,10 @@ pub const DEFAULT_PRIORITY: u32 = 50;
 pub const DEFAULT_ESTIMATE_SECS: u64 = 3_600;
 /// Default `placement.burst.after` when a spec leaves it out.
 pub const DEFAULT_BURST_AFTER_SECS: u64 = 3_600;
+/// What users see instead of a secret `payload.env` value that is set (not empty).
+pub const SECRET_SET: &str = "<secret: set>";
+/// What users see instead of a secret `payload.env` value that is the empty string.
+pub const SECRET_EMPTY: &str = "<secret: empty>";
 
 /// A job as submitted: one gang of identical replicas plus where and how to run it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,8 +235,9 @@ impl<'de> Deserialize<'de> for BurstPolicy {
     }
 }
 
-/// What runs: a container image, a command, or both.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// What runs: a container image, a command, or both. Its `Debug` hides secret env values, so
+/// a `{:?}` in a log line cannot leak them.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Payload {
     /// Container image; needs a backend that runs containers.
@@ -244,6 +249,41 @@ pub struct Payload {
     /// Environment variables.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Names of `env` entries whose values are secret: the member gets them, but no answer to a
+    /// user ever shows them (see [`Payload::redacted`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub secret_env: BTreeSet<String>,
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = self.redacted();
+        f.debug_struct("Payload")
+            .field("image", &shown.image)
+            .field("command", &shown.command)
+            .field("env", &shown.env)
+            .field("secret_env", &shown.secret_env)
+            .finish()
+    }
+}
+
+impl Payload {
+    /// Whether any `env` value is marked secret.
+    pub fn has_secrets(&self) -> bool {
+        !self.secret_env.is_empty()
+    }
+
+    /// The payload as users may see it: every secret `env` value replaced by [`SECRET_SET`] (or
+    /// [`SECRET_EMPTY`] for an empty value).
+    pub fn redacted(&self) -> Payload {
+        let mut payload = self.clone();
+        for name in &self.secret_env {
+            if let Some(value) = payload.env.get_mut(name) {
+                *value = if value.is_empty() { SECRET_EMPTY } else { SECRET_SET }.to_owned();
+            }
+        }
+        payload
+    }
 }
 
 impl Default for RuntimeSpec {
@@ -261,6 +301,12 @@ impl JobSpec {
     /// Total size of the job's datasets in GiB.
     pub fn data_gib(&self) -> f64 {
         self.data.iter().map(|d| d.size_gib).sum()
+    }
+
+    /// The spec as users may see it: secret `payload.env` values hidden (see
+    /// [`Payload::redacted`]).
+    pub fn redacted(&self) -> JobSpec {
+        JobSpec { payload: self.payload.redacted(), ..self.clone() }
     }
 }
 
@@ -289,6 +335,18 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = r#"{"name":"n","tenant":"t","gang":{"resources":{"gpus":1}},"payload":{"command":["true"]}}"#;
+
+    #[test]
+    fn debug_output_hides_secret_env_values() {
+        let payload = Payload {
+            command: vec!["x".into()],
+            env: [("API_KEY".to_string(), "hunter2".to_string()), ("LR".to_string(), "1".to_string())].into(),
+            secret_env: ["API_KEY".to_string()].into(),
+            ..Payload::default()
+        };
+        let shown = format!("{payload:?}");
+        assert!(!shown.contains("hunter2") && shown.contains(SECRET_SET) && shown.contains("\"LR\": \"1\""), "{shown}");
+    }
 
     #[test]
     fn preemptible_defaults_to_false_and_is_written_only_when_set() {

@@ -259,6 +259,14 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
             );
         }
     }
+    for name in &payload.secret_env {
+        if !payload.env.contains_key(name) {
+            v.push(
+                &format!("payload.secretEnv.{name}"),
+                "names an environment variable that `payload.env` does not set; list only names of `env`",
+            );
+        }
+    }
     v.finish()
 }
 
@@ -481,6 +489,15 @@ mod tests {
         assert!(errors[0].reason.contains("shorter than runtime.estimate 6h"), "{err}");
         let err = parse(&GOOD.replace("limit: 12h", "limit: 12h, deadline: 400d")).unwrap_err();
         assert_eq!(fields(err), vec!["runtime.deadline"]);
+    }
+
+    #[test]
+    fn secret_env_must_name_variables_that_env_sets() {
+        let base = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n";
+        let ok = parse(&format!("{base}payload: {{command: [x], env: {{TOKEN: v}}, secretEnv: [TOKEN]}}\n")).unwrap();
+        assert!(ok.payload.has_secrets());
+        let err = parse(&format!("{base}payload: {{command: [x], env: {{A: v}}, secretEnv: [TOKEN]}}\n")).unwrap_err();
+        assert_eq!(fields(err), ["payload.secretEnv.TOKEN"]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper::header::{ACCEPT, CONTENT_TYPE, HOST, USER_AGENT};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -53,6 +53,18 @@ pub struct Client {
     https: bool,
     /// TLS settings trusting the CA file, once one is given.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// Sent as `Authorization: Bearer <token>` when set.
+    token: Option<Token>,
+}
+
+/// A bearer token; its `Debug` never shows the value.
+#[derive(Clone)]
+struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<hidden>)")
+    }
 }
 
 /// One invalid field reported by the API (`{"field": "gang.resources.gpus", "reason": "..."}`).
@@ -171,7 +183,7 @@ impl Client {
         let authority =
             parse_address(addr).map_err(|reason| ClientError::InvalidAddress { addr: addr.to_owned(), reason })?;
         let https = addr.trim().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
-        Ok(Client { authority, timeout: DEFAULT_TIMEOUT, https, tls: None })
+        Ok(Client { authority, timeout: DEFAULT_TIMEOUT, https, tls: None, token: None })
     }
 
     /// The same client trusting the CA certificate(s) in the PEM file `ca` for `https://`.
@@ -194,6 +206,13 @@ impl Client {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         self.tls = Some(Arc::new(config));
         Ok(self)
+    }
+
+    /// The same client, sending `token` as `Authorization: Bearer <token>` (or no header for
+    /// `None`).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.map(Token);
+        self
     }
 
     /// The same client with a different per-request time limit (default [`DEFAULT_TIMEOUT`]).
@@ -327,6 +346,15 @@ impl Client {
             .header(HOST, &self.authority)
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, concat!("meridian/", env!("CARGO_PKG_VERSION")));
+        if let Some(Token(token)) = &self.token {
+            let mut value = hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ClientError::Protocol(
+                    "the token has characters an HTTP header cannot carry (check MERIDIAN_TOKEN)".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            builder = builder.header(AUTHORIZATION, value);
+        }
         let payload = match body {
             Some((content_type, bytes)) => {
                 builder = builder.header(CONTENT_TYPE, content_type);
@@ -700,6 +728,19 @@ mod tests {
             request.starts_with("GET /v1/jobs?tenant=ml%20team&selector=project%3Dllm&limit=1000 HTTP/1.1"),
             "{request}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_token_is_sent_as_a_bearer_header_and_a_403_prints_the_servers_message() {
+        let body = r#"{"error":{"code":"forbidden","message":"alice may not cancel job j-1 of tenant vision: needs role member in tenant vision; alice is viewer in vision","fields":[]}}"#;
+        let (addr, server) = serve_once("403 Forbidden", body).await;
+        let client = Client::new(&addr).unwrap().with_token(Some("tok-123".into()));
+        assert!(!format!("{client:?}").contains("tok-123"));
+        let error = client.cancel("j-1").await.unwrap_err();
+        assert_eq!(error.status(), Some(403));
+        assert!(error.to_string().starts_with("alice may not cancel job j-1 of tenant vision"), "{error}");
+        let request = server.await.unwrap();
+        assert!(request.to_ascii_lowercase().contains("authorization: bearer tok-123\r\n"), "{request}");
     }
 
     #[tokio::test]

@@ -83,6 +83,43 @@ pub struct ClientArgs {
     /// How to print answers: readable tables, or the API's JSON.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
     pub output: OutputFormat,
+    /// A file holding the bearer token (default: MERIDIAN_TOKEN, else MERIDIAN_TOKEN_FILE).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// The environment variable holding the bearer token itself.
+pub const TOKEN_ENV: &str = "MERIDIAN_TOKEN";
+/// The environment variable naming a file that holds the bearer token.
+pub const TOKEN_FILE_ENV: &str = "MERIDIAN_TOKEN_FILE";
+
+/// The bearer token to send: the `--token-file` flag's file, else `env_token`
+/// (`MERIDIAN_TOKEN`), else the file `env_file` (`MERIDIAN_TOKEN_FILE`) names; `None` when none
+/// is given. Surrounding whitespace (a file's final newline) is dropped.
+pub fn resolve_token(
+    flag_file: Option<&Path>,
+    env_token: Option<String>,
+    env_file: Option<PathBuf>,
+) -> Result<Option<String>, CliError> {
+    let from_file = |path: &Path| -> Result<String, CliError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| CliError::ReadToken { path: path.to_owned(), source })?;
+        let token = text.trim().to_owned();
+        if token.is_empty() {
+            return Err(CliError::EmptyToken(path.display().to_string()));
+        }
+        Ok(token)
+    };
+    if let Some(path) = flag_file {
+        return from_file(path).map(Some);
+    }
+    if let Some(token) = env_token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) {
+        return Ok(Some(token));
+    }
+    match env_file.filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => from_file(&path).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// How the user commands print what the gateway answered.
@@ -111,6 +148,18 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// The token file could not be read.
+    #[error("cannot read the token file {}: {source}", path.display())]
+    ReadToken {
+        /// The file (`--token-file` or MERIDIAN_TOKEN_FILE).
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds no token.
+    #[error("the token file {0} is empty")]
+    EmptyToken(String),
     /// The answer could not be written out.
     #[error("cannot write the output: {0}")]
     Output(#[source] std::io::Error),
@@ -123,6 +172,12 @@ pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> R
     if let Some(ca) = &args.ca {
         client = client.with_ca_file(ca)?;
     }
+    let token = resolve_token(
+        args.token_file.as_deref(),
+        std::env::var(TOKEN_ENV).ok(),
+        std::env::var_os(TOKEN_FILE_ENV).map(PathBuf::from),
+    )?;
+    let client = client.with_token(token);
 
     let now = now_ms();
     let (answer, table): (Value, String) = match cmd {
@@ -274,6 +329,25 @@ mod tests {
     }
 
     #[test]
+    fn the_token_comes_from_the_flag_then_the_variable_then_the_variable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag_file = dir.path().join("flag-token");
+        let env_file = dir.path().join("env-token");
+        std::fs::write(&flag_file, "from-flag\n").unwrap();
+        std::fs::write(&env_file, "  from-env-file \n").unwrap();
+        let env = || Some("from-env".to_string());
+        assert_eq!(resolve_token(Some(&flag_file), env(), Some(env_file.clone())).unwrap().unwrap(), "from-flag");
+        assert_eq!(resolve_token(None, env(), Some(env_file.clone())).unwrap().unwrap(), "from-env");
+        assert_eq!(resolve_token(None, Some(" ".into()), Some(env_file.clone())).unwrap().unwrap(), "from-env-file");
+        assert_eq!(resolve_token(None, None, None).unwrap(), None);
+        let missing = resolve_token(Some(&dir.path().join("nope")), None, None).unwrap_err();
+        assert!(missing.to_string().contains("cannot read the token file"), "{missing}");
+        std::fs::write(&env_file, "\n").unwrap();
+        assert!(matches!(resolve_token(None, None, Some(env_file)), Err(CliError::EmptyToken(_))));
+        assert_eq!(parse(&["--token-file", "t.txt", "clusters"]).client.token_file, Some(PathBuf::from("t.txt")));
+    }
+
+    #[test]
     fn commands_parse_with_global_options_anywhere() {
         let cli = parse(&["--gateway", "gw:1", "jobs", "-l", "project=llm", "--state", "running", "-o", "json"]);
         assert_eq!(
@@ -322,7 +396,8 @@ mod tests {
 
     #[tokio::test]
     async fn unreadable_spec_files_are_named() {
-        let args = ClientArgs { gateway: "127.0.0.1:9".into(), ca: None, output: OutputFormat::Table };
+        let args =
+            ClientArgs { gateway: "127.0.0.1:9".into(), ca: None, output: OutputFormat::Table, token_file: None };
         let missing = PathBuf::from("/definitely/not/here.yaml");
         let mut out = Vec::new();
         let error = run(UserCommand::Submit { file: missing }, &args, &mut out).await.unwrap_err();

@@ -614,6 +614,35 @@ fn lists_are_paged_oldest_first_with_a_continue_token() {
 }
 
 #[test]
+fn a_list_limited_to_a_tenant_set_pages_through_only_those_tenants() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8]));
+    let mut mine = Vec::new();
+    for (i, tenant) in ["a", "b", "c", "a", "b", "a", "c", "a"].iter().enumerate() {
+        let id = h
+            .submit(&JOB.replace("name: j", &format!("name: j{i}")).replace("tenant: t", &format!("tenant: {tenant}")));
+        if *tenant != "b" {
+            mine.push(id);
+        }
+        h.advance(Duration::from_millis(1));
+    }
+    let view = h.core.view();
+    let filter = JobFilter { tenants: Some(["a".to_string(), "c".to_string()].into()), ..JobFilter::default() };
+    let (mut seen, mut after) = (Vec::new(), None);
+    loop {
+        let page = view.list(&filter, 2, after.as_deref());
+        assert!(page.jobs.iter().all(|j| j.spec.tenant != "b"));
+        seen.extend(page.jobs.iter().map(|j| j.id.clone()));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, mine);
+}
+
+#[test]
 fn jobs_that_fit_nowhere_are_explained_once_then_skipped_until_their_explanation_is_old() {
     let mut h = Harness::new(CoreConfig::default());
     let (conn, _) = h.connect("east", "a1");

@@ -1,7 +1,7 @@
 //! What readers see: an immutable snapshot published after each commit, so `GET`s never wait on
 //! writes and never see a change that is not durable yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -20,6 +20,8 @@ use crate::{Core, Decided};
 pub struct JobFilter {
     /// Only this tenant's jobs.
     pub tenant: Option<String>,
+    /// Only jobs of these tenants (what a caller may see); `None`: every tenant.
+    pub tenants: Option<BTreeSet<String>>,
     /// Only jobs in this state.
     pub state: Option<JobState>,
     /// Only jobs whose labels match.
@@ -30,6 +32,7 @@ impl JobFilter {
     /// Whether `job` passes.
     pub fn matches(&self, job: &JobRecord) -> bool {
         self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
+            && self.tenants.as_ref().is_none_or(|set| set.contains(&job.spec.tenant))
             && self.state.is_none_or(|s| s == job.state)
             && self.selector.as_ref().is_none_or(|s| s.matches(&job.spec.labels))
     }

@@ -157,7 +157,12 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
         },
         data,
         placement: PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() },
-        payload: Payload { image: Some("registry.example/train:1".into()), command: vec![], env: BTreeMap::new() },
+        payload: Payload {
+            image: Some("registry.example/train:1".into()),
+            command: vec![],
+            env: BTreeMap::new(),
+            secret_env: Default::default(),
+        },
     }
 }
 

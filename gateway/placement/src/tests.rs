@@ -86,7 +86,12 @@ fn job(replicas: u32, gpus: u32) -> JobSpec {
         runtime: RuntimeSpec { estimate: HumanDuration::from_secs(3600), limit: None, deadline: None },
         data: vec![],
         placement: PlacementRules::default(),
-        payload: Payload { image: Some("registry/train:1".into()), command: vec![], env: BTreeMap::new() },
+        payload: Payload {
+            image: Some("registry/train:1".into()),
+            command: vec![],
+            env: BTreeMap::new(),
+            secret_env: Default::default(),
+        },
     }
 }
 
@@ -187,7 +192,8 @@ fn residency_include_exclude_and_payload_are_enforced() {
 
     // A command without an image needs bare-command support.
     let mut bare = job(1, 1);
-    bare.payload = Payload { image: None, command: vec!["python".into()], env: BTreeMap::new() };
+    bare.payload =
+        Payload { image: None, command: vec!["python".into()], env: BTreeMap::new(), secret_env: Default::default() };
     let mut k8s = info("k8s", "us-east", Tier::Owned);
     k8s.supports_bare_commands = false;
     let fed = federation(vec![ClusterSnapshot::new(

@@ -111,6 +111,18 @@ impl From<LogsError> for ApiError {
     }
 }
 
+impl From<crate::auth::Denied> for ApiError {
+    fn from(denied: crate::auth::Denied) -> Self {
+        ApiError::Forbidden { subject: denied.subject, action: denied.action, missing: denied.missing }
+    }
+}
+
+impl From<crate::auth::Rejection> for ApiError {
+    fn from(rejection: crate::auth::Rejection) -> Self {
+        ApiError::Unauthenticated(rejection.to_string())
+    }
+}
+
 /// Module result type.
 pub type Result<T, E = ApiError> = std::result::Result<T, E>;
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_core::JobRecord;
@@ -18,7 +19,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Status, Streaming};
 
 use super::error::{self, ApiError};
-use super::rest::{parse_list_query, parse_logs_query};
+use super::redact::redacted;
+use super::rest::{authorize_list, authorized_job, parse_list_query, parse_logs_query};
+use crate::auth::{Authenticator, Caller, Role};
 use crate::runtime::{Handle, now_ms};
 
 /// How long a new agent stream may take to say hello.
@@ -126,9 +129,30 @@ pub struct JobsApi {
     pub catalog: GpuCatalog,
     /// Per-tenant submit rates.
     pub submit_rate: std::sync::Arc<super::SubmitRate>,
+    /// Who callers are.
+    pub auth: Arc<Authenticator>,
 }
 
+impl JobsApi {
+    /// The caller of `request`, from its `authorization` metadata (`Bearer <token>`).
+    fn caller<T>(&self, request: &Request<T>, method: &str) -> Result<Caller, Status> {
+        let header = match request.metadata().get("authorization").map(|value| value.to_str()) {
+            None => None,
+            Some(Ok(text)) => Some(text),
+            Some(Err(_)) => {
+                return Err(error::grpc(&ApiError::Unauthenticated("the authorization metadata is not ASCII".into())));
+            }
+        };
+        self.auth.authenticate(header).map_err(|rejection| {
+            tracing::info!(method, reason = %rejection, "gRPC call not authenticated");
+            error::grpc(&ApiError::from(rejection))
+        })
+    }
+}
+
+/// A job as users see it on gRPC: secret env values hidden.
 fn job_to_wire(job: &JobRecord) -> pb::Job {
+    let job = redacted(job);
     pb::Job {
         id: job.id.clone(),
         spec: Some(pb::JobSpec::from(&job.spec)),
@@ -151,15 +175,22 @@ fn grpc<T>(result: Result<T, ApiError>) -> Result<T, Status> {
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for JobsApi {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<tonic::Response<pb::Job>, Status> {
+        let caller = self.caller(&request, "Submit")?;
         let spec = grpc(parse_job_spec(&request.into_inner().spec_text, &self.catalog).map_err(ApiError::from))?;
+        grpc(
+            caller
+                .require(Role::Member, &spec.tenant, || format!("submit a job to tenant {}", spec.tenant))
+                .map_err(ApiError::from),
+        )?;
         grpc(self.submit_rate.check(&spec.tenant))?;
         let (job, _) = grpc(self.handle.submit(spec).await.map_err(ApiError::from))?;
         Ok(tonic::Response::new(job_to_wire(&job)))
     }
 
     async fn get(&self, request: Request<pb::GetJobRequest>) -> Result<tonic::Response<pb::Job>, Status> {
+        let caller = self.caller(&request, "Get")?;
         let id = request.into_inner().id;
-        let job = grpc(self.handle.view().job(&id).ok_or(ApiError::NotFound(id)))?;
+        let job = grpc(authorized_job(&self.handle, &caller, &id, Role::Viewer, "read"))?;
         Ok(tonic::Response::new(job_to_wire(&job)))
     }
 
@@ -167,6 +198,7 @@ impl pb::jobs_server::Jobs for JobsApi {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<tonic::Response<pb::ListJobsResponse>, Status> {
+        let caller = self.caller(&request, "List")?;
         let request = request.into_inner();
         let mut params = HashMap::new();
         params.insert("tenant".to_string(), request.tenant);
@@ -182,7 +214,8 @@ impl pb::jobs_server::Jobs for JobsApi {
                 .ok_or_else(|| Status::invalid_argument(format!("state: {} is not a job state", request.state)))?;
             params.insert("state".to_string(), state.as_str().to_string());
         }
-        let query = grpc(parse_list_query(&params))?;
+        let mut query = grpc(parse_list_query(&params))?;
+        grpc(authorize_list(&caller, &mut query))?;
         let page = self.handle.view().list(&query.filter, query.limit, query.after.as_deref());
         Ok(tonic::Response::new(pb::ListJobsResponse {
             jobs: page.jobs.iter().map(|j| job_to_wire(j)).collect(),
@@ -191,7 +224,10 @@ impl pb::jobs_server::Jobs for JobsApi {
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<tonic::Response<pb::Job>, Status> {
-        let job = grpc(self.handle.cancel(&request.into_inner().id).await.map_err(ApiError::from))?;
+        let caller = self.caller(&request, "Cancel")?;
+        let id = request.into_inner().id;
+        grpc(authorized_job(&self.handle, &caller, &id, Role::Member, "cancel"))?;
+        let job = grpc(self.handle.cancel(&id).await.map_err(ApiError::from))?;
         Ok(tonic::Response::new(job_to_wire(&job)))
     }
 
@@ -199,14 +235,18 @@ impl pb::jobs_server::Jobs for JobsApi {
         &self,
         request: Request<pb::ExplainRequest>,
     ) -> Result<tonic::Response<pb::ExplainResponse>, Status> {
+        let caller = self.caller(&request, "Explain")?;
         let id = request.into_inner().id;
+        grpc(authorized_job(&self.handle, &caller, &id, Role::Viewer, "explain"))?;
         let explanation = grpc(self.handle.view().explain(&id).ok_or(ApiError::NotFound(id)))?;
         let explanation_json = serde_json::to_string(&explanation).map_err(|e| Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::ExplainResponse { explanation_json }))
     }
 
     async fn logs(&self, request: Request<pb::JobLogsRequest>) -> Result<tonic::Response<pb::LogChunk>, Status> {
+        let caller = self.caller(&request, "Logs")?;
         let request = request.into_inner();
+        grpc(authorized_job(&self.handle, &caller, &request.id, Role::Viewer, "read the logs of"))?;
         let mut params = HashMap::new();
         if let Some(from) = request.from {
             params.insert("from".to_string(), from.to_string());
@@ -226,8 +266,10 @@ impl pb::jobs_server::Jobs for JobsApi {
 
     async fn list_clusters(
         &self,
-        _request: Request<pb::ListClustersRequest>,
+        request: Request<pb::ListClustersRequest>,
     ) -> Result<tonic::Response<pb::ListClustersResponse>, Status> {
+        // Any authenticated caller: clusters hold no tenant's data.
+        self.caller(&request, "ListClusters")?;
         let clusters = self.handle.view().clusters(now_ms());
         let clusters_json =
             serde_json::to_string(&json!({ "clusters": clusters })).map_err(|e| Status::internal(e.to_string()))?;

@@ -11,6 +11,7 @@ pub mod listener;
 pub mod query;
 pub mod quota;
 pub mod rate;
+pub mod redact;
 pub mod rest;
 
 use std::sync::Arc;
@@ -25,20 +26,34 @@ use crate::tls::{ConnLimits, Listener, ServerConfigs, TlsHandshake};
 pub use error::ApiError;
 pub use quota::SubmitRate;
 
+use crate::auth::Authenticator;
 use crate::runtime::Handle;
+
+/// What both APIs serve from: the runtime, the GPU catalog specs are checked against, the
+/// per-tenant submit rates and the authenticator of callers.
+#[derive(Clone)]
+pub struct Services {
+    /// The runtime.
+    pub handle: Handle,
+    /// GPU types specs may name.
+    pub catalog: GpuCatalog,
+    /// Per-tenant submit rates.
+    pub submit_rate: Arc<SubmitRate>,
+    /// Who callers are.
+    pub auth: Arc<Authenticator>,
+}
 
 /// Serves the REST API on `listener` until `shutdown` flips, each connection through
 /// `handshake`, under the connection caps, timeouts and request rate of `limits`.
 pub async fn serve_rest<H: conn::Handshake>(
-    handle: Handle,
-    catalog: GpuCatalog,
-    submit_rate: Arc<SubmitRate>,
+    services: Services,
     listener: tokio::net::TcpListener,
     handshake: H,
     limits: limits::LimitsConfig,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let router = rest::router(rest::RestState { handle, catalog, submit_rate });
+    let Services { handle, catalog, submit_rate, auth } = services;
+    let router = rest::router(rest::RestState { handle, catalog, submit_rate, auth });
     let tracker = limits::ConnectionTracker::new(&limits);
     listener::serve(listener, handshake, router, &limits, tracker, shutdown).await
 }
@@ -46,14 +61,13 @@ pub async fn serve_rest<H: conn::Handshake>(
 /// Serves the gRPC services until `shutdown` flips. With `tls`, the agents' stream requires a
 /// client certificate naming the cluster; without, anyone may attach (`insecure: true`).
 pub async fn serve_grpc(
-    handle: Handle,
-    catalog: GpuCatalog,
-    submit_rate: Arc<SubmitRate>,
+    services: Services,
     listener: tokio::net::TcpListener,
     tls: Option<watch::Receiver<Arc<ServerConfigs>>>,
     limits: ConnLimits,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    let Services { handle, catalog, submit_rate, auth } = services;
     let mut stop = shutdown.clone();
     let router = tonic::transport::Server::builder()
         .add_service(pb::federation_server::FederationServer::new(grpc::FederationApi {
@@ -61,7 +75,7 @@ pub async fn serve_grpc(
             shutdown: shutdown.clone(),
             require_certificate: tls.is_some(),
         }))
-        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog, submit_rate }));
+        .add_service(pb::jobs_server::JobsServer::new(grpc::JobsApi { handle, catalog, submit_rate, auth }));
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };

@@ -1,11 +1,13 @@
 //! The REST/JSON API (axum): thin handlers over the runtime's [`Handle`].
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, RawQuery, State};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -17,6 +19,8 @@ use serde_json::json;
 
 use super::error::{ApiError, Result};
 use super::query::decode_query;
+use super::redact::{redacted, redacted_all};
+use crate::auth::{Authenticator, Caller, Role};
 use crate::runtime::{Handle, now_ms};
 
 /// Bytes of output per `GET /v1/jobs/{id}/logs` answer when `maxBytes` is not given.
@@ -38,6 +42,27 @@ pub struct RestState {
     pub catalog: GpuCatalog,
     /// Per-tenant submit rates.
     pub submit_rate: std::sync::Arc<super::SubmitRate>,
+    /// Who callers are.
+    pub auth: Arc<Authenticator>,
+}
+
+/// The authenticated caller of a REST request, from its `Authorization: Bearer` header; a
+/// request without valid credentials is answered 401 before its body is read.
+impl FromRequestParts<RestState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &RestState) -> Result<Self> {
+        let header = parts.headers.get(axum::http::header::AUTHORIZATION).map(|value| value.to_str());
+        let header = match header {
+            None => None,
+            Some(Ok(text)) => Some(text),
+            Some(Err(_)) => return Err(ApiError::Unauthenticated("the Authorization header is not ASCII".into())),
+        };
+        state.auth.authenticate(header).map_err(|rejection| {
+            tracing::info!(path = %parts.uri.path(), reason = %rejection, "request not authenticated");
+            ApiError::from(rejection)
+        })
+    }
 }
 
 /// The REST router.
@@ -86,7 +111,12 @@ pub fn check_spec_content_type(headers: &HeaderMap) -> Result<()> {
     }
 }
 
-async fn submit_job(State(state): State<RestState>, headers: HeaderMap, body: Bytes) -> Result<Response> {
+async fn submit_job(
+    State(state): State<RestState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
     check_spec_content_type(&headers)?;
     if body.len() > MAX_SPEC_BYTES {
         return Err(ApiError::InvalidSpec(SpecError::TooLarge { size: body.len(), limit: MAX_SPEC_BYTES }));
@@ -96,10 +126,11 @@ async fn submit_job(State(state): State<RestState>, headers: HeaderMap, body: By
     })?;
     // Parsed here, on the caller's task, so the core's loop only sees valid specs.
     let spec = parse_job_spec(text, &state.catalog)?;
+    caller.require(Role::Member, &spec.tenant, || format!("submit a job to tenant {}", spec.tenant))?;
     state.submit_rate.check(&spec.tenant)?;
     let (job, created) = state.handle.submit(spec).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, axum::Json(job)).into_response())
+    Ok((status, axum::Json(redacted(&job))).into_response())
 }
 
 /// A job list request: filters and a page.
@@ -111,6 +142,31 @@ pub struct ListQuery {
     pub limit: usize,
     /// The previous page's continue token.
     pub after: Option<String>,
+}
+
+/// Limits a list to what `caller` may read: a tenant filter needs the viewer role in that
+/// tenant; without one, a non-admin sees only its own tenants.
+pub fn authorize_list(caller: &Caller, query: &mut ListQuery) -> Result<()> {
+    match &query.filter.tenant {
+        Some(tenant) => caller.require(Role::Viewer, tenant, || format!("list jobs of tenant {tenant}"))?,
+        None => query.filter.tenants = caller.visible_tenants(),
+    }
+    Ok(())
+}
+
+/// The job `id` if `caller` has at least `role` in its tenant; `verb` says what the call does
+/// (`read`, `cancel`, ...), for the refusal.
+pub fn authorized_job(
+    handle: &Handle,
+    caller: &Caller,
+    id: &str,
+    role: Role,
+    verb: &str,
+) -> Result<Arc<meridian_core::JobRecord>> {
+    let job = handle.view().job(id).ok_or_else(|| ApiError::NotFound(id.to_owned()))?;
+    let tenant = &job.spec.tenant;
+    caller.require(role, tenant, || format!("{verb} job {id} of tenant {tenant}"))?;
+    Ok(job)
 }
 
 /// Parses list parameters, naming any unknown or invalid one.
@@ -154,26 +210,34 @@ fn query_params(raw: Option<String>) -> Result<HashMap<String, String>> {
     Ok(decode_query(raw.as_deref().unwrap_or_default())?.into_iter().collect())
 }
 
-async fn list_jobs(State(state): State<RestState>, RawQuery(raw): RawQuery) -> Result<axum::Json<serde_json::Value>> {
-    let query = parse_list_query(&query_params(raw)?)?;
+async fn list_jobs(
+    State(state): State<RestState>,
+    caller: Caller,
+    RawQuery(raw): RawQuery,
+) -> Result<axum::Json<serde_json::Value>> {
+    let mut query = parse_list_query(&query_params(raw)?)?;
+    authorize_list(&caller, &mut query)?;
     let page = state.handle.view().list(&query.filter, query.limit, query.after.as_deref());
-    let mut body = json!({ "jobs": page.jobs });
+    let mut body = json!({ "jobs": redacted_all(&page.jobs) });
     if let Some(next) = page.next {
         body["continue"] = json!(next);
     }
     Ok(axum::Json(body))
 }
 
-async fn get_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
-    let job = state.handle.view().job(&id).ok_or(ApiError::NotFound(id))?;
-    Ok(axum::Json(job).into_response())
+async fn get_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    let job = authorized_job(&state.handle, &caller, &id, Role::Viewer, "read")?;
+    Ok(axum::Json(redacted(&job)).into_response())
 }
 
-async fn cancel_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
-    Ok(axum::Json(state.handle.cancel(&id).await?).into_response())
+async fn cancel_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    authorized_job(&state.handle, &caller, &id, Role::Member, "cancel")?;
+    let job = state.handle.cancel(&id).await?;
+    Ok(axum::Json(redacted(&job)).into_response())
 }
 
-async fn explain_job(State(state): State<RestState>, Path(id): Path<String>) -> Result<Response> {
+async fn explain_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    authorized_job(&state.handle, &caller, &id, Role::Viewer, "explain")?;
     let explanation = state.handle.view().explain(&id).ok_or(ApiError::NotFound(id))?;
     Ok(axum::Json(explanation).into_response())
 }
@@ -202,12 +266,19 @@ pub fn parse_logs_query(params: &HashMap<String, String>) -> Result<(Option<u64>
     Ok((from, max_bytes))
 }
 
-async fn job_logs(State(state): State<RestState>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Result<Response> {
+async fn job_logs(
+    State(state): State<RestState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response> {
     let (from, max_bytes) = parse_logs_query(&query_params(raw)?)?;
+    authorized_job(&state.handle, &caller, &id, Role::Viewer, "read the logs of")?;
     let chunk = state.handle.logs(&id, from, max_bytes).await?;
     Ok(axum::Json(chunk).into_response())
 }
 
-async fn list_clusters(State(state): State<RestState>) -> axum::Json<serde_json::Value> {
+/// Any authenticated caller may see the clusters (they hold no tenant's data).
+async fn list_clusters(State(state): State<RestState>, _caller: Caller) -> axum::Json<serde_json::Value> {
     axum::Json(json!({ "clusters": state.handle.view().clusters(now_ms()) }))
 }

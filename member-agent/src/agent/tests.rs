@@ -290,7 +290,12 @@ pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
             runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
             data: Vec::new(),
             placement: PlacementRules::default(),
-            payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
+            payload: Payload {
+                image: Some("img".into()),
+                command: Vec::new(),
+                env: BTreeMap::new(),
+                secret_env: Default::default(),
+            },
         },
         last_preempted_at_ms: None,
     }

@@ -48,7 +48,7 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
         runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
         data: Vec::new(),
         placement: PlacementRules::default(),
-        payload: Payload { image: None, command, env: BTreeMap::new() },
+        payload: Payload { image: None, command, env: BTreeMap::new(), secret_env: Default::default() },
     };
     Assignment { job_id: job_id.into(), fencing_token: 1, spec, last_preempted_at_ms: None }
 }

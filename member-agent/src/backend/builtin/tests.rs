@@ -36,7 +36,12 @@ fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
         runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None, deadline: None },
         data: Vec::new(),
         placement: PlacementRules::default(),
-        payload: Payload { image: Some("img".into()), command: Vec::new(), env: BTreeMap::new() },
+        payload: Payload {
+            image: Some("img".into()),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            secret_env: Default::default(),
+        },
     }
 }
 

@@ -42,6 +42,7 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
                 image: Some("registry.example/train:1".into()),
                 command: Vec::new(),
                 env: BTreeMap::new(),
+                secret_env: Default::default(),
             },
         },
         last_preempted_at_ms: None,
@@ -201,7 +202,8 @@ async fn submit_creates_one_volcano_job_with_the_node_selector_of_its_gpu_type()
 async fn a_command_only_payload_is_refused_permanently() {
     let (api, backend, _rx) = member(Mode::Volcano, false).await;
     let mut job = assignment("bare", 1, "t", 1, 1);
-    job.spec.payload = Payload { image: None, command: vec!["true".into()], env: BTreeMap::new() };
+    job.spec.payload =
+        Payload { image: None, command: vec!["true".into()], env: BTreeMap::new(), secret_env: Default::default() };
     let admission = backend.submit(&job).await.unwrap();
     assert!(
         matches!(&admission, Admission::Refused { permanent: true, reason } if reason.contains("image")),

@@ -77,7 +77,7 @@ impl BuiltinScheduler {
             .map(|r| (ceil_secs(r.view.expected_remaining(now)), saturate(r.view.job.total_gpus())))
             .collect();
         by_time.sort_unstable();
-        let mut releases: Vec<GpuRelease> = Vec::new();
+        let mut releases: Vec<GpuRelease> = Vec::with_capacity(by_time.len());
         for (after_secs, gpus) in by_time {
             match releases.last_mut() {
                 Some(last) if last.after_secs == after_secs => last.gpus = last.gpus.saturating_add(gpus),

@@ -15,7 +15,7 @@ use meridian_gateway::tls::identity::{CLUSTER_URI_PREFIX, clusters_named};
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
-use meridian_proto::selector::Selector;
+use meridian_proto::selector::{Operator, Selector};
 use meridian_proto::spec::JobSpec;
 use meridian_proto::validate::{SpecError, parse_job_spec};
 use prost::Message;
@@ -79,19 +79,18 @@ pub fn selector(data: &[u8]) -> bool {
                 canonical.parse().unwrap_or_else(|e| panic!("canonical text `{canonical}` is refused: {e}"));
             assert_eq!(again, selector, "`{text}` → `{canonical}` parses to another selector");
             assert_eq!(again.to_string(), canonical, "canonical text is not stable");
-            // Two requirements may contradict each other (`a,!a`); one alone never does, except
-            // `k!=v`, which is met by labels without `k` too.
+            // Two requirements may contradict each other (`a,!a`); one alone never does: it is
+            // met by the labels it asks for, and the whole selector by a map and a lookup alike.
             for requirement in selector.requirements() {
-                let labels: BTreeMap<String, String> = match requirement.value() {
-                    Some(value) if requirement.matches_value(Some(value)) => {
-                        BTreeMap::from([(requirement.key().to_string(), value.to_string())])
-                    }
+                let key = requirement.key().to_string();
+                let labels: BTreeMap<String, String> = match (requirement.operator(), requirement.value()) {
+                    (Operator::Equals, Some(value)) => BTreeMap::from([(key, value.to_string())]),
+                    (Operator::Exists, _) => BTreeMap::from([(key, String::new())]),
                     _ => BTreeMap::new(),
                 };
-                let by_map = requirement.matches(&labels);
-                let by_value = requirement.matches_value(labels.get(requirement.key()).map(String::as_str));
-                assert_eq!(by_map, by_value, "`{requirement}` matches a map and a lookup differently");
-                assert!(by_map || requirement.value().is_none(), "`{requirement}` matches nothing");
+                assert!(requirement.matches(&labels), "`{requirement}` is not met by {labels:?}");
+                let by_lookup = selector.matches_by(|k| labels.get(k).map(String::as_str));
+                assert_eq!(selector.matches(&labels), by_lookup, "`{selector}` matches a map and a lookup differently");
             }
             true
         }
@@ -137,12 +136,9 @@ pub fn agent_message(data: &[u8]) -> bool {
 pub fn gateway_message(data: &[u8]) -> bool {
     let Ok(message) = pb::GatewayMessage::decode(data) else { return false };
     let Ok(command) = GatewayCommand::try_from(message) else { return false };
-    {
-        let wire = reencode(&pb::GatewayMessage::from(&command));
-        let again =
-            GatewayCommand::try_from(wire).unwrap_or_else(|e| panic!("{command:?} does not survive the wire: {e}"));
-        assert_same(&command, &again, "command → wire → command");
-    }
+    let wire = reencode(&pb::GatewayMessage::from(&command));
+    let again = GatewayCommand::try_from(wire).unwrap_or_else(|e| panic!("{command:?} does not survive the wire: {e}"));
+    assert_same(&command, &again, "command → wire → command");
     true
 }
 
@@ -278,10 +274,41 @@ impl Rng {
 /// Bytes that often matter to the parsers above: YAML and JSON structure, selector operators,
 /// protobuf varints and length prefixes, DER lengths.
 const TOKENS: &[&[u8]] = &[
-    b":", b"\n", b"- ", b"{", b"}", b"[", b"]", b",", b"\"", b"'", b"=", b"!=", b"==", b"!", b" ", b"/", b"&a", b"*a",
-    b"!!str ", b"~", b"null", b"1e400", b"-1", b"18446744073709551616", b"NaN", b".inf", b"0x", b"\\u0000",
-    b"\xff\xff\xff\xff\x0f", b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", b"\x0a\x7f", b"\x84\xff\xff\xff\xff",
-    b"\x81\x80", b"urn:meridian:cluster:", "é".as_bytes(),
+    b":",
+    b"\n",
+    b"- ",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b"\"",
+    b"'",
+    b"=",
+    b"!=",
+    b"==",
+    b"!",
+    b" ",
+    b"/",
+    b"&a",
+    b"*a",
+    b"!!str ",
+    b"~",
+    b"null",
+    b"1e400",
+    b"-1",
+    b"18446744073709551616",
+    b"NaN",
+    b".inf",
+    b"0x",
+    b"\\u0000",
+    b"\xff\xff\xff\xff\x0f",
+    b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",
+    b"\x0a\x7f",
+    b"\x84\xff\xff\xff\xff",
+    b"\x81\x80",
+    b"urn:meridian:cluster:",
+    "é".as_bytes(),
 ];
 
 /// One mutation of `input`: a bit flip, a random byte, an inserted token or random bytes, a

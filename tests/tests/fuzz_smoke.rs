@@ -91,8 +91,11 @@ fn the_seeds_are_valid_inputs() {
         let message = pb::GatewayMessage::decode(seed.as_slice()).unwrap();
         GatewayCommand::try_from(message).unwrap();
     }
-    let named: Vec<_> =
-        fuzzing::seeds("certificate_san").unwrap().iter().map(|s| meridian_gateway::tls::identity::clusters_named(s)).collect();
+    let named: Vec<_> = fuzzing::seeds("certificate_san")
+        .unwrap()
+        .iter()
+        .map(|s| meridian_gateway::tls::identity::clusters_named(s))
+        .collect();
     assert!(named.contains(&vec!["gpu-east".to_string()]), "{named:?}");
 }
 
@@ -140,7 +143,10 @@ fn write_binary_seeds() {
                     gpus_per_node: 8,
                     cpu_per_node: 96,
                     memory_gib_per_node: 1024,
-                    free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }, NodeFree { gpus: 2, cpu: 10, memory_gib: 64 }],
+                    free: vec![
+                        NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 },
+                        NodeFree { gpus: 2, cpu: 10, memory_gib: 64 },
+                    ],
                     labels: BTreeMap::from([("rack".into(), "r1".into())]),
                 }],
             }),
@@ -170,7 +176,10 @@ fn write_binary_seeds() {
             },
         ),
         ("status", AgentEvent::Status(report(JobState::Succeeded))),
-        ("heartbeat", AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] }),
+        (
+            "heartbeat",
+            AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] },
+        ),
         (
             "logs",
             AgentEvent::Logs {

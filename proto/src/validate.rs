@@ -102,7 +102,8 @@ pub fn parse_job_spec(text: &str, catalog: &GpuCatalog) -> Result<JobSpec, SpecE
     }
     let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let field = if path == "." { "spec".to_string() } else { path };
+        // The root is `.`; an unknown empty key at the top level prints as an empty path.
+        let field = if path == "." || path.is_empty() { "spec".to_string() } else { path };
         SpecError::Invalid(vec![FieldError { field, reason: e.into_inner().to_string() }])
     })?;
     validate(&spec, catalog)?;
@@ -398,6 +399,18 @@ mod tests {
 
     fn fields(err: SpecError) -> Vec<String> {
         err.field_errors().into_iter().map(|e| e.field).collect()
+    }
+
+    /// Found by the `job_spec` fuzz target: serde_path_to_error prints a top-level key `""` as
+    /// an empty path, and the error named no field.
+    #[test]
+    fn an_empty_top_level_key_is_reported_on_the_spec() {
+        for text in ["{\"\": 1, \"name\": \"a\"}", "\"\": 1\nname: a\n"] {
+            let errors = parse(text).unwrap_err().field_errors();
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_eq!(errors[0].field, "spec", "{errors:?}");
+            assert!(errors[0].reason.contains("unknown field"), "{errors:?}");
+        }
     }
 
     #[test]

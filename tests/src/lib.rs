@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub mod fuzzing;
+
 use anyhow::{Context, Result, anyhow, bail};
 use meridian_gateway::client::Client;
 use serde_json::Value;

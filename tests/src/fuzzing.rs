@@ -37,6 +37,7 @@ pub const TARGETS: &[Target] = &[
     Target { name: "agent_message", body: agent_message },
     Target { name: "gateway_message", body: gateway_message },
     Target { name: "certificate_san", body: certificate_san },
+    Target { name: "rest_query", body: rest_query },
 ];
 
 /// The job-spec parser (YAML and JSON) with the default GPU catalog. A spec that parses
@@ -65,6 +66,53 @@ pub fn job_spec(data: &[u8]) -> bool {
 fn reparse(text: &str, catalog: &GpuCatalog) -> JobSpec {
     parse_job_spec(text, catalog)
         .unwrap_or_else(|e: SpecError| panic!("a parsed spec, re-serialized, is refused: {e}\n--- text ---\n{text}"))
+}
+
+/// The REST query decoding (`GET /v1/jobs?...`, `GET /v1/jobs/{id}/logs?...`) and the list and
+/// logs parameters read from it. A query that decodes has each parameter once, and encoding its
+/// parameters again decodes to the same ones; every refusal is a 400 naming a parameter.
+pub fn rest_query(data: &[u8]) -> bool {
+    use std::collections::HashMap;
+
+    use meridian_gateway::api::ApiError;
+    use meridian_gateway::api::query::decode_query;
+    use meridian_gateway::api::rest::{parse_list_query, parse_logs_query};
+
+    let names_a_field = |error: &ApiError| {
+        assert!(
+            matches!(error, ApiError::BadRequest { field, .. } if !field.is_empty()),
+            "a refused query names no parameter: {error:?}"
+        );
+    };
+    let Ok(text) = std::str::from_utf8(data) else { return false };
+    let params = match decode_query(text) {
+        Ok(params) => params,
+        Err(error) => {
+            names_a_field(&error);
+            return false;
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    assert!(params.iter().all(|(name, _)| seen.insert(name.as_str())), "a parameter decoded twice: {params:?}");
+    let encoded: Vec<String> = params
+        .iter()
+        .map(|(name, value)| {
+            format!("{}={}", meridian_cli::client::percent_encode(name), meridian_cli::client::percent_encode(value))
+        })
+        .collect();
+    let again = decode_query(&encoded.join("&")).unwrap_or_else(|e| panic!("re-encoded {params:?} is refused: {e}"));
+    // Empty segments (`a=1&&b=2`) and bare names are dropped or kept alike on both sides, except
+    // that an empty name with an empty value encodes to `=`; compare what both keep.
+    assert_eq!(again, params, "encode → decode changed the parameters");
+    let map: HashMap<String, String> = params.into_iter().collect();
+    let list = parse_list_query(&map);
+    if let Err(error) = &list {
+        names_a_field(error);
+    }
+    if let Err(error) = parse_logs_query(&map) {
+        names_a_field(&error);
+    }
+    list.is_ok()
 }
 
 /// The label-selector parser (`?selector=`, `meridian jobs -l`, placement selectors). A selector

@@ -251,3 +251,8 @@ fn pem_to_der(pem: &str) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn rest_query_decoding_holds_over_seeds_and_mutations() {
+    run("rest_query");
+}

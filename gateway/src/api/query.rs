@@ -15,6 +15,12 @@ pub fn decode_query(raw: &str) -> Result<Vec<(String, String)>> {
             field: printable(raw_name),
             reason: format!("the parameter name {reason}"),
         })?;
+        if name.is_empty() {
+            return Err(ApiError::BadRequest {
+                field: "query".into(),
+                reason: format!("`{}` has no parameter name before its `=`", printable(segment)),
+            });
+        }
         let value = decode_component(raw_value, true)
             .map_err(|reason| ApiError::BadRequest { field: name.clone(), reason: format!("the value {reason}") })?;
         if params.iter().any(|(seen, _)| *seen == name) {
@@ -135,6 +141,14 @@ mod tests {
         assert_eq!(bad_field("state=abc%4"), "state");
         assert_eq!(bad_field("st%ffate=1"), "st%ffate");
         assert_eq!(bad_field("a=%C3%28"), "a");
+    }
+
+    #[test]
+    fn a_parameter_without_a_name_is_refused_naming_the_query() {
+        // Found by the `rest_query` fuzz target: `=tea` decoded to an empty name, and the list
+        // parameters then refused it naming an empty field.
+        assert_eq!(bad_field("=tea"), "query");
+        assert_eq!(bad_field("limit=1&="), "query");
     }
 
     #[test]

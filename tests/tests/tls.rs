@@ -335,3 +335,46 @@ async fn a_gateway_without_tls_or_insecure_refuses_to_start_and_says_what_to_do(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("tls:") && stderr.contains("meridian certs init") && stderr.contains("insecure: true"));
 }
+
+#[tokio::test]
+async fn users_authenticate_with_bearer_tokens_over_https() {
+    const TOKEN: &str = "viewer-token-0123456789abcdef";
+    let pki = Pki::new();
+    std::fs::write(
+        pki.path("tokens.yaml"),
+        format!("tokens:\n- {{subject: vera, role: viewer, tenants: [nlp], token: {TOKEN}}}\n"),
+    )
+    .unwrap();
+    let config = format!("{}auth: {{tokensFile: {}}}\n", pki.gateway_config(), pki.path("tokens.yaml").display());
+    let gateway = Gateway::start_tls(pki.dir.path(), &config, &pki.path("ca.pem")).await.unwrap();
+    let cli = |token: Option<&str>, args: &[&str]| {
+        let mut command = std::process::Command::new(&meridian_e2e::binaries().meridian);
+        command
+            .args(args)
+            .env("MERIDIAN_GATEWAY", gateway.rest_url())
+            .env("MERIDIAN_CA", pki.path("ca.pem"))
+            .env_remove("MERIDIAN_TOKEN")
+            .env_remove("MERIDIAN_TOKEN_FILE");
+        if let Some(token) = token {
+            command.env("MERIDIAN_TOKEN", token);
+        }
+        command.output().unwrap()
+    };
+    // TLS alone is not enough: the gateway wants a token, and says so.
+    let anonymous = cli(None, &["jobs", "-o", "json"]);
+    assert!(!anonymous.status.success());
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(stderr.contains("authentication required") && stderr.contains("MERIDIAN_TOKEN"), "{stderr}");
+    // With the token, over https, the viewer reads its tenant.
+    let listed = cli(Some(TOKEN), &["jobs", "--tenant", "nlp", "-o", "json"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("\"jobs\""));
+    // ... but may not submit there.
+    let spec = pki.path("job.yaml");
+    std::fs::write(&spec, "name: j\ntenant: nlp\ngang: {replicas: 1, resources: {gpus: 1}}\npayload: {command: [x]}\n")
+        .unwrap();
+    let submitted = cli(Some(TOKEN), &["submit", "-f", spec.to_str().unwrap()]);
+    assert!(!submitted.status.success());
+    let stderr = String::from_utf8_lossy(&submitted.stderr);
+    assert!(stderr.contains("vera may not submit"), "{stderr}");
+}

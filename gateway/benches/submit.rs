@@ -151,22 +151,11 @@ async fn preload(dir: &Path, count: usize, finished: bool) -> Result<()> {
     let mut batch = Vec::new();
     for i in 0..count {
         let at = now - 2 * 3600 * 1000 - (count - i) as i64;
-        let job = JobRecord {
-            id: format!("j-{at:011x}0000{i:06x}"),
-            spec: spec.clone(),
-            state: if finished { JobState::Succeeded } else { JobState::Queued },
-            cluster: None,
-            fencing_token: 0,
-            message: "preloaded".into(),
-            placement: None,
-            submitted_at_ms: at,
-            started_at_ms: None,
-            finished_at_ms: finished.then_some(at + 1),
-            gpu_type: None,
-            nodes: Vec::new(),
-            preemptions: 0,
-            last_preempted_at_ms: None,
-        };
+        let mut job = JobRecord::queued(format!("j-{at:011x}0000{i:06x}"), spec.clone(), "preloaded", at);
+        if finished {
+            job.state = JobState::Succeeded;
+            job.finished_at_ms = Some(at + 1);
+        }
         let encoded = Record::Job(job).encode()?;
         batch.push(Write::Put { key: encoded.key, value: encoded.value.unwrap_or_default() });
         if batch.len() == 10_000 {

@@ -136,8 +136,9 @@ async fn gateway_with(dir: &std::path::Path, limits: &str) -> Gateway {
 #[tokio::test(flavor = "multi_thread")]
 async fn slow_header_slow_body_and_idle_clients_are_cut_off_while_others_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let timeout = Duration::from_secs(3);
-    let gateway = gateway_with(dir.path(), "{headerReadTimeout: 3s, bodyReadTimeout: 3s}").await;
+    // Long enough that the requests served meanwhile finish first even on a loaded machine.
+    let timeout = Duration::from_secs(5);
+    let gateway = gateway_with(dir.path(), "{headerReadTimeout: 5s, bodyReadTimeout: 5s}").await;
 
     let started = Instant::now();
     let mut slow_header = connect(gateway.rest).await;

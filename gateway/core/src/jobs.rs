@@ -164,22 +164,7 @@ impl Core {
                 reasons: reasons.into_iter().map(|(cluster, why)| (cluster, why.to_string())).collect(),
             });
         }
-        let job = JobRecord {
-            id: self.new_job_id(now_ms),
-            spec,
-            state: JobState::Queued,
-            cluster: None,
-            fencing_token: 0,
-            message: "waiting for placement".into(),
-            placement: None,
-            submitted_at_ms: now_ms,
-            started_at_ms: None,
-            finished_at_ms: None,
-            gpu_type: None,
-            nodes: Vec::new(),
-            preemptions: 0,
-            last_preempted_at_ms: None,
-        };
+        let job = JobRecord::queued(self.new_job_id(now_ms), spec, "waiting for placement", now_ms);
         if let Some(key) = &job.spec.idempotency_key {
             self.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
         }

@@ -181,6 +181,29 @@ struct VersionOnly {
     v: u32,
 }
 
+impl JobRecord {
+    /// A job just accepted: `Queued` with `message`, submitted at `submitted_at_ms`, never
+    /// offered, placed or started.
+    pub fn queued(id: String, spec: JobSpec, message: impl Into<String>, submitted_at_ms: i64) -> Self {
+        Self {
+            id,
+            spec,
+            state: JobState::Queued,
+            cluster: None,
+            fencing_token: 0,
+            message: message.into(),
+            placement: None,
+            submitted_at_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            gpu_type: None,
+            nodes: Vec::new(),
+            preemptions: 0,
+            last_preempted_at_ms: None,
+        }
+    }
+}
+
 impl Record {
     /// The store key this record writes.
     pub fn key(&self) -> String {

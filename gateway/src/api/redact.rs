@@ -25,7 +25,6 @@ pub fn redacted_all(jobs: &[Arc<JobRecord>]) -> Vec<Cow<'_, JobRecord>> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use meridian_proto::gpu::GpuCatalog;
-    use meridian_proto::job::JobState;
     use meridian_proto::spec::SECRET_SET;
     use meridian_proto::validate::parse_job_spec;
 
@@ -33,22 +32,7 @@ mod tests {
 
     fn job(payload: &str) -> JobRecord {
         let text = format!("name: job1\ntenant: t\ngang: {{resources: {{gpus: 1}}}}\npayload: {payload}\n");
-        JobRecord {
-            id: "j-1".into(),
-            spec: parse_job_spec(&text, &GpuCatalog::default()).unwrap(),
-            state: JobState::Queued,
-            cluster: None,
-            fencing_token: 0,
-            message: String::new(),
-            placement: None,
-            submitted_at_ms: 0,
-            started_at_ms: None,
-            finished_at_ms: None,
-            gpu_type: None,
-            nodes: Vec::new(),
-            preemptions: 0,
-            last_preempted_at_ms: None,
-        }
+        JobRecord::queued("j-1".into(), parse_job_spec(&text, &GpuCatalog::default()).unwrap(), "", 0)
     }
 
     #[test]

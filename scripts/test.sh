@@ -45,5 +45,8 @@ else
     export MERIDIAN_SLURM_ENV="$slurm_dir/env"
 fi
 
+# --- browser (console) ---
+# --- end browser ---
+
 echo "== unit, property and end-to-end tests"
 cargo test --workspace --locked "$@"

@@ -21,6 +21,7 @@ pub mod quota;
 pub mod record;
 pub mod registry;
 mod round;
+pub mod tenants;
 mod timers;
 pub mod view;
 
@@ -36,6 +37,7 @@ pub use config::CoreConfig;
 pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
 pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
+pub use tenants::{TenantBook, TenantSummary};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
 use registry::Registry;
@@ -111,6 +113,8 @@ pub struct Core {
     clusters_version: u64,
     cluster_view: Arc<Vec<ClusterSummary>>,
     cluster_view_version: u64,
+    /// Tenant weights and quotas for readers (fixed for the life of the process).
+    tenant_book: Arc<TenantBook>,
 }
 
 impl Core {
@@ -121,6 +125,7 @@ impl Core {
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
         let mut core = Core {
             network: Arc::new(config.network.clone()),
+            tenant_book: Arc::new(TenantBook::from_config(&config)),
             config,
             jobs: imbl::OrdMap::new(),
             active: BTreeMap::new(),
@@ -289,6 +294,12 @@ impl Core {
             self.cluster_view = Arc::new(self.cluster_summaries());
             self.cluster_view_version = self.clusters_version;
         }
-        ReadView::new(self.jobs.clone(), self.decisions.clone(), Arc::clone(&self.cluster_view), self.failed.clone())
+        ReadView::new(
+            self.jobs.clone(),
+            self.decisions.clone(),
+            Arc::clone(&self.cluster_view),
+            Arc::clone(&self.tenant_book),
+            self.failed.clone(),
+        )
     }
 }

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::jobs::holds_gpus;
 use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
+use crate::tenants::TenantBook;
 use crate::{Core, Decided};
 
 /// Filters of a job list.
@@ -115,6 +116,7 @@ pub struct ReadView {
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
     decisions: imbl::HashMap<String, Arc<Decided>>,
     clusters: Arc<Vec<ClusterSummary>>,
+    tenant_book: Arc<TenantBook>,
     failure: Option<String>,
 }
 
@@ -123,9 +125,19 @@ impl ReadView {
         jobs: imbl::OrdMap<String, Arc<JobRecord>>,
         decisions: imbl::HashMap<String, Arc<Decided>>,
         clusters: Arc<Vec<ClusterSummary>>,
+        tenant_book: Arc<TenantBook>,
         failure: Option<String>,
     ) -> Self {
-        Self { jobs, decisions, clusters, failure }
+        Self { jobs, decisions, clusters, tenant_book, failure }
+    }
+
+    /// Every job remembered, by id (oldest first).
+    pub fn jobs(&self) -> impl Iterator<Item = &Arc<JobRecord>> + '_ {
+        self.jobs.values()
+    }
+
+    pub(crate) fn tenant_book(&self) -> &TenantBook {
+        &self.tenant_book
     }
 
     /// The same view, marked failed: what readers keep seeing once a commit failed (the core's

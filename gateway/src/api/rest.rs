@@ -73,6 +73,7 @@ pub fn router(state: RestState) -> Router {
         .route("/v1/jobs/{id}/explain", get(explain_job))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/clusters", get(list_clusters))
+        .route("/v1/tenants", get(list_tenants))
         .route("/healthz", get(health))
         .fallback(|| async {
             let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});
@@ -281,4 +282,18 @@ async fn job_logs(
 /// Any authenticated caller may see the clusters (they hold no tenant's data).
 async fn list_clusters(State(state): State<RestState>, _caller: Caller) -> axum::Json<serde_json::Value> {
     axum::Json(json!({ "clusters": state.handle.view().clusters(now_ms()) }))
+}
+
+/// Tenants' queues (running and queued GPUs, fair share, quota); a non-admin sees only its own
+/// tenants.
+async fn list_tenants(State(state): State<RestState>, caller: Caller) -> axum::Json<serde_json::Value> {
+    let visible = caller.visible_tenants();
+    let tenants: Vec<_> = state
+        .handle
+        .view()
+        .tenants()
+        .into_iter()
+        .filter(|t| visible.as_ref().is_none_or(|set| set.contains(&t.tenant)))
+        .collect();
+    axum::Json(json!({ "tenants": tenants }))
 }

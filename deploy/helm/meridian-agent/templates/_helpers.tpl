@@ -75,7 +75,7 @@ the same; tests/tests/helm.rs checks that they agree.
 {{- if not .Values.region }}
 {{- fail "region: name the cluster's region (as in the gateway's network table)" }}
 {{- end }}
-{{- range $key := list "cluster" "region" "tier" "gateway" "tls" "insecure" "backend" "kubernetes" "slurm" }}
+{{- range $key := list "cluster" "region" "tier" "gateway" "tls" "insecure" "backend" "kubernetes" "slurm" "metrics" }}
 {{- if hasKey $.Values.config $key }}
 {{- fail (printf "config.%s: set by the chart; use the chart's top-level `%s` value instead" $key $key) }}
 {{- end }}
@@ -102,6 +102,9 @@ the same; tests/tests/helm.rs checks that they agree.
 {{- $_ := set $config "kubernetes" $kubernetes }}
 {{- else if eq .Values.backend "slurm" }}
 {{- $_ := set $config "slurm" (default (dict) .Values.slurm) }}
+{{- end }}
+{{- if .Values.metrics.enabled }}
+{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))) }}
 {{- end }}
 {{- toYaml $config }}
 {{- end }}

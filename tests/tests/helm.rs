@@ -283,7 +283,11 @@ struct AgentRender {
 }
 
 fn render_agent(helm: &Path, values: &str, external: External<'_>, case: &str) -> AgentRender {
-    let render = Render::new("meridian-agent", "east").values(values);
+    render_agent_as(helm, "east", values, external, case)
+}
+
+fn render_agent_as(helm: &Path, release: &str, values: &str, external: External<'_>, case: &str) -> AgentRender {
+    let render = Render::new("meridian-agent", release).values(values);
     render.lint(helm).unwrap_or_else(|e| panic!("{case}: {e:#}"));
     let manifests = render.template(helm).unwrap_or_else(|e| panic!("{case}: helm template failed: {e:#}"));
     assert_clean(&manifests, external, case);
@@ -450,6 +454,42 @@ fn agent_chart_exposes_the_agents_metrics_when_asked() {
     let service = render.manifests.get("Service", "east-meridian-agent-metrics").expect("a metrics Service");
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
     assert_eq!(render.manifests.of_kind("ServiceMonitor").count(), 1);
+}
+
+fn example_values(file: &str) -> String {
+    std::fs::read_to_string(repo_root().join("deploy/helm/examples").join(file)).unwrap()
+}
+
+#[test]
+fn the_documented_example_values_install_a_gateway_and_two_member_clusters() {
+    let Some(helm) = helm_or_skip() else { return };
+    let gateway = render_gateway(
+        &helm,
+        &example_values("gateway-values.yaml"),
+        &["meridian-gateway-tls", "meridian-tokens"],
+        "gateway-values.yaml",
+    );
+    assert!(gateway.config.auth.is_some() && gateway.config.tls.is_some());
+    let east = render_agent_as(
+        &helm,
+        "k8s-east",
+        &example_values("east-values.yaml"),
+        tls_only(&["k8s-east-meridian-agent-tls"]),
+        "east-values.yaml",
+    );
+    assert_rbac_matches_example(&east, "rbac-volcano.yaml", "meridian");
+    let west = render_agent_as(
+        &helm,
+        "k8s-west",
+        &example_values("west-values.yaml"),
+        tls_only(&["k8s-west-meridian-agent-tls"]),
+        "west-values.yaml",
+    );
+    assert_rbac_matches_example(&west, "rbac-kueue.yaml", "batch-jobs");
+    for (agent, cluster) in [(&east, "k8s-east"), (&west, "k8s-west")] {
+        assert_eq!(agent.config.cluster, cluster);
+        assert!(agent.config.gateway.ends_with(":7071"), "agents dial the gateway's gRPC port");
+    }
 }
 
 /// One Dockerfile, instruction by instruction (continuation lines joined).

@@ -152,7 +152,8 @@ pub enum FileSource {
         /// Key in its data.
         key: String,
     },
-    /// A writable volume (PersistentVolumeClaim template or emptyDir) named `volume`.
+    /// A writable volume (a claim template, PersistentVolumeClaim, emptyDir, hostPath or NFS
+    /// volume mounted read-write) named `volume`.
     Writable {
         /// The volume's name.
         volume: String,
@@ -489,7 +490,11 @@ impl PodTemplate {
                 key: key_of(secret.items.as_ref())?,
             });
         }
-        if volume.empty_dir.is_some() && mount.read_only != Some(true) {
+        let writable_kind = volume.empty_dir.is_some()
+            || volume.persistent_volume_claim.is_some()
+            || volume.host_path.is_some()
+            || volume.nfs.is_some();
+        if writable_kind && mount.read_only != Some(true) {
             return Some(FileSource::Writable { volume: mount.name.clone() });
         }
         None

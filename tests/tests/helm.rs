@@ -386,9 +386,14 @@ fn agent_chart_renders_slurm_and_builtin_without_kubernetes_rbac() {
     let slurm = r#"
 cluster: hpc
 backend: slurm
-slurm: {partition: gpu, gpuTypes: {a100: a100-80g}, workDir: /shared/meridian, pollInterval: 2s}
+slurm: {partition: gpu, gpuTypes: {a100: a100-80g}, workDir: /shared/meridian/work, pollInterval: 2s}
 config: {supportsContainers: false}
-extraVolumes: [{name: slurm-conf, configMap: {name: slurm-conf}}]
+extraVolumes:
+  - {name: slurm-conf, configMap: {name: slurm-conf}}
+  - {name: shared, nfs: {server: nfs.example, path: /export/meridian}}
+extraVolumeMounts:
+  - {name: slurm-conf, mountPath: /etc/slurm, readOnly: true}
+  - {name: shared, mountPath: /shared/meridian}
 "#;
     let builtin = r#"
 backend: builtin
@@ -413,6 +418,15 @@ config:
             "{case}: no API credentials mounted"
         );
     }
+    let render = render_agent(&helm, slurm, slurm_external, "slurm");
+    let work_dir = render.config.slurm.as_ref().unwrap().work_dir.display().to_string();
+    let container = render.pod.container("agent").unwrap();
+    assert!(
+        matches!(render.pod.file(container, &work_dir), Some(FileSource::Writable { .. })),
+        "slurm.workDir {work_dir} is on the shared volume"
+    );
+    let error = Render::new("meridian-agent", "east").values("backend: slurm\n").template(&helm).unwrap_err();
+    assert!(format!("{error:#}").contains("slurm.workDir"), "a Slurm agent without a shared work dir: {error:#}");
     let render = render_agent(&helm, builtin, External::default(), "builtin");
     assert!(render.config.insecure && render.config.tls.is_none());
     assert_eq!(render.config.node_specs().len(), 2, "the node group of the values");

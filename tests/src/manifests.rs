@@ -76,6 +76,9 @@ impl Render {
 
     fn args(&self, dir: &Path, command: &str) -> Result<Vec<String>> {
         let mut args = vec![command.to_string()];
+        if command == "lint" {
+            args.push("--strict".to_string());
+        }
         if command == "template" {
             args.push(self.release.clone());
         }

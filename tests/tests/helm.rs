@@ -265,7 +265,8 @@ fn gateway_chart_refuses_values_it_cannot_run_with() {
         ("store: {kind: etcd}\n", "store.kind"),
         ("config: {listen: '0.0.0.0:80'}\n", "config.listen"),
         ("prometheusRule: {enabled: true}\n", "files/rules.yaml"),
-        ("auth: {jwt: {enabled: true, issuer: x, audience: y}}\n", "auth.jwt.jwksSecret"),
+        ("auth: {jwt: {enabled: true, issuer: x, audience: meridian}}\n", "auth.jwt.jwksSecret"),
+        ("persistance: {size: 1Gi}\n", "persistance"),
     ] {
         let error = Render::new("meridian-gateway", "meridian-gateway")
             .values(values)
@@ -440,7 +441,8 @@ fn agent_chart_lints_and_renders_with_its_defaults_and_refuses_bad_values() {
     assert_rbac_matches_example(&render, "rbac-volcano.yaml", "meridian");
     for (values, expected) in [
         ("backend: pbs\n", "backend"),
-        ("kubernetes: {mode: flux}\n", "kubernetes.mode"),
+        ("kubernetes: {mode: flux}\n", "/kubernetes/mode"),
+        ("tier: onprem\n", "/tier"),
         ("config: {cluster: other}\n", "config.cluster"),
         ("region: ''\n", "region"),
     ] {

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod plot;
 pub mod policy;
 pub mod preemption;
+pub mod progress;
 pub mod report;
 pub mod topology;
 pub mod workload;

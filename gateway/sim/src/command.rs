@@ -139,7 +139,7 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
             })
             .collect();
         let title = format!("{} on {}", workload.source, topology.name);
-        write_file(path, &plot::render_svg(&title, &series))?;
+        write_file(path, &plot::render_svg(&title, &series)?)?;
     }
     let mut text = match output {
         OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,

@@ -58,6 +58,9 @@ pub enum SimError {
     /// The topology file is not valid.
     #[error(transparent)]
     Topology(#[from] meridian_proto::config_file::ConfigError),
+    /// The `--plot` chart could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
     /// A command-line value or a combination of them is not valid.
     #[error("{0}")]
     Invalid(String),

@@ -15,6 +15,7 @@
 //!   simulated agents), and the placement policies (ours and the baselines).
 //! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart;
 //!   [`deadline`]: deadline misses and the cloud dollars spent on jobs with deadlines.
+//! - [`progress`]: one progress bar per replayed policy on a terminal's stderr.
 
 pub mod command;
 pub mod deadline;

@@ -98,6 +98,13 @@ pub struct AgentConfig {
     /// Builtin backend: whether and how the member preempts (see [`PreemptionConfig`]).
     #[serde(default)]
     pub preemption: PreemptionConfig,
+    /// Where running jobs' GPU utilisation comes from (a file or NVML), sent with each job in
+    /// the heartbeat; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<crate::usage::UtilizationConfig>,
+    /// Serve Prometheus metrics at `GET /metrics` on `listen`; not served when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<crate::metrics::MetricsConfig>,
 }
 
 /// The agent's `tls:` section: PEM files.
@@ -297,6 +304,15 @@ impl AgentConfig {
             problems.push("reportInterval: must be longer than 0s".to_string());
         }
         self.preemption.check(&mut problems);
+        if let Some(utilization) = &self.utilization {
+            utilization.check(&mut problems);
+            let process = self.backend == BackendKind::Builtin && self.runner == RunnerKind::Process;
+            if utilization.nvml && !process {
+                problems.push(
+                    "utilization.nvml: NVML reads this host's GPUs, which only the builtin backend's process runner schedules; use `utilization.file` for other backends".to_string(),
+                );
+            }
+        }
         config_file::check(path, problems)
     }
 

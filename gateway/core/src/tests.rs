@@ -55,6 +55,7 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
         nodes: vec!["dgx-0".into()],
         requeue: false,
         preempted: false,
+        usage: None,
     }
 }
 

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::error::{ApiError, Result};
 use super::query::decode_query;
-use super::redact::{redacted, redacted_all};
+use super::redact::{redacted, shown};
 use crate::auth::{Authenticator, Caller, Role};
 use crate::runtime::{Handle, now_ms};
 
@@ -75,6 +75,9 @@ pub fn router(state: RestState) -> Router {
         .route("/v1/clusters", get(list_clusters))
         .route("/v1/tenants", get(list_tenants))
         .route("/healthz", get(health))
+        // TEMPORARY (usage helper): only the usage collector; the metrics helper's endpoint
+        // replaces this route at merge.
+        .route("/metrics", get(usage_metrics))
         .fallback(|| async {
             let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});
             (StatusCode::NOT_FOUND, axum::Json(body))
@@ -88,6 +91,18 @@ pub fn router(state: RestState) -> Router {
         // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
         .with_state(state)
+}
+
+async fn usage_metrics(State(state): State<RestState>) -> Response {
+    let mut registry = prometheus_client::registry::Registry::default();
+    crate::metrics::usage::register(&mut registry, state.handle.clone());
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+        Ok(()) => {
+            ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+        }
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }
 
 async fn health(State(state): State<RestState>) -> Response {
@@ -218,8 +233,11 @@ async fn list_jobs(
 ) -> Result<axum::Json<serde_json::Value>> {
     let mut query = parse_list_query(&query_params(raw)?)?;
     authorize_list(&caller, &mut query)?;
-    let page = state.handle.view().list(&query.filter, query.limit, query.after.as_deref());
-    let mut body = json!({ "jobs": redacted_all(&page.jobs) });
+    let view = state.handle.view();
+    let page = view.list(&query.filter, query.limit, query.after.as_deref());
+    let now = now_ms();
+    let jobs: Vec<_> = page.jobs.iter().map(|job| shown(job, &view, now)).collect();
+    let mut body = json!({ "jobs": jobs });
     if let Some(next) = page.next {
         body["continue"] = json!(next);
     }
@@ -228,7 +246,7 @@ async fn list_jobs(
 
 async fn get_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
     let job = authorized_job(&state.handle, &caller, &id, Role::Viewer, "read")?;
-    Ok(axum::Json(redacted(&job)).into_response())
+    Ok(axum::Json(shown(&job, &state.handle.view(), now_ms())).into_response())
 }
 
 async fn cancel_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {

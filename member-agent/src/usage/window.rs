@@ -57,7 +57,7 @@ impl UsageWindow {
                 }
                 None => samples
                     .iter()
-                    .filter(|s| !s.node.is_empty() && job.nodes.iter().any(|n| *n == s.node))
+                    .filter(|s| !s.node.is_empty() && job.nodes.contains(&s.node))
                     .map(|s| s.utilization)
                     .collect(),
             };

@@ -422,6 +422,25 @@ mod tests {
     }
 
     #[test]
+    fn utilization_and_metrics_sections_are_read_and_nvml_needs_the_process_runner() {
+        let text =
+            format!("{GOOD}utilization: {{file: /run/gpu.prom, interval: 5s}}\nmetrics: {{listen: 127.0.0.1:9464}}\n");
+        let config = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap();
+        let utilization = config.utilization.unwrap();
+        assert_eq!(utilization.file.as_deref(), Some(Path::new("/run/gpu.prom")));
+        assert_eq!((utilization.interval.0.as_secs(), utilization.window.0.as_secs()), (5, 60));
+        assert_eq!(config.metrics.unwrap().listen.port(), 9464);
+        let text = "cluster: c\nregion: r\ninsecure: true\nrunner: simulated\nutilization: {nvml: true}\n\
+                    nodes:\n  - {shape: x, count: 1, gpuType: h100, gpus: 8, cpu: 1, memoryGiB: 1}\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert!(problems.iter().any(|p| p.starts_with("utilization.nvml")), "{problems:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn every_problem_is_listed() {
         let text = "cluster: ''\nregion: r\ninsecure: true\nrunner: simulated\ntimeScale: 0\nnodes:\n  - {shape: x, count: 0, gpuType: h10, gpus: 0, cpu: 1, memoryGiB: 1}\n";
         match AgentConfig::parse(text, Path::new("a.yaml")) {

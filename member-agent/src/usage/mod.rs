@@ -149,6 +149,51 @@ mod tests {
         meridian_proto::config_file::parse_yaml(text, std::path::Path::new("agent.yaml")).unwrap()
     }
 
+    /// What every source must do: fractions 0..=1 for named devices, the same answer for the
+    /// same state (sampling has no side effects), and `gpus` samples for this fixture.
+    fn conformance(source: &dyn UtilizationSource, gpus: usize) {
+        let samples = source.sample().unwrap();
+        assert_eq!(samples.len(), gpus, "{samples:?}");
+        for sample in &samples {
+            assert!((0.0..=1.0).contains(&sample.utilization), "{sample:?}");
+            assert!(!sample.gpu.is_empty(), "{sample:?}");
+        }
+        assert_eq!(source.sample().unwrap(), samples, "sampling twice reads the same state");
+    }
+
+    #[test]
+    fn every_source_passes_the_conformance_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let prom = dir.path().join("gpu.prom");
+        std::fs::write(
+            &prom,
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"n\"} 100\nDCGM_FI_DEV_GPU_UTIL{gpu=\"1\"} 0\n",
+        )
+        .unwrap();
+        conformance(&file::FileUtilization::new(&prom), 2);
+        let json = dir.path().join("gpu.json");
+        std::fs::write(&json, r#"{"gpus": [{"node": "n", "gpu": 0, "utilization": 0.5}]}"#).unwrap();
+        conformance(&file::FileUtilization::new(&json), 1);
+        struct Recorded;
+        impl crate::backend::nvml::GpuProbe for Recorded {
+            fn read(&self) -> Result<Vec<crate::backend::nvml::GpuReading>, crate::backend::nvml::ProbeError> {
+                Ok((0..2)
+                    .map(|index| crate::backend::nvml::GpuReading {
+                        index,
+                        name: "NVIDIA L4".into(),
+                        uuid: format!("GPU-{index}"),
+                        memory_total_bytes: 1 << 34,
+                        mig_enabled: false,
+                        mig_instances: Vec::new(),
+                        utilization_percent: Some(index * 100),
+                    })
+                    .collect())
+            }
+        }
+        let devices = [("n".to_string(), vec!["0".to_string(), "1".to_string()])];
+        conformance(&nvml::NvmlUtilization::with_probe(Box::new(Recorded), devices), 2);
+    }
+
     #[test]
     fn defaults_sample_every_ten_seconds_over_a_minute() {
         let c = config("file: /run/gpu.prom\n");

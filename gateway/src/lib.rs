@@ -14,6 +14,7 @@ pub mod api;
 pub mod auth;
 pub mod certs;
 pub mod config;
+pub mod console;
 pub mod demo;
 pub mod runtime;
 pub mod server;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub mod browser;
 pub mod fuzzing;
+pub mod manifests;
 
 use anyhow::{Context, Result, anyhow, bail};
 use meridian_gateway::client::Client;

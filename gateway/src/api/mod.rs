@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod error;
+pub mod events;
 pub mod grpc;
 pub mod guard;
 pub mod limits;

@@ -74,6 +74,7 @@ pub fn router(state: RestState) -> Router {
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/clusters", get(list_clusters))
         .route("/v1/tenants", get(list_tenants))
+        .route("/v1/events", get(super::events::events))
         .route("/healthz", get(health))
         .fallback(|| async {
             let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});

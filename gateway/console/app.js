@@ -733,7 +733,7 @@
     if (event.id) state.lastEventId = event.id;
     if (event.type === "ready") {
       // The stream starts here: a snapshot loaded now misses nothing.
-      if (data && data.cursor && !state.lastEventId) state.lastEventId = data.cursor;
+      if (data && data.cursor) state.lastEventId = data.cursor;
       setMode("live");
       load();
     } else if (event.type === "reset") {

@@ -145,24 +145,22 @@ impl Browser {
     }
 
     /// Polls `expression` every 100 ms until it is truthy (not null, false, 0 or "") and
-    /// returns that value; after `timeout`, fails with the page's visible text.
+    /// returns that value; after `timeout`, fails with the page's visible text. An expression
+    /// that throws (the page is still loading, an element is not there yet) counts as false.
     pub async fn wait_for(&mut self, expression: &str, timeout: Duration) -> Result<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let value = self.eval(expression).await?;
-            let truthy = match &value {
-                Value::Null | Value::Bool(false) => false,
-                Value::Number(n) => n.as_f64() != Some(0.0),
-                Value::String(s) => !s.is_empty(),
-                _ => true,
+            // `last` is what the expression gave, or why it threw.
+            let last = match self.eval(expression).await {
+                Ok(value) if truthy(&value) => return Ok(value),
+                Ok(value) => value.to_string(),
+                Err(error) if error.to_string().contains(" threw: ") => error.to_string(),
+                Err(error) => return Err(error),
             };
-            if truthy {
-                return Ok(value);
-            }
             if tokio::time::Instant::now() > deadline {
                 let text = self.eval("document.body ? document.body.innerText.slice(0, 3000) : ''").await?;
                 bail!(
-                    "`{expression}` was not true within {timeout:?} (last {value}); the page shows:\n{}\nscript errors: {:?}",
+                    "`{expression}` was not true within {timeout:?} (last: {last}); the page shows:\n{}\nscript errors: {:?}",
                     text.as_str().unwrap_or_default(),
                     self.cdp.errors
                 );
@@ -380,6 +378,16 @@ impl Cdp {
         frame.extend_from_slice(&payload[..payload.len().min(125)]);
         self.socket.write_all(&frame).await?;
         Ok(())
+    }
+}
+
+/// Whether a JavaScript value is truthy (not null, false, 0 or "").
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => false,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        _ => true,
     }
 }
 

@@ -113,6 +113,16 @@ async fn the_console_follows_a_new_job_and_explains_it_against_every_cluster() {
     page.wait_for("document.querySelector('.card-value')?.textContent === '4 of 4'", WAIT).await.unwrap();
     let fleet_wide = shot(&mut page, &artefacts, "fleet-1280x800.png").await;
 
+    // Where the gateway has an event stream, the console follows it (else it polls).
+    let events_status = page
+        .eval("fetch('/v1/events').then(r => { const s = r.status; if (r.body) r.body.cancel(); return s; })")
+        .await
+        .unwrap();
+    let streaming = events_status == 200;
+    if streaming {
+        page.wait_for("document.getElementById('live').classList.contains('mode-live')", WAIT).await.unwrap();
+    }
+
     // Jobs: the list is open before the job exists; the job appears without a reload.
     page.eval("location.hash = '#/jobs'; window.__sameDocument = true").await.unwrap();
     page.wait_for("document.getElementById('job-rows') !== null", WAIT).await.unwrap();
@@ -161,6 +171,9 @@ async fn the_console_follows_a_new_job_and_explains_it_against_every_cluster() {
     page.set_viewport(390, 844, true).await.unwrap();
     fits_width(&mut page, 390).await;
     let job_phone = shot(&mut page, &artefacts, "job-390x844.png").await;
+    page.eval("document.getElementById('explanation').scrollIntoView()").await.unwrap();
+    shot(&mut page, &artefacts, "job-explanation-390x844.png").await;
+    page.eval("window.scrollTo(0, 0)").await.unwrap();
     page.eval("location.hash = '#/fleet'").await.unwrap();
     page.wait_for("document.querySelectorAll('tr[data-cluster]').length === 4", WAIT).await.unwrap();
     fits_width(&mut page, 390).await;
@@ -179,6 +192,16 @@ async fn the_console_follows_a_new_job_and_explains_it_against_every_cluster() {
     page.eval("window.confirm = () => true; document.getElementById('cancel').click()").await.unwrap();
     page.wait_for("document.querySelector('h1 .badge')?.textContent === 'Cancelled'", WAIT).await.unwrap();
     gateway.wait_for_state(&id, "Cancelled", WAIT).await.unwrap();
+    if streaming {
+        // The change arrives as an event too, and joins the timeline as seen live.
+        page.wait_for(
+            "[...document.querySelectorAll('#timeline li.live-event')].some(li => li.innerText.includes('Cancelled'))",
+            WAIT,
+        )
+        .await
+        .unwrap();
+        shot(&mut page, &artefacts, "job-cancelled-1280x800.png").await;
+    }
 
     assert!(page.errors().is_empty(), "the page raised errors: {:?}\nchromium log:\n{}", page.errors(), page.log());
     for path in [fleet_wide, job_wide, job_phone, fleet_phone] {

@@ -81,6 +81,10 @@
     return x === null || x === undefined ? "—" : (100 * x).toFixed(x > 0 && x < 0.1 ? 1 : 0) + "%";
   }
 
+  function plural(n, word) {
+    return n + " " + word + (n === 1 ? "" : "s");
+  }
+
   function usd(x) {
     return x === null || x === undefined ? "—" : "$" + Number(x).toFixed(2);
   }
@@ -120,6 +124,8 @@
   function labelled(tr, labels) {
     [...tr.children].forEach((cell, i) => {
       if (labels[i] && i > 0) cell.dataset.label = labels[i];
+      // Cells with nothing to say are left out of the stacked layout.
+      if (cell.textContent === "—") cell.classList.add("empty");
     });
     return tr;
   }
@@ -404,7 +410,7 @@
         h("meter", { min: 0, max: 1, value: share.toFixed(3), high: 0.9, "aria-label": "share of GPUs used" })),
       h("td", {}, h("ul", { class: "plain" }, types)),
       h("td", {},
-        h("div", {}, (c.pendingJobs || 0) + " jobs · " + (c.pendingGpus || 0) + " GPUs pending"),
+        h("div", {}, plural(c.pendingJobs || 0, "job") + " · " + plural(c.pendingGpus || 0, "GPU") + " pending"),
         h("div", { class: "muted small" }, "est. wait " + fmtDuration(c.estimatedWaitSecs))),
       h("td", { class: "num" }, String(c.federatedJobs || 0))), FLEET_COLUMNS);
   }
@@ -422,8 +428,8 @@
       const quota = t.maxGpus !== undefined ? t.maxGpus : null;
       return labelled(h("tr", { "data-tenant": t.tenant },
         h("th", { scope: "row" }, h("a", { href: "#/jobs?tenant=" + encodeURIComponent(t.tenant) }, t.tenant)),
-        h("td", { class: "num" }, t.runningJobs + " jobs · " + t.runningGpus + " GPUs"),
-        h("td", { class: "num" }, t.queuedJobs + " jobs · " + t.queuedGpus + " GPUs"),
+        h("td", { class: "num" }, plural(t.runningJobs, "job") + " · " + plural(t.runningGpus, "GPU")),
+        h("td", { class: "num" }, plural(t.queuedJobs, "job") + " · " + plural(t.queuedGpus, "GPU")),
         h("td", { class: "num" }, pct(t.fairShare), h("div", { class: "muted small" }, "weight " + t.weight)),
         h("td", { class: "num" }, pct(t.gpuShare),
           h("meter", { min: 0, max: 1, value: Number(t.gpuShare || 0).toFixed(3), "aria-label": "share of held GPUs" })),

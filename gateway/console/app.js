@@ -597,7 +597,10 @@
 
   function explanation(explain) {
     if (!explain) return h("p", { class: "muted" }, "No placement round has judged this job yet.");
-    const candidates = explain.candidates || [];
+    // The chosen cluster first, then the feasible ones, then the rejected, each by name.
+    const rank = { chosen: 0, feasible: 1, rejected: 2 };
+    const candidates = (explain.candidates || []).slice().sort((a, b) =>
+      (rank[a.verdict] ?? 3) - (rank[b.verdict] ?? 3) || String(a.cluster).localeCompare(String(b.cluster)));
     const rows = candidates.map((c) => {
       const s = c.score;
       return labelled(h("tr", { "data-candidate": c.cluster, class: "verdict-" + c.verdict },

@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod guard;
 pub mod limits;
 pub mod listener;
+pub mod openapi;
 pub mod query;
 pub mod quota;
 pub mod rate;

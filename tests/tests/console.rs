@@ -139,6 +139,22 @@ async fn the_console_follows_a_new_job_and_explains_it_against_every_cluster() {
     let text = page.eval(&format!("{row}.innerText")).await.unwrap();
     assert!(text.as_str().unwrap().contains("team-a"), "{text}");
 
+    // Filters: another tenant's job is listed until the list is narrowed to team-a.
+    let (other, _) = gateway.client().submit(&spec("resnet", "team-b", "a100-80g")).await.unwrap();
+    let other_row =
+        format!("document.querySelector('tr[data-job-id=' + CSS.escape({}) + ']')", js(other["id"].as_str().unwrap()));
+    page.wait_for(&format!("{other_row} !== null"), WAIT).await.unwrap();
+    page.eval(
+        "document.querySelector('form.filters [name=tenant]').value = 'team-a'; \
+         document.querySelector('form.filters').requestSubmit()",
+    )
+    .await
+    .unwrap();
+    page.wait_for(&format!("location.hash === '#/jobs?tenant=team-a' && {other_row} === null && {row} !== null"), WAIT)
+        .await
+        .unwrap();
+    shot(&mut page, &artefacts, "jobs-1280x800.png").await;
+
     // The job page: the placement explained with every cluster, the chosen one among them.
     page.eval(&format!("{row}.querySelector('a').click()")).await.unwrap();
     page.wait_for("document.querySelectorAll('#explanation tr[data-candidate]').length === 4", WAIT).await.unwrap();

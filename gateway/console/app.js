@@ -467,7 +467,8 @@
         h("option", { value: "" }, "any"),
         STATES.map((s) => h("option", { value: s, selected: (q.get("state") || "").toLowerCase() === s.toLowerCase() }, s)))),
       h("label", { class: "wide" }, "Labels", h("input", { name: "selector", value: q.get("selector") || "", placeholder: "team=vision,stage!=dev" })),
-      h("button", { type: "submit" }, "Filter"));
+      h("button", { type: "submit" }, "Filter"),
+      listParams(q).toString() !== "limit=500" ? h("a", { href: "#/jobs", class: "clear" }, "Clear filters") : null);
     const jobs = [...state.jobs.values()].sort((a, b) => b.submittedAtMs - a.submittedAtMs);
     const rows = $("job-rows");
     if (rows && state.drawnGeneration === state.generation) {
@@ -496,7 +497,7 @@
       h("td", {}, stateBadge(job.state), " ", idleFlag(job)),
       h("td", {}, gpuText(job)),
       h("td", {}, job.cluster || "—"),
-      h("td", {}, h("time", { datetime: new Date(job.submittedAtMs).toISOString(), title: fmtTime(job.submittedAtMs) }, ago(job.submittedAtMs)))), JOB_COLUMNS);
+      h("td", {}, h("time", { datetime: new Date(job.submittedAtMs).toISOString(), title: fmtTime(job.submittedAtMs), "data-ago": job.submittedAtMs }, ago(job.submittedAtMs)))), JOB_COLUMNS);
   }
 
   function matchesFilters(job) {
@@ -788,6 +789,7 @@
   // Report ages keep counting between updates.
   setInterval(() => {
     for (const el of document.querySelectorAll("[data-age]")) el.textContent = reportAge(state.clusters.get(el.dataset.age));
+    for (const el of document.querySelectorAll("time[data-ago]")) el.textContent = ago(Number(el.dataset.ago));
   }, 1000);
 
   // ---------- wiring ----------

@@ -78,7 +78,7 @@
   }
 
   function pct(x) {
-    return x === null || x === undefined ? "—" : (100 * x).toFixed(x > 0 && x < 0.1 ? 1 : 0) + "%";
+    return x === null || x === undefined ? "—" : (100 * x).toFixed(x > 0 && x < 0.01 ? 1 : 0) + "%";
   }
 
   function plural(n, word) {
@@ -545,7 +545,7 @@
       : null;
     const idle = isIdle(job)
       ? h("p", { class: "banner warn", id: "idle" },
-        "Idle GPUs: this job holds " + jobGpus(job).total + " GPUs" +
+        "Idle GPUs: this job holds " + plural(jobGpus(job).total, "GPU") +
         (typeof job.usage.gpuUtilization === "number" ? " at " + pct(job.usage.gpuUtilization > 1 ? job.usage.gpuUtilization / 100 : job.usage.gpuUtilization) + " utilisation" : "") +
         (job.usage.idleSinceMs ? ", idle since " + fmtTime(job.usage.idleSinceMs) : "") + ".")
       : null;
@@ -785,6 +785,23 @@
     state.clusters.set(cluster.name, { cluster, receivedAt: Date.now() });
     if (state.route.view === "fleet") refreshSoon("fleet", 250, drawFleet);
   }
+
+  // A job's GPU utilisation (and its idle flag) changes without a change to its record, so no
+  // event says so: while the stream is live, the job page asks for the job again now and then.
+  setInterval(async () => {
+    if (state.mode !== "live" || state.route.view !== "job" || !state.job || document.visibilityState === "hidden") return;
+    const id = state.job.id;
+    try {
+      const job = await api("/v1/jobs/" + encodeURIComponent(id));
+      if (state.route.view === "job" && state.job && state.job.id === id && JSON.stringify(job) !== JSON.stringify(state.job)) {
+        state.job = job;
+        drawJob();
+        loadLogs();
+      }
+    } catch (e) {
+      /* the next event or reload tells */
+    }
+  }, 15000);
 
   // Report ages keep counting between updates.
   setInterval(() => {

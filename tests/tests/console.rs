@@ -312,3 +312,55 @@ async fn with_authentication_the_console_asks_for_a_token_and_shows_only_the_cal
     assert_eq!(page.eval("sessionStorage.getItem('meridian.token')").await.unwrap(), Value::Null);
     assert!(page.errors().is_empty(), "the page raised errors: {:?}", page.errors());
 }
+
+/// Writes a DCGM-style textfile (percent per GPU) whole, by rename, as an exporter does.
+fn write_utilization(path: &std::path::Path, percent: u32) {
+    let text = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\"}} {percent}\nDCGM_FI_DEV_GPU_UTIL{{gpu=\"1\"}} {percent}\n"
+    );
+    let staging = path.with_extension("tmp");
+    std::fs::write(&staging, text).unwrap();
+    std::fs::rename(&staging, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_holding_idle_gpus_is_flagged_in_the_list_and_on_its_page() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{GATEWAY_CONFIG}idleGpu: {{threshold: 0.05, after: 1s}}\n");
+    let gateway = Gateway::start(dir.path(), &config).await.unwrap();
+    let file = dir.path().join("gpu.prom");
+    write_utilization(&file, 2);
+    let agent = format!(
+        "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
+         process: {{gpuDiscovery: none, killGrace: 1s}}\nreportInterval: 200ms\n\
+         nodes:\n  - {{shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}}\n\
+         utilization: {{file: {}, interval: 100ms, window: 300ms}}\n",
+        file.display()
+    );
+    let _agent = Agent::start(dir.path(), "gpu-host", &agent, &gateway).unwrap();
+    gateway.wait_for_clusters(1).await.unwrap();
+    let spec = "name: notebook\ntenant: team-a\ngang: {replicas: 1, resources: {gpus: 1}}\nruntime: {estimate: 1h}\n\
+                payload: {command: [sleep, '600']}\n";
+    let (job, _) = gateway.client().submit(spec).await.unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    let client = gateway.client();
+    meridian_e2e::poll(WAIT, || async { (client.get(&id).await.ok()?["usage"]["idle"] == true).then_some(()) })
+        .await
+        .unwrap();
+
+    let artefacts = browser::artefact_dir("console").unwrap();
+    let mut page = Browser::launch(1280, 800).await.unwrap();
+    page.navigate(&format!("http://{}/#/jobs", gateway.rest)).await.unwrap();
+    let row = format!("document.querySelector('tr[data-job-id=' + CSS.escape({}) + ']')", js(&id));
+    let flag = page.wait_for(&format!("{row}?.querySelector('.badge.idle')?.textContent"), WAIT).await.unwrap();
+    assert!(flag.as_str().unwrap().contains("2%"), "the list's idle flag: {flag}");
+    page.eval(&format!("{row}.querySelector('a').click()")).await.unwrap();
+    let warning = page.wait_for("document.getElementById('idle')?.textContent", WAIT).await.unwrap();
+    let warning = warning.as_str().unwrap();
+    assert!(warning.contains("Idle GPUs") && warning.contains("2%") && warning.contains("idle since"), "{warning}");
+    shot(&mut page, &artefacts, "job-idle-1280x800.png").await;
+    assert!(page.errors().is_empty(), "the page raised errors: {:?}", page.errors());
+}

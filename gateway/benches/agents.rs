@@ -601,6 +601,7 @@ fn report_of(job_id: &str, held: &Held) -> JobReport {
         nodes: held.nodes.iter().map(|n| format!("node-{n}")).collect(),
         requeue: false,
         preempted: false,
+        usage: None,
     }
 }
 

@@ -67,6 +67,26 @@ pub struct GatewayConfig {
     /// How REST and gRPC `Jobs` callers authenticate (see `docs/security/auth.md`). Left out:
     /// every caller is an anonymous admin (a development mode; the gateway warns at start-up).
     pub auth: Option<crate::auth::AuthConfig>,
+    /// When a running job counts as holding idle GPUs: its GPUs' mean utilisation (as its
+    /// agent measures it) stays under `threshold` for `after`.
+    pub idle_gpu: IdleGpuSection,
+}
+
+/// The `idleGpu:` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IdleGpuSection {
+    /// Utilisation (fraction 0..1) under which a job's sample counts as low.
+    pub threshold: f64,
+    /// How long samples must stay low before the job is flagged idle.
+    pub after: HumanDuration,
+}
+
+impl Default for IdleGpuSection {
+    fn default() -> Self {
+        let core = meridian_core::IdleGpuConfig::default();
+        Self { threshold: core.threshold, after: HumanDuration(core.after) }
+    }
 }
 
 /// Per-tenant settings.
@@ -174,6 +194,7 @@ impl Default for GatewayConfig {
             insecure: false,
             limits: LimitsConfig::default(),
             auth: None,
+            idle_gpu: IdleGpuSection::default(),
         }
     }
 }
@@ -235,6 +256,15 @@ impl GatewayConfig {
         if let Some(auth) = &self.auth {
             problems.extend(auth.problems("auth."));
         }
+        if !(self.idle_gpu.threshold.is_finite() && self.idle_gpu.threshold > 0.0 && self.idle_gpu.threshold <= 1.0) {
+            problems.push(format!(
+                "idleGpu.threshold: {} must be a utilisation fraction above 0 and at most 1 (0.05 is 5%)",
+                self.idle_gpu.threshold
+            ));
+        }
+        if self.idle_gpu.after.0.is_zero() {
+            problems.push("idleGpu.after: must be longer than 0s".to_string());
+        }
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }
@@ -284,6 +314,7 @@ impl GatewayConfig {
                 .filter_map(|(name, t)| Some((name.clone(), t.quota.as_ref()?.placement())))
                 .collect(),
             default_quota: self.default_quota.placement(),
+            idle_gpu: meridian_core::IdleGpuConfig { threshold: self.idle_gpu.threshold, after: self.idle_gpu.after.0 },
         }
     }
 
@@ -302,6 +333,21 @@ mod tests {
         let config = GatewayConfig::parse("insecure: true\n", Path::new("g.yaml")).unwrap();
         assert_eq!(config.listen.port(), 7070);
         assert_eq!(config.tenant_weight("anyone"), 1.0);
+    }
+
+    #[test]
+    fn idle_gpu_defaults_to_five_percent_for_thirty_minutes_and_bad_values_are_named() {
+        let config = GatewayConfig::parse("insecure: true\n", Path::new("g.yaml")).unwrap();
+        assert_eq!(config.core_config().idle_gpu.threshold, 0.05);
+        assert_eq!(config.core_config().idle_gpu.after.as_secs(), 1800);
+        let config =
+            GatewayConfig::parse("insecure: true\nidleGpu: {threshold: 0.1, after: 2s}\n", Path::new("g.yaml"))
+                .unwrap();
+        assert_eq!(config.core_config().idle_gpu.after.as_secs(), 2);
+        let err = GatewayConfig::parse("insecure: true\nidleGpu: {threshold: 5, after: 0s}\n", Path::new("g.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("idleGpu.threshold") && err.contains("idleGpu.after"), "{err}");
     }
 
     #[test]

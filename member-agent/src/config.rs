@@ -98,6 +98,13 @@ pub struct AgentConfig {
     /// Builtin backend: whether and how the member preempts (see [`PreemptionConfig`]).
     #[serde(default)]
     pub preemption: PreemptionConfig,
+    /// Where running jobs' GPU utilisation comes from (a file or NVML), sent with each job in
+    /// the heartbeat; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<crate::usage::UtilizationConfig>,
+    /// Serve Prometheus metrics at `GET /metrics` on `listen`; not served when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<crate::metrics::MetricsConfig>,
 }
 
 /// The agent's `tls:` section: PEM files.
@@ -297,6 +304,15 @@ impl AgentConfig {
             problems.push("reportInterval: must be longer than 0s".to_string());
         }
         self.preemption.check(&mut problems);
+        if let Some(utilization) = &self.utilization {
+            utilization.check(&mut problems);
+            let process = self.backend == BackendKind::Builtin && self.runner == RunnerKind::Process;
+            if utilization.nvml && !process {
+                problems.push(
+                    "utilization.nvml: NVML reads this host's GPUs, which only the builtin backend's process runner schedules; use `utilization.file` for other backends".to_string(),
+                );
+            }
+        }
         config_file::check(path, problems)
     }
 
@@ -403,6 +419,25 @@ mod tests {
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes[1].name, "dgx-1");
         assert_eq!(nodes[0].gpu_memory_gib, 80);
+    }
+
+    #[test]
+    fn utilization_and_metrics_sections_are_read_and_nvml_needs_the_process_runner() {
+        let text =
+            format!("{GOOD}utilization: {{file: /run/gpu.prom, interval: 5s}}\nmetrics: {{listen: 127.0.0.1:9464}}\n");
+        let config = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap();
+        let utilization = config.utilization.unwrap();
+        assert_eq!(utilization.file.as_deref(), Some(Path::new("/run/gpu.prom")));
+        assert_eq!((utilization.interval.0.as_secs(), utilization.window.0.as_secs()), (5, 60));
+        assert_eq!(config.metrics.unwrap().listen.port(), 9464);
+        let text = "cluster: c\nregion: r\ninsecure: true\nrunner: simulated\nutilization: {nvml: true}\n\
+                    nodes:\n  - {shape: x, count: 1, gpuType: h100, gpus: 8, cpu: 1, memoryGiB: 1}\n";
+        match AgentConfig::parse(text, Path::new("a.yaml")) {
+            Err(Error::Invalid { problems, .. }) => {
+                assert!(problems.iter().any(|p| p.starts_with("utilization.nvml")), "{problems:?}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

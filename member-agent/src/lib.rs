@@ -16,7 +16,9 @@ use tokio::time::Instant;
 pub mod agent;
 pub mod backend;
 pub mod config;
+pub mod metrics;
 pub mod preemption;
+pub mod usage;
 
 pub use meridian_scheduler as builtin;
 
@@ -47,6 +49,7 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
             backend::backend_name(config.backend)
         ))));
     }
+    let mut host_devices = Vec::new();
     let (nodes, runner) = match config.runner {
         config::RunnerKind::Simulated => {
             (config.node_specs(), backend::Runner::Simulated { time_scale: config.time_scale })
@@ -61,6 +64,7 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
                 log_bytes: process.log_bytes,
                 devices: backend::process::discovery::device_table(&hosts),
             };
+            host_devices = hosts.iter().map(|h| (h.spec.name.clone(), h.devices.clone())).collect();
             (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
         }
     };
@@ -72,7 +76,30 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
     scheduler.set_preemption(config.preemption.policy(kill_grace));
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = Arc::new(backend::BuiltinBackend::with_runner(scheduler, runner, events_tx)?);
-    Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+    let agent = agent::Agent::new(settings(config), backend.clone(), backend, events_rx);
+    Ok(with_sampling(agent, config, host_devices))
+}
+
+/// `agent` with the utilisation source the config names, if any. NVML that cannot start (no
+/// driver) is logged and leaves the agent without one: utilisation is then unknown, not fatal.
+fn with_sampling(
+    agent: agent::Agent,
+    config: &config::AgentConfig,
+    devices: Vec<(String, Vec<String>)>,
+) -> agent::Agent {
+    let Some(utilization) = &config.utilization else { return agent };
+    let source: Arc<dyn usage::UtilizationSource> = match (&utilization.file, utilization.nvml) {
+        (Some(path), _) => Arc::new(usage::file::FileUtilization::new(path.clone())),
+        (None, true) => match usage::nvml::NvmlUtilization::init(devices) {
+            Ok(source) => Arc::new(source),
+            Err(error) => {
+                tracing::warn!(%error, "utilization.nvml: NVML is unavailable; job GPU utilisation stays unknown");
+                return agent;
+            }
+        },
+        (None, false) => return agent,
+    };
+    agent.with_sampling(usage::Sampling { source, interval: utilization.interval.0, window: utilization.window.0 })
 }
 
 /// Builds an agent for whichever backend the configuration selects; the Kubernetes backend
@@ -85,13 +112,21 @@ pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, B
         (BackendKind::Kubernetes, Some(kubernetes)) => {
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
             let backend = Arc::new(backend::KubernetesBackend::connect(kubernetes.clone(), events_tx).await?);
-            Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+            Ok(with_sampling(
+                agent::Agent::new(settings(config), backend.clone(), backend, events_rx),
+                config,
+                Vec::new(),
+            ))
         }
         (BackendKind::Slurm, _) => {
             let slurm = config.slurm.clone().unwrap_or_default();
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
             let backend = Arc::new(backend::SlurmBackend::new(slurm, events_tx).await?);
-            Ok(agent::Agent::new(settings(config), backend.clone(), backend, events_rx))
+            Ok(with_sampling(
+                agent::Agent::new(settings(config), backend.clone(), backend, events_rx),
+                config,
+                Vec::new(),
+            ))
         }
         _ => agent_from_config(config),
     }

@@ -60,6 +60,19 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    let agent = match &config.metrics {
+        Some(metrics) => match tokio::net::TcpListener::bind(metrics.listen).await {
+            Ok(listener) => {
+                tracing::info!(listen = %metrics.listen, "serving metrics at /metrics");
+                agent.with_metrics_listener(listener)
+            }
+            Err(e) => {
+                eprintln!("error: metrics.listen: cannot listen on {}: {e}", metrics.listen);
+                return ExitCode::from(69);
+            }
+        },
+        None => agent,
+    };
     agent.run(meridian_agent::shutdown_signal()).await;
     ExitCode::SUCCESS
 }

@@ -38,6 +38,20 @@ pub struct JobReport {
     /// gateway queues it again and counts the preemption (a gateway that predates this still
     /// requeues it).
     pub preempted: bool,
+    /// How busy a running job's GPUs were lately; None when unknown (the member measures no
+    /// utilisation, an older agent, or no sample yet).
+    pub usage: Option<GpuUsage>,
+}
+
+/// The mean utilisation of a running job's GPUs over a recent window, as its member measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuUsage {
+    /// Mean over the job's GPUs and the window's samples, 0..=1.
+    pub gpu_utilization: f64,
+    /// How far back the samples reach.
+    pub window: Duration,
+    /// How many samples of the job's GPUs the mean is made of (at least one).
+    pub samples: u32,
 }
 
 /// The first message on an agent stream.
@@ -184,8 +198,34 @@ impl From<&JobReport> for pb::JobStatus {
             nodes: report.nodes.clone(),
             requeue: report.requeue,
             preempted: report.preempted,
+            usage: report.usage.map(|usage| pb::JobUsage {
+                gpu_utilization: usage.gpu_utilization,
+                window_seconds: usage.window.as_secs(),
+                samples: usage.samples,
+            }),
         }
     }
+}
+
+/// A job's usage from the wire: a utilisation outside 0..=1 (or not a number) is refused with
+/// the field's path; a usage made of no samples means nothing and reads as unknown.
+fn usage_from_wire(usage: Option<pb::JobUsage>, path: &str) -> Result<Option<GpuUsage>> {
+    let Some(usage) = usage else { return Ok(None) };
+    if !(0.0..=1.0).contains(&usage.gpu_utilization) {
+        return Err(ConvertError::OutOfRange {
+            field: format!("{path}.usage.gpu_utilization"),
+            value: usage.gpu_utilization,
+            expected: "a fraction from 0 to 1",
+        });
+    }
+    if usage.samples == 0 {
+        return Ok(None);
+    }
+    Ok(Some(GpuUsage {
+        gpu_utilization: usage.gpu_utilization,
+        window: Duration::from_secs(usage.window_seconds),
+        samples: usage.samples,
+    }))
 }
 
 fn report_from_wire(status: pb::JobStatus, path: &str) -> Result<JobReport> {
@@ -194,6 +234,7 @@ fn report_from_wire(status: pb::JobStatus, path: &str) -> Result<JobReport> {
     }
     Ok(JobReport {
         state: convert::job_state_from_wire(&format!("{path}.state"), status.state)?,
+        usage: usage_from_wire(status.usage, path)?,
         job_id: status.job_id,
         fencing_token: status.fencing_token,
         message: status.message,
@@ -447,13 +488,22 @@ mod tests {
             nodes: vec!["n-0".into()],
             requeue: false,
             preempted: false,
+            usage: None,
         }
+    }
+
+    fn busy(gpu_utilization: f64) -> GpuUsage {
+        GpuUsage { gpu_utilization, window: Duration::from_secs(60), samples: 12 }
     }
 
     #[test]
     fn every_agent_event_survives_the_wire() {
         let events = [
             AgentEvent::Status(report(JobState::Succeeded)),
+            AgentEvent::Heartbeat {
+                seq: 10,
+                jobs: vec![JobReport { usage: Some(busy(0.03)), ..report(JobState::Running) }],
+            },
             AgentEvent::Heartbeat { seq: 9, jobs: vec![report(JobState::Running), report(JobState::Failed)] },
             AgentEvent::OfferReply {
                 job_id: "j-2".into(),
@@ -471,6 +521,20 @@ mod tests {
         for event in events {
             let back = Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap();
             assert_eq!(back, Some(event));
+        }
+    }
+
+    #[test]
+    fn a_report_without_usage_reads_as_unknown_and_a_bad_utilisation_names_its_field() {
+        let mut wire = pb::JobStatus::from(&report(JobState::Running));
+        assert_eq!(wire.usage, None);
+        assert_eq!(JobReport::try_from(wire.clone()).unwrap().usage, None);
+        wire.usage = Some(pb::JobUsage { gpu_utilization: 0.5, window_seconds: 60, samples: 0 });
+        assert_eq!(JobReport::try_from(wire.clone()).unwrap().usage, None, "no samples means unknown");
+        for bad in [1.5, -0.1, f64::NAN] {
+            wire.usage = Some(pb::JobUsage { gpu_utilization: bad, window_seconds: 60, samples: 3 });
+            let err = JobReport::try_from(wire.clone()).unwrap_err().to_string();
+            assert!(err.contains("status.usage.gpu_utilization"), "{err}");
         }
     }
 

@@ -123,6 +123,7 @@ fn write_binary_seeds() {
         nodes: vec!["n-0".into(), "n-1".into()],
         requeue: false,
         preempted: false,
+        usage: None,
     };
     let info = ClusterInfo {
         name: "gpu-east".into(),

@@ -457,7 +457,6 @@ fn agent_chart_lints_and_renders_with_its_defaults_and_refuses_bad_values() {
 }
 
 #[test]
-#[ignore = "needs the agent's `metrics: {listen}` config field (issue 11, agent metrics); un-ignore once it is merged"]
 fn agent_chart_exposes_the_agents_metrics_when_asked() {
     let Some(helm) = helm_or_skip() else { return };
     let values = "metrics: {enabled: true, port: 9500, serviceMonitor: {enabled: true}}\n";

@@ -47,7 +47,7 @@ pub fn jobs(list: &Value, now_ms: i64) -> String {
             text(job, "/id"),
             text(job, "/spec/name"),
             text(job, "/spec/tenant"),
-            text(job, "/state"),
+            state_and_idle(job),
             text(job, "/cluster"),
             gang_gpus(job),
             time_ago(job, "/submittedAtMs", now_ms),
@@ -105,6 +105,9 @@ pub fn job(job: &Value, now_ms: i64) -> String {
     }
     if let Some(message) = str_at(job, "/message").filter(|m| !m.is_empty()) {
         status.push(("Message", message.to_owned()));
+    }
+    if let Some(used) = gpu_use(job, now_ms) {
+        status.push(("GPU use", used));
     }
     let mut out = key_values(&status);
     let Some(spec) = job.get("spec").filter(|s| s.is_object()) else {
@@ -309,6 +312,25 @@ fn spec_summary(spec: &Value) -> Vec<(&'static str, String)> {
 }
 
 /// `replicas×gpus` of a job, such as `2×8`.
+/// The job's state, with `IDLE` when its GPUs sit unused.
+fn state_and_idle(job: &Value) -> String {
+    let state = text(job, "/state");
+    if job.pointer("/usage/idle").and_then(Value::as_bool) == Some(true) { format!("{state} IDLE") } else { state }
+}
+
+/// `3% of its GPUs (last 1m); IDLE since 40m ago`, when the member measures utilisation.
+fn gpu_use(job: &Value, now_ms: i64) -> Option<String> {
+    let utilization = num_at(job, "/usage/gpuUtilization")?;
+    let mut line = format!("{:.0}% of its GPUs", utilization * 100.0);
+    if let Some(window) = int_at(job, "/usage/windowSecs").filter(|w| *w > 0) {
+        line.push_str(&format!(" (mean of the last {})", format::age(window.saturating_mul(1000), 0)));
+    }
+    if job.pointer("/usage/idle").and_then(Value::as_bool) == Some(true) {
+        line.push_str(&format!("; IDLE since {}", ago(job, "/usage/idleSinceMs", now_ms)));
+    }
+    Some(line)
+}
+
 fn gang_gpus(job: &Value) -> String {
     match int_at(job, "/spec/gang/resources/gpus") {
         Some(gpus) => format!("{}×{gpus}", int_at(job, "/spec/gang/replicas").unwrap_or(1)),
@@ -423,6 +445,20 @@ mod tests {
         assert!(text.contains("  Data:       s3://corpus/v3 (500.0 GiB in us-east)\n"), "{text}");
         assert!(text.contains("  Placement:  regions us-east; burst after 30m up to $80.00/h\n"), "{text}");
         assert!(text.contains("  Command:    python train.py\n"), "{text}");
+    }
+
+    #[test]
+    fn an_idle_job_is_flagged_in_the_list_and_its_gpu_use_shown_in_the_detail() {
+        let mut idle = sample_job();
+        idle["state"] = json!("Running");
+        idle["usage"] = json!({"gpuUtilization": 0.03, "idle": true, "idleSinceMs": SUBMITTED_MS, "sampledAtMs": SUBMITTED_MS, "windowSecs": 60});
+        let list = jobs(&json!({"jobs": [idle.clone(), sample_job()]}), SUBMITTED_MS + 2_400_000);
+        assert!(list.contains("Running IDLE"), "{list}");
+        assert_eq!(list.matches("IDLE").count(), 1, "{list}");
+        let text = job(&idle, SUBMITTED_MS + 2_400_000);
+        assert!(text.contains("GPU use:") && text.contains("3% of its GPUs (mean of the last 1m"), "{text}");
+        assert!(text.contains("IDLE since 40m"), "{text}");
+        assert!(!self::job(&sample_job(), SUBMITTED_MS).contains("GPU use"), "absent when unknown");
     }
 
     #[test]

@@ -152,11 +152,17 @@ impl Core {
                 };
                 self.offer_reply(conn, &cluster, &job_id, fencing_token, answer, &reason, now_ms, effects);
             }
-            AgentEvent::Status(report) => self.apply_report(conn, &cluster, report, now_ms, effects),
+            AgentEvent::Status(report) => {
+                let (job_id, token, usage) = (report.job_id.clone(), report.fencing_token, report.usage);
+                self.apply_report(conn, &cluster, report, now_ms, effects);
+                self.note_usage(&job_id, token, usage, now_ms);
+            }
             AgentEvent::Heartbeat { seq, jobs } => {
                 let held: HashSet<String> = jobs.iter().map(|r| r.job_id.clone()).collect();
                 for report in jobs {
+                    let (job_id, token, usage) = (report.job_id.clone(), report.fencing_token, report.usage);
                     self.apply_report(conn, &cluster, report, now_ms, effects);
+                    self.note_usage(&job_id, token, usage, now_ms);
                 }
                 self.missing_from_heartbeat(&cluster, &held, effects);
                 if let Some(lease) = self.config.agent_lease() {

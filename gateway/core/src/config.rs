@@ -34,6 +34,8 @@ pub struct CoreConfig {
     pub quotas: BTreeMap<String, TenantQuota>,
     /// Placement quota of every other tenant (`defaultQuota`); the default sets no limit.
     pub default_quota: TenantQuota,
+    /// When a running job's GPUs count as idle (`idleGpu`).
+    pub idle_gpu: crate::usage::IdleGpuConfig,
 }
 
 impl Default for CoreConfig {
@@ -50,6 +52,7 @@ impl Default for CoreConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             quotas: BTreeMap::new(),
             default_quota: TenantQuota::default(),
+            idle_gpu: crate::usage::IdleGpuConfig::default(),
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod registry;
 mod round;
 pub mod tenants;
 mod timers;
+pub mod usage;
 pub mod view;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
 pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
 pub use tenants::{TenantBook, TenantSummary};
+pub use usage::{IdleGpuConfig, JobUsage};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
 use registry::Registry;
@@ -115,6 +117,8 @@ pub struct Core {
     cluster_view_version: u64,
     /// Tenant weights and quotas for readers (fixed for the life of the process).
     tenant_book: Arc<TenantBook>,
+    /// Running jobs' GPU utilisation (in memory only).
+    usage: usage::UsageBook,
 }
 
 impl Core {
@@ -126,6 +130,7 @@ impl Core {
         let mut core = Core {
             network: Arc::new(config.network.clone()),
             tenant_book: Arc::new(TenantBook::from_config(&config)),
+            usage: usage::UsageBook { entries: imbl::OrdMap::new(), idle: config.idle_gpu },
             config,
             jobs: imbl::OrdMap::new(),
             active: BTreeMap::new(),
@@ -221,7 +226,10 @@ impl Core {
                 let answer = self.logs(&job_id, request_id, from, max_bytes, effects);
                 effects.replies.push((reply, answer));
             }
-            Input::Tick => self.tick(now_ms, effects),
+            Input::Tick => {
+                self.tick(now_ms, effects);
+                self.forget_stale_usage();
+            }
             Input::Round => self.round(now_ms, effects),
         }
     }
@@ -301,5 +309,6 @@ impl Core {
             Arc::clone(&self.tenant_book),
             self.failed.clone(),
         )
+        .with_usage(self.usage.clone())
     }
 }

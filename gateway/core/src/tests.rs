@@ -55,6 +55,7 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
         nodes: vec!["dgx-0".into()],
         requeue: false,
         preempted: false,
+        usage: None,
     }
 }
 
@@ -1172,4 +1173,38 @@ fn a_gang_over_its_gpu_quota_does_not_hold_a_cluster_against_other_tenants() {
     );
     let fx = h.step(Input::Round);
     assert_eq!(offers(&fx), [long.as_str()]);
+}
+
+fn used(job: &str, gpu_utilization: f64) -> JobReport {
+    let usage = meridian_proto::protocol::GpuUsage { gpu_utilization, window: Duration::from_secs(60), samples: 6 };
+    JobReport { usage: Some(usage), ..report(job, 1, JobState::Running) }
+}
+
+#[test]
+fn a_running_job_whose_gpus_stay_under_the_threshold_becomes_idle_and_a_busy_sample_clears_it() {
+    let idle_gpu = crate::IdleGpuConfig { threshold: 0.05, after: Duration::from_secs(120) };
+    let mut h = Harness::new(CoreConfig { idle_gpu, ..Default::default() });
+    let (id, conn) = h.running();
+    let job = h.job(&id);
+    assert_eq!(h.core.view().usage(&job, h.now_ms), None, "unknown before a sample");
+    h.event(conn, AgentEvent::Heartbeat { seq: 1, jobs: vec![used(&id, 0.02)] });
+    let first_low = h.now_ms;
+    let seen = h.core.view().usage(&job, h.now_ms).unwrap();
+    assert_eq!((seen.gpu_utilization, seen.idle), (0.02, false));
+    h.advance(Duration::from_secs(60));
+    // A heartbeat without a sample keeps the streak; one more low sample does not restart it.
+    h.event(conn, AgentEvent::Heartbeat { seq: 2, jobs: vec![report(&id, 1, JobState::Running)] });
+    h.event(conn, AgentEvent::Heartbeat { seq: 3, jobs: vec![used(&id, 0.01)] });
+    h.advance(Duration::from_secs(60));
+    let seen = h.core.view().usage(&job, h.now_ms).unwrap();
+    assert!(seen.idle, "{seen:?}");
+    assert_eq!(seen.idle_since_ms, Some(first_low));
+    assert_eq!(h.core.view().usages(h.now_ms).count(), 1);
+    h.event(conn, AgentEvent::Heartbeat { seq: 4, jobs: vec![used(&id, 0.9)] });
+    let seen = h.core.view().usage(&job, h.now_ms).unwrap();
+    assert_eq!((seen.gpu_utilization, seen.idle, seen.idle_since_ms), (0.9, false, None));
+    // Once the job ends its usage is gone.
+    h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Succeeded)));
+    assert_eq!(h.core.view().usage(&h.job(&id), h.now_ms), None);
+    assert_eq!(h.core.view().usages(h.now_ms).count(), 0);
 }

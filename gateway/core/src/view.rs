@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::jobs::holds_gpus;
 use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
 use crate::tenants::TenantBook;
+use crate::usage::{JobUsage, UsageBook};
 use crate::{Core, Decided};
 
 /// Filters of a job list.
@@ -118,6 +119,7 @@ pub struct ReadView {
     clusters: Arc<Vec<ClusterSummary>>,
     tenant_book: Arc<TenantBook>,
     failure: Option<String>,
+    usage: UsageBook,
 }
 
 impl ReadView {
@@ -128,7 +130,25 @@ impl ReadView {
         tenant_book: Arc<TenantBook>,
         failure: Option<String>,
     ) -> Self {
-        Self { jobs, decisions, clusters, tenant_book, failure }
+        Self { jobs, decisions, clusters, tenant_book, failure, usage: UsageBook::default() }
+    }
+
+    pub(crate) fn with_usage(self, usage: UsageBook) -> Self {
+        Self { usage, ..self }
+    }
+
+    /// A running job's GPU utilisation and idle flag as of `now_ms`; None when unknown (not
+    /// running, or its member sent no sample).
+    pub fn usage(&self, job: &JobRecord, now_ms: i64) -> Option<JobUsage> {
+        self.usage.of(job, now_ms)
+    }
+
+    /// Every running job with a known utilisation, as of `now_ms` (for metrics).
+    pub fn usages(&self, now_ms: i64) -> impl Iterator<Item = (&Arc<JobRecord>, JobUsage)> + '_ {
+        self.usage.entries.keys().filter_map(move |id| {
+            let job = self.jobs.get(id)?;
+            Some((job, self.usage.of(job, now_ms)?))
+        })
     }
 
     /// Every job remembered, by id (oldest first).

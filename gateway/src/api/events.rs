@@ -17,7 +17,7 @@ use tokio_stream::Stream;
 
 use super::error::{ApiError, Result};
 use super::query::decode_query;
-use super::redact::redacted;
+use super::redact::shown;
 use super::rest::{RestState, authorized_job};
 use crate::auth::{Caller, Role};
 use crate::runtime::Handle;
@@ -193,11 +193,16 @@ pub async fn events(
     }
     let query = parse_watch_query(&state.handle, &caller, &params)?;
     let subscription = state.handle.subscribe(query.after);
-    let stream = tokio_stream::StreamExt::map(said(subscription, query), |said| Ok::<_, Infallible>(sse_event(&said)));
+    let handle = state.handle.clone();
+    let stream = tokio_stream::StreamExt::map(said(subscription, query), move |said| {
+        Ok::<_, Infallible>(sse_event(&said, &handle))
+    });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response())
 }
 
-fn sse_event(said: &Said) -> SseEvent {
+/// One message of the SSE stream; a job is shown as `GET /v1/jobs/{id}` shows it now (with its
+/// GPU usage, which changes without events).
+fn sse_event(said: &Said, handle: &Handle) -> SseEvent {
     match said {
         Said::Ready(cursor) => {
             SseEvent::default().event("ready").data(json!({ "cursor": cursor.to_string() }).to_string())
@@ -205,9 +210,14 @@ fn sse_event(said: &Said) -> SseEvent {
         Said::Reset(reason) => SseEvent::default().event("reset").data(json!({ "reason": reason }).to_string()),
         Said::Event(event) => {
             let (name, data) = match &event.kind {
-                EventKind::Job { job, previous } => {
-                    ("job", json!({ "atMs": event.at_ms, "previousState": previous, "job": redacted(job) }))
-                }
+                EventKind::Job { job, previous } => (
+                    "job",
+                    json!({
+                        "atMs": event.at_ms,
+                        "previousState": previous,
+                        "job": shown(job, &handle.view(), crate::runtime::now_ms()),
+                    }),
+                ),
                 EventKind::Cluster(cluster) => ("cluster", json!({ "atMs": event.at_ms, "cluster": cluster })),
             };
             SseEvent::default().id(event.id.to_string()).event(name).data(data.to_string())

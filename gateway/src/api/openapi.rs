@@ -262,6 +262,19 @@ pub const OPERATIONS: &[Operation] = &[
     },
     Operation {
         method: "GET",
+        path: "/metrics",
+        id: "metrics",
+        tag: "operations",
+        summary: "Prometheus metrics (text exposition format); see docs/operations.md",
+        params: &[],
+        body: None,
+        success: (200, "text/plain"),
+        returns: None,
+        errors: &[],
+        authenticated: false,
+    },
+    Operation {
+        method: "GET",
         path: "/openapi.json",
         id: "openapi",
         tag: "operations",
@@ -399,6 +412,11 @@ fn schemas() -> Value {
             "cluster": opt_string, "fencingToken": int, "message": string, "placement": string,
             "submittedAtMs": int, "startedAtMs": opt_int, "finishedAtMs": opt_int, "gpuType": string,
             "nodes": {"type": "array", "items": string}, "preemptions": int, "lastPreemptedAtMs": int,
+            "usage": {"$ref": "#/components/schemas/JobUsage"},
+        })),
+        "JobUsage": object(&["gpuUtilization", "idle", "sampledAtMs", "windowSecs"], json!({
+            "gpuUtilization": number, "idle": {"type": "boolean"}, "idleSinceMs": int, "sampledAtMs": int,
+            "windowSecs": int,
         })),
         "JobList": {"allOf": [list_of("jobs", "Job"), {"properties": {"continue": string}}]},
         "Explanation": object(&["jobId", "state", "summary", "candidates"], json!({
@@ -540,7 +558,18 @@ mod tests {
         job.nodes = vec!["n0".into()];
         job.preemptions = 1;
         job.last_preempted_at_ms = Some(2);
-        assert_eq!(keys(&crate::api::redact::redacted(&job)), properties("Job"));
+        let mut job_keys = keys(&crate::api::redact::redacted(&job));
+        // Present while the job runs and its member measures its GPUs.
+        job_keys.insert("usage".into());
+        assert_eq!(job_keys, properties("Job"));
+        let usage = meridian_core::JobUsage {
+            gpu_utilization: 0.02,
+            idle: true,
+            idle_since_ms: Some(1),
+            sampled_at_ms: 2,
+            window_secs: 60,
+        };
+        assert_eq!(keys(&usage), properties("JobUsage"));
 
         let cluster = ClusterSummary {
             name: "east".into(),

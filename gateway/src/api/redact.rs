@@ -5,7 +5,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use meridian_core::JobRecord;
+use meridian_core::{JobRecord, JobUsage, ReadView};
+use serde::Serialize;
 
 /// `job` with its secret env values hidden; borrowed unchanged when it has none.
 pub fn redacted(job: &JobRecord) -> Cow<'_, JobRecord> {
@@ -19,6 +20,21 @@ pub fn redacted(job: &JobRecord) -> Cow<'_, JobRecord> {
 /// Every job of a page, redacted.
 pub fn redacted_all(jobs: &[Arc<JobRecord>]) -> Vec<Cow<'_, JobRecord>> {
     jobs.iter().map(|job| redacted(job)).collect()
+}
+
+/// A job as `GET /v1/jobs` and `GET /v1/jobs/{id}` show it: redacted, with `"usage"` (its GPUs'
+/// utilisation and idle flag) while it runs and its member measures it.
+#[derive(Debug, Serialize)]
+pub struct ShownJob<'a> {
+    #[serde(flatten)]
+    job: Cow<'a, JobRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<JobUsage>,
+}
+
+/// `job` redacted, with its usage from `view` as of `now_ms`.
+pub fn shown<'a>(job: &'a JobRecord, view: &ReadView, now_ms: i64) -> ShownJob<'a> {
+    ShownJob { job: redacted(job), usage: view.usage(job, now_ms) }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::error::{ApiError, Result};
 use super::query::decode_query;
-use super::redact::{redacted, redacted_all};
+use super::redact::{redacted, shown};
 use crate::auth::{Authenticator, Caller, Role};
 use crate::runtime::{Handle, now_ms};
 
@@ -79,6 +79,7 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
         "watchEvents" => get(super::events::events),
         "health" => get(health),
         "openapi" => get(openapi),
+        "metrics" => get(usage_metrics),
         _ => return None,
     })
 }
@@ -122,6 +123,18 @@ pub fn router(state: RestState) -> Router {
 async fn openapi() -> Response {
     static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
     axum::Json(DOCUMENT.get_or_init(super::openapi::document)).into_response()
+}
+
+async fn usage_metrics(State(state): State<RestState>) -> Response {
+    let mut registry = prometheus_client::registry::Registry::default();
+    crate::metrics::usage::register(&mut registry, state.handle.clone());
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+        Ok(()) => {
+            ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+        }
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }
 
 async fn health(State(state): State<RestState>) -> Response {
@@ -252,8 +265,11 @@ async fn list_jobs(
 ) -> Result<axum::Json<serde_json::Value>> {
     let mut query = parse_list_query(&query_params(raw)?)?;
     authorize_list(&caller, &mut query)?;
-    let page = state.handle.view().list(&query.filter, query.limit, query.after.as_deref());
-    let mut body = json!({ "jobs": redacted_all(&page.jobs) });
+    let view = state.handle.view();
+    let page = view.list(&query.filter, query.limit, query.after.as_deref());
+    let now = now_ms();
+    let jobs: Vec<_> = page.jobs.iter().map(|job| shown(job, &view, now)).collect();
+    let mut body = json!({ "jobs": jobs });
     if let Some(next) = page.next {
         body["continue"] = json!(next);
     }
@@ -262,7 +278,7 @@ async fn list_jobs(
 
 async fn get_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
     let job = authorized_job(&state.handle, &caller, &id, Role::Viewer, "read")?;
-    Ok(axum::Json(redacted(&job)).into_response())
+    Ok(axum::Json(shown(&job, &state.handle.view(), now_ms())).into_response())
 }
 
 async fn cancel_job(State(state): State<RestState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {

@@ -20,6 +20,9 @@ use super::ledger::{CancelPlan, Doom, EventOutcome, Ledger, OfferPlan};
 use super::link::{BACKOFF_MAX, BACKOFF_MIN, Dial, Inbound, Link, LinkError, LinkEvent, jittered};
 use super::tasks::{self, Report, TaskLabel, TaskOutput};
 use crate::backend::{Admission, BackendError, InventorySource, JobEvent, JobEventReceiver, LocalBackend};
+use crate::metrics::AgentMetrics;
+use crate::usage::window::RunningJob;
+use crate::usage::{GpuSample, Sampling, UsageError, UsageWindow};
 
 /// The reason given for offers refused while the lease is expired.
 const LEASE_EXPIRED: &str = "this agent's lease expired; it takes no jobs until the gateway welcomes it again";
@@ -49,6 +52,13 @@ pub(super) struct EventLoop {
     pub(super) report_in_flight: bool,
     /// Something changed (or the heartbeat came): report inventory and pressure when possible.
     pub(super) report_wanted: bool,
+    pub(super) metrics: AgentMetrics,
+    /// Where GPU utilisation comes from, if anywhere.
+    pub(super) sampling: Option<Sampling>,
+    /// Each running job's recent utilisation.
+    pub(super) usage: UsageWindow,
+    /// A utilisation sample task is running.
+    pub(super) sample_in_flight: bool,
 }
 
 impl EventLoop {
@@ -60,6 +70,11 @@ impl EventLoop {
         self.spawn(TaskLabel::Adopt, tasks::adopt(Arc::clone(&self.backend)));
         let mut heartbeat = tokio::time::interval(self.report_interval);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut sample_timer = self.sampling.as_ref().map(|s| {
+            let mut timer = tokio::time::interval(s.interval);
+            timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            timer
+        });
         loop {
             let lease_deadline = self.lease.deadline();
             tokio::select! {
@@ -75,8 +90,10 @@ impl EventLoop {
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
                 () = crate::sleep_until_opt(lease_deadline) => self.on_lease_expired(),
+                () = tick_opt(sample_timer.as_mut()) => self.on_sample_tick(),
             }
             self.maybe_report();
+            self.metrics.set_connected(self.link.welcomed_session().is_some());
         }
         self.tasks.shutdown().await;
         tracing::info!(cluster = %self.cluster, "agent stopped");
@@ -149,7 +166,7 @@ impl EventLoop {
                 }
             }
             GatewayCommand::Lease { heartbeat_seq, lease } => match self.lease.renew(heartbeat_seq, lease) {
-                Renewal::Applied(_) => {}
+                Renewal::Applied(_) => self.metrics.report_accepted(),
                 other => tracing::debug!(cluster = %self.cluster, heartbeat_seq, ?other, "lease renewal not applied"),
             },
             GatewayCommand::Logs { request_id, job_id, fencing_token, from, max_bytes } => {
@@ -166,6 +183,7 @@ impl EventLoop {
         let (session, hello_sent) = (*session, *hello_sent);
         self.backoff = BACKOFF_MIN;
         self.lease.welcome(lease, hello_sent);
+        self.metrics.welcomed(session);
         let done = self.ledger.reconcile(bound, session, &self.cluster);
         for (job_id, fencing_token) in done.stop.iter().cloned() {
             tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, "the gateway no longer expects this binding here; stopping it");
@@ -295,6 +313,7 @@ impl EventLoop {
                 self.send_report(report);
             }
             TaskOutput::Logs { request_id, result } => self.send(AgentEvent::Logs { request_id, result }),
+            TaskOutput::Sampled(result) => self.on_sampled(result),
         }
     }
 
@@ -312,6 +331,7 @@ impl EventLoop {
             ),
             Some(TaskLabel::Cancel { job_id, fencing_token }) => self.ledger.stopped(&job_id, fencing_token),
             Some(TaskLabel::Report) => self.report_in_flight = false,
+            Some(TaskLabel::Sample) => self.sample_in_flight = false,
             Some(TaskLabel::Logs { request_id }) => self.send(AgentEvent::Logs {
                 request_id,
                 result: Err(format!("the member's backend failed while reading the output: {error}")),
@@ -358,6 +378,7 @@ impl EventLoop {
                     nodes,
                     requeue: false,
                     preempted: false,
+                    usage: None,
                 };
                 // Held before the acceptance, so every heartbeat after it lists the job; inventory
                 // before the acceptance, so the gateway never places into these GPUs twice.
@@ -378,6 +399,7 @@ impl EventLoop {
                     nodes: Vec::new(),
                     requeue: false,
                     preempted: false,
+                    usage: None,
                 });
                 if live {
                     self.send_report_opt(report);
@@ -437,8 +459,47 @@ impl EventLoop {
         self.heartbeat_seq += 1;
         let seq = self.heartbeat_seq;
         // Recorded before the send: the real send is no earlier, so the lease errs short.
-        self.lease.heartbeat_sent(seq, Instant::now());
-        self.send(AgentEvent::Heartbeat { seq, jobs: self.ledger.heartbeat() });
+        let now = Instant::now();
+        self.lease.heartbeat_sent(seq, now);
+        let mut jobs = self.ledger.heartbeat();
+        for report in jobs.iter_mut().filter(|r| r.state == JobState::Running) {
+            report.usage = self.usage.usage(&report.job_id, report.fencing_token, now);
+        }
+        let unacknowledged = jobs.iter().filter(|r| r.state.is_terminal()).count();
+        self.metrics.jobs(jobs.iter().filter(|r| !r.state.is_terminal()).map(|r| r.state), unacknowledged);
+        self.send(AgentEvent::Heartbeat { seq, jobs });
+    }
+
+    // ------------------------------------------------------------ GPU utilisation
+
+    fn on_sample_tick(&mut self) {
+        let Some(sampling) = &self.sampling else { return };
+        if !self.sample_in_flight {
+            self.sample_in_flight = true;
+            let task = tasks::sample(Arc::clone(&sampling.source));
+            self.spawn(TaskLabel::Sample, task);
+        }
+    }
+
+    fn on_sampled(&mut self, result: Result<Vec<GpuSample>, UsageError>) {
+        self.sample_in_flight = false;
+        let samples = match result {
+            Ok(samples) => samples,
+            Err(error) => {
+                tracing::warn!(cluster = %self.cluster, %error, "GPU utilisation not sampled");
+                self.metrics.utilization_failed();
+                return;
+            }
+        };
+        self.metrics.gpu_samples(&samples);
+        let devices = self.backend.devices();
+        let running = self.ledger.running().map(|report| RunningJob {
+            job_id: &report.job_id,
+            fencing_token: report.fencing_token,
+            nodes: &report.nodes,
+            devices: devices.get(&report.job_id).map(Vec::as_slice),
+        });
+        self.usage.record(Instant::now(), &samples, running);
     }
 
     /// The lease ran out: stop everything the gateway placed here and report it for requeue.
@@ -500,7 +561,10 @@ impl EventLoop {
 
     fn send_report(&mut self, report: Report) {
         match report.inventory {
-            Ok(inventory) => self.send(AgentEvent::Inventory(inventory)),
+            Ok(inventory) => {
+                self.metrics.inventory(&inventory);
+                self.send(AgentEvent::Inventory(inventory));
+            }
             Err(error) => tracing::warn!(cluster = %self.cluster, %error, "inventory unavailable"),
         }
         match report.pressure {
@@ -536,5 +600,15 @@ impl EventLoop {
             Err(TrySendError::Full(_)) => self.link_lost(LinkError::Stuck),
             Err(TrySendError::Closed(_)) => self.link_lost(LinkError::Closed),
         }
+    }
+}
+
+/// Waits for the next tick of `timer`, or forever when there is none.
+async fn tick_opt(timer: Option<&mut tokio::time::Interval>) {
+    match timer {
+        Some(timer) => {
+            timer.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -118,6 +118,11 @@ impl Ledger {
         self.held.values().chain(self.outbox.values()).cloned().collect()
     }
 
+    /// The bindings running now (with their nodes).
+    pub(crate) fn running(&self) -> impl Iterator<Item = &JobReport> + '_ {
+        self.held.values().filter(|r| r.state == JobState::Running)
+    }
+
     /// Unacknowledged results, to send after a welcome.
     pub(crate) fn results(&self) -> Vec<JobReport> {
         self.outbox.values().cloned().collect()
@@ -252,6 +257,7 @@ impl Ledger {
             nodes: Vec::new(),
             requeue,
             preempted: false,
+            usage: None,
         };
         self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
         report
@@ -354,10 +360,20 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
                 nodes: Vec::new(),
                 requeue: true,
                 preempted: true,
+                usage: None,
             };
         }
     };
-    JobReport { job_id: job_id.to_string(), fencing_token, state, message, nodes, requeue: false, preempted: false }
+    JobReport {
+        job_id: job_id.to_string(),
+        fencing_token,
+        state,
+        message,
+        nodes,
+        requeue: false,
+        preempted: false,
+        usage: None,
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ use meridian_proto::protocol::AgentHello;
 use tokio::task::JoinSet;
 
 use crate::backend::{InventorySource, JobEventReceiver, LocalBackend};
+use crate::metrics::AgentMetrics;
+use crate::usage::{Sampling, UsageWindow};
 
 mod event_loop;
 mod lease;
@@ -65,6 +67,9 @@ pub struct Agent {
     backend: Arc<dyn LocalBackend>,
     inventory: Arc<dyn InventorySource>,
     events: JobEventReceiver,
+    metrics: AgentMetrics,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    sampling: Option<Sampling>,
 }
 
 impl Agent {
@@ -92,7 +97,35 @@ impl Agent {
             instance_id: link::new_instance_id(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        Self { settings, hello, dialer, backend, inventory, events }
+        Self {
+            settings,
+            hello,
+            dialer,
+            backend,
+            inventory,
+            events,
+            metrics: AgentMetrics::new(),
+            metrics_listener: None,
+            sampling: None,
+        }
+    }
+
+    /// Samples GPU utilisation as `sampling` says and sends each running job's mean in the
+    /// heartbeat.
+    pub fn with_sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = Some(sampling);
+        self
+    }
+
+    /// Serves the agent's metrics (`GET /metrics`) on `listener` while it runs.
+    pub fn with_metrics_listener(mut self, listener: tokio::net::TcpListener) -> Self {
+        self.metrics_listener = Some(listener);
+        self
+    }
+
+    /// The agent's metrics (shared with the running agent).
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.metrics
     }
 
     /// This process's random instance id, sent in every hello.
@@ -104,6 +137,20 @@ impl Agent {
     /// connects, serves and reconnects with backoff. Stops every task it started before
     /// returning.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = self.metrics_listener.map(|listener| {
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                if let Err(error) = crate::metrics::serve(listener, metrics, async {
+                    let _ = metrics_stopped.await;
+                })
+                .await
+                {
+                    tracing::error!(%error, "the metrics endpoint stopped");
+                }
+            })
+        });
+        let window = self.sampling.as_ref().map_or(Duration::from_secs(60), |s| s.window);
         let event_loop = event_loop::EventLoop {
             cluster: self.settings.info.name.clone(),
             hello: self.hello,
@@ -123,7 +170,15 @@ impl Agent {
             labels: HashMap::new(),
             report_in_flight: false,
             report_wanted: false,
+            metrics: self.metrics,
+            sampling: self.sampling,
+            usage: UsageWindow::new(window),
+            sample_in_flight: false,
         };
         event_loop.run(shutdown).await;
+        let _ = stop_metrics.send(());
+        if let Some(server) = server {
+            let _ = server.await;
+        }
     }
 }

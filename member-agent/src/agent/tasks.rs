@@ -11,6 +11,7 @@ use meridian_proto::inventory::{Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
 
 use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend, LogChunk};
+use crate::usage::{GpuSample, UsageError, UtilizationSource};
 
 /// First and longest wait between retries of a transient backend error.
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -62,6 +63,8 @@ pub(crate) enum TaskOutput {
         /// The output, or why not, for people.
         result: Result<LogChunk, String>,
     },
+    /// A round of GPU utilisation samples.
+    Sampled(Result<Vec<GpuSample>, UsageError>),
 }
 
 /// What a task was for, so a task that panicked can still be accounted for.
@@ -90,6 +93,8 @@ pub(crate) enum TaskLabel {
         /// The request.
         request_id: u64,
     },
+    /// A utilisation sample.
+    Sample,
 }
 
 /// Inventory and pressure as the source gave them.
@@ -160,6 +165,14 @@ pub(crate) async fn logs(
 }
 
 /// Fetches inventory and pressure.
+/// Samples GPU utilisation on a blocking thread (the source reads a file or calls NVML).
+pub(crate) async fn sample(source: Arc<dyn UtilizationSource>) -> TaskOutput {
+    let result = tokio::task::spawn_blocking(move || source.sample())
+        .await
+        .unwrap_or_else(|e| Err(UsageError::Task(e.to_string())));
+    TaskOutput::Sampled(result)
+}
+
 pub(crate) async fn report(inventory: Arc<dyn InventorySource>) -> TaskOutput {
     TaskOutput::Reported(fetch_report(inventory.as_ref()).await)
 }

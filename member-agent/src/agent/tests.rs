@@ -21,6 +21,7 @@ use super::{Agent, Settings};
 use crate::backend::{
     Admission, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
 };
+use crate::usage::{GpuSample, Sampling, UtilizationSource};
 
 /// Longest (virtual) wait for anything a test expects.
 const PATIENCE: Duration = Duration::from_secs(600);
@@ -188,6 +189,7 @@ struct Harness {
     events: JobEventSender,
     stop: Option<oneshot::Sender<()>>,
     agent: Option<JoinHandle<()>>,
+    metrics: crate::metrics::AgentMetrics,
 }
 
 impl Harness {
@@ -197,6 +199,15 @@ impl Harness {
 
     /// Starts an agent whose backend still holds `adopt`.
     fn start_adopting(adopt: Vec<HeldJob>) -> Self {
+        Self::start_with(adopt, None)
+    }
+
+    /// Starts an agent that samples GPU utilisation as `sampling` says.
+    fn start_sampling(sampling: Sampling) -> Self {
+        Self::start_with(Vec::new(), Some(sampling))
+    }
+
+    fn start_with(adopt: Vec<HeldJob>, sampling: Option<Sampling>) -> Self {
         let (calls_tx, calls) = mpsc::unbounded_channel();
         let (dials_tx, dials) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
@@ -224,11 +235,16 @@ impl Harness {
             backend.clone(),
             events_rx,
         );
+        let agent = match sampling {
+            Some(sampling) => agent.with_sampling(sampling),
+            None => agent,
+        };
+        let metrics = agent.metrics().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let agent = tokio::spawn(agent.run(async move {
             let _ = stopped.await;
         }));
-        Self { dials, calls, backend, events, stop: Some(stop), agent: Some(agent) }
+        Self { dials, calls, backend, events, stop: Some(stop), agent: Some(agent), metrics }
     }
 
     async fn dial(&mut self) -> DialRequest {
@@ -594,5 +610,55 @@ async fn a_logs_request_is_answered_with_the_backends_words() {
     assert_eq!(request_id, 42);
     let message = result.unwrap_err();
     assert!(message.contains("job `j`") && message.contains("keeps no job output"), "{message}");
+    h.stop().await;
+}
+
+/// A utilisation source whose one GPU (`n-0`, device 0) reads what the test sets.
+struct SettableGpu(Mutex<f64>);
+
+impl UtilizationSource for SettableGpu {
+    fn sample(&self) -> crate::usage::Result<Vec<GpuSample>> {
+        Ok(vec![GpuSample { node: "n-0".into(), gpu: "0".into(), utilization: *self.0.lock().unwrap() }])
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeats_carry_each_running_jobs_mean_utilisation_over_the_window() {
+    let gpu = Arc::new(SettableGpu(Mutex::new(0.02)));
+    let sampling =
+        Sampling { source: gpu.clone(), interval: Duration::from_millis(500), window: Duration::from_secs(3) };
+    let mut h = Harness::start_sampling(sampling);
+    let mut stream = h.welcome(Vec::new(), None).await;
+    offer_and_accept(&mut stream, "j-1", 1).await;
+    let usage = loop {
+        let (_, jobs) = stream.heartbeat().await;
+        if let Some(usage) = jobs.iter().find(|r| r.job_id == "j-1").and_then(|r| r.usage) {
+            break usage;
+        }
+    };
+    assert!((usage.gpu_utilization - 0.02).abs() < 1e-9, "{usage:?}");
+    assert!(usage.samples >= 1 && usage.window <= Duration::from_secs(3), "{usage:?}");
+    let text = h.metrics.render();
+    for line in [
+        "meridian_agent_stream_connected 1",
+        "meridian_agent_jobs{state=\"Running\"} 1",
+        "meridian_agent_gpu_utilization_ratio{node=\"n-0\",gpu=\"0\"} 0.02",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+    // Busy samples push the low ones out of the window.
+    *gpu.0.lock().unwrap() = 0.9;
+    let changed_at = Instant::now();
+    let mut last = usage.gpu_utilization;
+    while (last - 0.9).abs() > 1e-9 {
+        let (_, jobs) = stream.heartbeat().await;
+        let usage = jobs.iter().find(|r| r.job_id == "j-1").and_then(|r| r.usage).unwrap();
+        assert!(usage.gpu_utilization + 1e-9 >= last, "the mean only rises: {usage:?} after {last}");
+        last = usage.gpu_utilization;
+    }
+    assert!(changed_at.elapsed() <= Duration::from_secs(6), "within a window and a heartbeat");
+    // A finished job's result carries none.
+    h.emit("j-1", 1, succeeded());
+    assert_eq!(stream.result().await.usage, None);
     h.stop().await;
 }

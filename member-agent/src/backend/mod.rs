@@ -82,6 +82,14 @@ pub trait LocalBackend: Send + Sync {
     /// result the member still keeps, so a restarted agent adopts them.
     fn list(&self) -> BackendFuture<'_, Vec<HeldJob>>;
 
+    /// The devices each running job holds, by job id: (node, device ids) per replica, the ids
+    /// as `CUDA_VISIBLE_DEVICES` takes them. Used to map GPU utilisation samples to jobs; a
+    /// backend that does not name devices returns nothing (the default), and a job's GPUs are
+    /// then every GPU of its nodes.
+    fn devices(&self) -> std::collections::BTreeMap<String, Vec<(String, Vec<String>)>> {
+        std::collections::BTreeMap::new()
+    }
+
     /// Part of the output of the binding (`job_id`, `fencing_token`): at most `max_bytes` from
     /// byte `from` of everything it wrote, or its last `max_bytes` when `from` is None.
     ///

@@ -336,6 +336,7 @@ impl Replay<'_> {
             nodes,
             requeue: preempted,
             preempted,
+            usage: None,
         };
         self.gateway_step(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) }, now)?;
         Ok(())
@@ -498,6 +499,7 @@ impl Replay<'_> {
             nodes,
             requeue: false,
             preempted: false,
+            usage: None,
         };
         answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
         Ok(())
@@ -525,6 +527,7 @@ impl Replay<'_> {
                 nodes: Vec::new(),
                 requeue: false,
                 preempted: false,
+                usage: None,
             };
             answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
         }

@@ -298,6 +298,10 @@ impl LocalBackend for BuiltinBackend {
         BackendKind::Builtin
     }
 
+    fn devices(&self) -> BTreeMap<String, Vec<(String, Vec<String>)>> {
+        self.allocations().into_iter().map(|(job, allocation)| (job, allocation.replicas)).collect()
+    }
+
     fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission> {
         Box::pin(std::future::ready(Ok(self.submit_now(job))))
     }

@@ -315,9 +315,7 @@ async fn with_authentication_the_console_asks_for_a_token_and_shows_only_the_cal
 
 /// Writes a DCGM-style textfile (percent per GPU) whole, by rename, as an exporter does.
 fn write_utilization(path: &std::path::Path, percent: u32) {
-    let text = format!(
-        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\"}} {percent}\nDCGM_FI_DEV_GPU_UTIL{{gpu=\"1\"}} {percent}\n"
-    );
+    let text = format!("DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\"}} {percent}\nDCGM_FI_DEV_GPU_UTIL{{gpu=\"1\"}} {percent}\n");
     let staging = path.with_extension("tmp");
     std::fs::write(&staging, text).unwrap();
     std::fs::rename(&staging, path).unwrap();

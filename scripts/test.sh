@@ -46,6 +46,32 @@ else
 fi
 
 # --- browser (console) ---
+# The console's browser test (tests/tests/console.rs) drives a headless Chromium over the
+# DevTools protocol. Debian's `chromium` is installed when missing (fonts-dejavu-core for
+# readable screenshots); MERIDIAN_CHROMIUM names the binary. Without one the test fails, unless
+# MERIDIAN_SKIP_BROWSER=1 (then it says it was skipped). Screenshots land in
+# target/artefacts/console/ (or $CARGO_TARGET_DIR/artefacts/console/).
+if [ "${MERIDIAN_SKIP_BROWSER:-}" = "1" ]; then
+    echo "== browser: skipped (MERIDIAN_SKIP_BROWSER=1); the console test will say so"
+elif [ -z "${MERIDIAN_CHROMIUM:-}" ]; then
+    chromium_bin="$(command -v chromium || command -v chromium-browser || true)"
+    if [ -z "$chromium_bin" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== browser: installing Debian's chromium"
+        apt_get=(apt-get)
+        if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then apt_get=(sudo apt-get); fi
+        if ! DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends chromium fonts-dejavu-core; then
+            "${apt_get[@]}" update
+            DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends chromium fonts-dejavu-core
+        fi
+        chromium_bin="$(command -v chromium || true)"
+    fi
+    if [ -n "$chromium_bin" ]; then
+        export MERIDIAN_CHROMIUM="$chromium_bin"
+        echo "== browser: $("$MERIDIAN_CHROMIUM" --version 2>/dev/null || echo "$MERIDIAN_CHROMIUM")"
+    else
+        echo "== browser: no Chromium and no apt-get to install it; the console test will fail (MERIDIAN_SKIP_BROWSER=1 skips it)" >&2
+    fi
+fi
 # --- end browser ---
 
 # --- helm (deploy) ---

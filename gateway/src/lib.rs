@@ -14,6 +14,7 @@ pub mod api;
 pub mod auth;
 pub mod certs;
 pub mod config;
+pub mod console;
 pub mod demo;
 // TEMPORARY (usage helper): the metrics helper owns `metrics/mod.rs`; the lead replaces this
 // inline module with it at merge.

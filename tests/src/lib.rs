@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub mod browser;
 pub mod fuzzing;
 pub mod manifests;
 

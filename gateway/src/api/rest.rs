@@ -115,6 +115,7 @@ pub fn router(state: RestState) -> Router {
         // JSON error naming `spec`; larger ones are refused by the guard in front of the router
         // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
+        .merge(crate::console::router())
         .with_state(state)
 }
 

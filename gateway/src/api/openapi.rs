@@ -249,6 +249,19 @@ pub const OPERATIONS: &[Operation] = &[
     },
     Operation {
         method: "GET",
+        path: "/console/session",
+        id: "consoleSession",
+        tag: "console",
+        summary: "Who the caller is (subject, role, tenants) and whether the gateway checks tokens",
+        params: &[],
+        body: None,
+        success: (200, "application/json"),
+        returns: Some("Session"),
+        errors: &[],
+        authenticated: true,
+    },
+    Operation {
+        method: "GET",
         path: "/healthz",
         id: "health",
         tag: "operations",
@@ -306,7 +319,8 @@ pub fn document() -> Value {
             {"name": "jobs", "description": "Submit, list, inspect, explain and cancel jobs"},
             {"name": "fleet", "description": "Member clusters and tenants' queues"},
             {"name": "events", "description": "Following changes"},
-            {"name": "operations", "description": "Health and this document"},
+            {"name": "console", "description": "What the web console (served at `/`) asks besides the API"},
+            {"name": "operations", "description": "Health, metrics and this document"},
         ],
         "paths": paths,
         "components": {
@@ -446,6 +460,10 @@ fn schemas() -> Value {
             "succeededJobs": int, "failedJobs": int,
         })),
         "TenantList": list_of("tenants", "Tenant"),
+        "Session": object(&["subject", "role", "tenants", "authentication"], json!({
+            "subject": string, "role": {"type": "string", "enum": ["viewer", "member", "admin"]},
+            "tenants": {"type": "array", "items": string}, "authentication": {"type": "boolean"},
+        })),
         "EventStream": {"type": "string", "description": "text/event-stream. `event: ready` (data `{cursor}`) first; then `event: job` (data `{atMs, previousState, job}`), `event: cluster` (data `{atMs, cluster}`), each with `id: EPOCH.SEQ`; `event: reset` (data `{reason}`) when resume was impossible; a `: keep-alive` comment every 15 s. See docs/api.md."},
     })
 }

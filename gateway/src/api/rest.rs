@@ -80,6 +80,7 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
         "health" => get(health),
         "openapi" => get(openapi),
         "metrics" => get(usage_metrics),
+        "consoleSession" => get(crate::console::session),
         _ => return None,
     })
 }

@@ -34,7 +34,6 @@ pub fn router() -> Router<RestState> {
         .route("/", get(index))
         .route("/console", get(index))
         .route("/console/", get(index))
-        .route("/console/session", get(session))
         .route("/console/{file}", get(file))
 }
 
@@ -60,7 +59,9 @@ async fn file(Path(name): Path<String>, headers: HeaderMap) -> Response {
 /// Who the caller is, for the console's header and its cancel button: subject, role, tenants,
 /// and whether the gateway authenticates at all. Answered 401 without a valid token when
 /// authentication is on, like every data call.
-async fn session(State(state): State<RestState>, caller: Caller) -> Response {
+/// `GET /console/session`: who the caller is (routed with the API's operations, see
+/// `api::openapi`).
+pub(crate) async fn session(State(state): State<RestState>, caller: Caller) -> Response {
     let body = json!({
         "subject": caller.subject,
         "role": caller.role,

@@ -21,6 +21,7 @@ pub mod quota;
 pub mod record;
 pub mod registry;
 mod round;
+pub mod tally;
 pub mod tenants;
 mod timers;
 pub mod view;
@@ -37,6 +38,7 @@ pub use config::CoreConfig;
 pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
 pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
+pub use tally::Tally;
 pub use tenants::{TenantBook, TenantSummary};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
@@ -115,6 +117,10 @@ pub struct Core {
     cluster_view_version: u64,
     /// Tenant weights and quotas for readers (fixed for the life of the process).
     tenant_book: Arc<TenantBook>,
+    /// Counters for metrics (see `tally.rs`), published with each view.
+    tally: Arc<Tally>,
+    /// The time of the step being applied (Unix ms), for counters of changes that carry none.
+    now_ms: i64,
 }
 
 impl Core {
@@ -146,6 +152,8 @@ impl Core {
             clusters_version: 1,
             cluster_view: Arc::new(Vec::new()),
             cluster_view_version: 0,
+            tally: Arc::default(),
+            now_ms,
         };
         for (id, decision) in loaded.decisions {
             // Before the jobs, so each active job's index entry finds its decision.
@@ -185,6 +193,7 @@ impl Core {
     /// Applies one input at `now_ms` (Unix ms, never decreasing), appending what must happen to
     /// `effects`.
     pub fn step(&mut self, input: Input, now_ms: i64, effects: &mut Effects) {
+        self.now_ms = now_ms;
         if let Some(reason) = &self.failed {
             // A failed store means in-memory state may be ahead of what is durable: refuse every
             // change, answer every caller, and let agents keep their results for later.
@@ -299,6 +308,7 @@ impl Core {
             self.decisions.clone(),
             Arc::clone(&self.cluster_view),
             Arc::clone(&self.tenant_book),
+            self.tally(),
             self.failed.clone(),
         )
     }

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::jobs::holds_gpus;
 use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
+use crate::tally::{PendingReason, Tally};
 use crate::tenants::TenantBook;
 use crate::{Core, Decided};
 
@@ -117,6 +118,7 @@ pub struct ReadView {
     decisions: imbl::HashMap<String, Arc<Decided>>,
     clusters: Arc<Vec<ClusterSummary>>,
     tenant_book: Arc<TenantBook>,
+    tally: Arc<Tally>,
     failure: Option<String>,
 }
 
@@ -126,9 +128,23 @@ impl ReadView {
         decisions: imbl::HashMap<String, Arc<Decided>>,
         clusters: Arc<Vec<ClusterSummary>>,
         tenant_book: Arc<TenantBook>,
+        tally: Arc<Tally>,
         failure: Option<String>,
     ) -> Self {
-        Self { jobs, decisions, clusters, tenant_book, failure }
+        Self { jobs, decisions, clusters, tenant_book, tally, failure }
+    }
+
+    /// The counters of what happened up to this view (decisions, delays, burst use, data
+    /// moved), for metrics.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Why job `id` waits, as a bounded class (for metrics and alerts); None when it is not
+    /// waiting or unknown.
+    pub fn pending_reason(&self, id: &str) -> Option<PendingReason> {
+        let job = self.jobs.get(id)?;
+        PendingReason::of(job, self.decisions.get(id).map(Arc::as_ref))
     }
 
     /// Every job remembered, by id (oldest first).

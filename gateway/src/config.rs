@@ -67,6 +67,8 @@ pub struct GatewayConfig {
     /// How REST and gRPC `Jobs` callers authenticate (see `docs/security/auth.md`). Left out:
     /// every caller is an anonymous admin (a development mode; the gateway warns at start-up).
     pub auth: Option<crate::auth::AuthConfig>,
+    /// Who may scrape `GET /metrics` (see `docs/ops/metrics.md`).
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// Per-tenant settings.
@@ -174,6 +176,7 @@ impl Default for GatewayConfig {
             insecure: false,
             limits: LimitsConfig::default(),
             auth: None,
+            metrics: crate::metrics::MetricsConfig::default(),
         }
     }
 }
@@ -235,6 +238,7 @@ impl GatewayConfig {
         if let Some(auth) = &self.auth {
             problems.extend(auth.problems("auth."));
         }
+        problems.extend(self.metrics.problems(self.auth.is_some()));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

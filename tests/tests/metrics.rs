@@ -460,6 +460,46 @@ async fn metrics_show_the_job_that_runs_the_job_that_waits_and_every_name_the_da
     }
 }
 
+/// Runs `promtool` with `args`, panicking with its output when it fails. `promtool` comes with
+/// Debian's `prometheus` package (`apt-get install --no-install-recommends prometheus`).
+fn promtool(args: &[&str]) {
+    let output = std::process::Command::new("promtool").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "promtool is needed to check the PromQL of the dashboard and rules ({e}); install Debian's \
+             `prometheus` package (apt-get install -y --no-install-recommends prometheus)"
+        )
+    });
+    assert!(
+        output.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn the_dashboard_and_rules_are_valid_promql_and_the_alerts_fire_as_their_unit_tests_say() {
+    promtool(&["check", "rules", repo_file("deploy/prometheus/rules.yaml").to_str().unwrap()]);
+    promtool(&["test", "rules", repo_file("deploy/prometheus/rules.test.yaml").to_str().unwrap()]);
+    // The dashboard's queries, with Grafana's variables filled in, checked as recording rules.
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_file("deploy/grafana/meridian.json")).unwrap()).unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in dashboard_queries(&dashboard).iter().enumerate() {
+        let expr = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$__range", "6h")
+            .replace("$cluster", ".*")
+            .replace("$tenant", ".*");
+        assert!(!expr.contains('$'), "a Grafana variable the test does not fill in: {expr}");
+        rules.push_str(&format!("      - record: dashboard:query_{i}\n        expr: {}\n", serde_json::json!(expr)));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard-rules.yaml");
+    std::fs::write(&file, rules).unwrap();
+    promtool(&["check", "rules", file.to_str().unwrap()]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_auth_metrics_need_the_scrape_token_or_an_admin() {
     const SCRAPE: &str = "scrape-token-0123456789";

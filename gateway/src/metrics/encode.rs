@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -33,6 +33,13 @@ pub fn gauges<'a>(
     series: impl IntoIterator<Item = (Labels<'a>, f64)>,
 ) -> Result {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    let series: Vec<_> = series.into_iter().collect();
+    // A family of one series without labels is written without `{}`.
+    if let [(labels, value)] = series.as_slice()
+        && labels.is_empty()
+    {
+        return ConstGauge::new(*value).encode(family);
+    }
     for (labels, value) in series {
         ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
     }
@@ -47,6 +54,12 @@ pub fn counters<'a>(
     series: impl IntoIterator<Item = (Labels<'a>, f64)>,
 ) -> Result {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    let series: Vec<_> = series.into_iter().collect();
+    if let [(labels, value)] = series.as_slice()
+        && labels.is_empty()
+    {
+        return ConstCounter::new(*value).encode(family);
+    }
     for (labels, value) in series {
         ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
     }
@@ -81,13 +94,14 @@ pub fn histograms<'a>(
     series: impl IntoIterator<Item = HistogramSeries<'a>>,
 ) -> Result {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
-    for series in series {
-        family.encode_family(&series.labels)?.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            series.sum,
-            series.count,
-            &series.buckets,
-            None,
-        )?;
+    let series: Vec<_> = series.into_iter().collect();
+    if let [one] = series.as_slice()
+        && one.labels.is_empty()
+    {
+        return family.encode_histogram::<NoLabelSet>(one.sum, one.count, &one.buckets, None);
+    }
+    for one in series {
+        family.encode_family(&one.labels)?.encode_histogram::<NoLabelSet>(one.sum, one.count, &one.buckets, None)?;
     }
     Ok(())
 }

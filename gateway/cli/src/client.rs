@@ -25,6 +25,13 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use crate::sse::{EventStream, SseParser};
+
+/// A connection to the gateway, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
 /// How long one request (connect, send, and read the whole answer) may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -334,17 +341,19 @@ impl Client {
         interpret(status, &bytes).map(|value| (status, value))
     }
 
-    async fn exchange(
+    fn build_request(
         &self,
         method: Method,
         path_and_query: &str,
+        accept: &str,
+        extra: Option<(&'static str, String)>,
         body: Option<(&str, Vec<u8>)>,
-    ) -> Result<(StatusCode, Bytes)> {
+    ) -> Result<Request<Full<Bytes>>> {
         let mut builder = Request::builder()
             .method(method)
             .uri(path_and_query)
             .header(HOST, &self.authority)
-            .header(ACCEPT, "application/json")
+            .header(ACCEPT, accept)
             .header(USER_AGENT, concat!("meridian/", env!("CARGO_PKG_VERSION")));
         if let Some(Token(token)) = &self.token {
             let mut value = hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
@@ -355,6 +364,9 @@ impl Client {
             value.set_sensitive(true);
             builder = builder.header(AUTHORIZATION, value);
         }
+        if let Some((name, value)) = extra {
+            builder = builder.header(name, value);
+        }
         let payload = match body {
             Some((content_type, bytes)) => {
                 builder = builder.header(CONTENT_TYPE, content_type);
@@ -362,17 +374,20 @@ impl Client {
             }
             None => Bytes::new(),
         };
-        let request = builder
+        builder
             .body(Full::new(payload))
-            .map_err(|e| ClientError::Protocol(format!("cannot build a request for `{path_and_query}`: {e}")))?;
+            .map_err(|e| ClientError::Protocol(format!("cannot build a request for `{path_and_query}`: {e}")))
+    }
 
+    /// Opens a connection to the gateway: TCP, then TLS for `https://`.
+    async fn connect(&self) -> Result<Box<dyn Io>> {
         let stream = TcpStream::connect(&self.authority)
             .await
             .map_err(|source| ClientError::Connect { addr: self.authority.clone(), source })?;
         // Small request/response pairs: don't let Nagle delay them.
         let _ = stream.set_nodelay(true);
         if !self.https {
-            return self.send(stream, request).await;
+            return Ok(Box::new(stream));
         }
         let tls = self.tls.clone().ok_or_else(|| ClientError::NoCa { addr: self.authority.clone() })?;
         let host =
@@ -381,7 +396,57 @@ impl Client {
             .connect(host, stream)
             .await
             .map_err(|source| ClientError::Tls { addr: self.authority.clone(), source })?;
-        self.send(stream, request).await
+        Ok(Box::new(stream))
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<(StatusCode, Bytes)> {
+        let request = self.build_request(method, path_and_query, "application/json", None, body)?;
+        let io = self.connect().await?;
+        self.send(io, request).await
+    }
+
+    /// Opens the event stream at `path_and_query` (`/v1/events?...`), resuming after
+    /// `last_event_id` when given. Connecting and the answer's head must come within the
+    /// client's time limit; the stream itself has none.
+    pub async fn events(&self, path_and_query: &str, last_event_id: Option<&str>) -> Result<EventStream> {
+        let extra = last_event_id.map(|id| ("last-event-id", id.to_string()));
+        let request = self.build_request(Method::GET, path_and_query, "text/event-stream", extra, None)?;
+        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
+        let open = async {
+            let io = self.connect().await?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(http_error)?;
+            let mut connection: crate::sse::ConnectionFuture = Box::pin(connection);
+            let response = tokio::select! {
+                response = sender.send_request(request) => response.map_err(http_error)?,
+                finished = &mut connection => {
+                    finished.map_err(http_error)?;
+                    return Err(ClientError::Protocol("the gateway closed the connection before answering".into()));
+                }
+            };
+            Ok((response, connection))
+        };
+        let (response, connection) = tokio::time::timeout(self.timeout, open)
+            .await
+            .map_err(|_| ClientError::Timeout { addr: self.authority.clone(), after: self.timeout })??;
+        let status = response.status();
+        if !status.is_success() {
+            let body =
+                Limited::new(response.into_body(), 64 * 1024).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            return Err(api_error(status, &body));
+        }
+        Ok(EventStream {
+            authority: self.authority.clone(),
+            body: response.into_body(),
+            connection,
+            connection_done: false,
+            parser: SseParser::default(),
+        })
     }
 
     /// Sends `request` over an open connection (plain or TLS) and reads the whole answer.

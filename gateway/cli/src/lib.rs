@@ -7,7 +7,9 @@
 pub mod client;
 pub mod format;
 pub mod render;
+pub mod sse;
 pub mod table;
+pub mod watch;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,11 +41,18 @@ pub enum UserCommand {
         /// Only jobs in this state (Queued, Offered, Bound, Running, Succeeded, Failed, Cancelled).
         #[arg(long)]
         state: Option<String>,
+        /// After the list, print each change as it happens (until interrupted).
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// Show one job.
     Job {
         /// The job's id (`j-...`).
         id: String,
+        /// After the job, print each change until it ends; exits 0 when it succeeds, 1 when it
+        /// fails or is cancelled.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// Explain where a job was placed and why the other clusters were not chosen.
     Explain {
@@ -160,6 +169,16 @@ pub enum CliError {
     /// The token file holds no token.
     #[error("the token file {0} is empty")]
     EmptyToken(String),
+    /// A watched job ended without succeeding.
+    #[error("job {id} {state}{}", if message.is_empty() { String::new() } else { format!(": {message}") })]
+    JobEnded {
+        /// The job.
+        id: String,
+        /// `Failed` or `Cancelled`.
+        state: String,
+        /// Its last message.
+        message: String,
+    },
     /// The answer could not be written out.
     #[error("cannot write the output: {0}")]
     Output(#[source] std::io::Error),
@@ -187,13 +206,21 @@ pub async fn run(cmd: UserCommand, args: &ClientArgs, out: &mut impl Write) -> R
             let text = render::submitted(&job, created);
             (job, text)
         }
-        UserCommand::Jobs { selector, tenant, state } => {
+        UserCommand::Jobs { selector, tenant, state, watch: true } => {
+            let state = state.map(|s| canonical_state(&s));
+            let watched = watch::Watched::Jobs { tenant, state, selector };
+            return watch::run(&client, watched, args.output, out).await;
+        }
+        UserCommand::Job { id, watch: true } => {
+            return watch::run(&client, watch::Watched::Job(id), args.output, out).await;
+        }
+        UserCommand::Jobs { selector, tenant, state, watch: false } => {
             let state = state.map(|s| canonical_state(&s));
             let list = client.list(tenant.as_deref(), state.as_deref(), selector.as_deref()).await?;
             let text = render::jobs(&list, now);
             (list, text)
         }
-        UserCommand::Job { id } => {
+        UserCommand::Job { id, watch: false } => {
             let job = client.get(&id).await?;
             let text = render::job(&job, now);
             (job, text)
@@ -304,7 +331,7 @@ fn describe_path(path: &Path) -> String {
 }
 
 /// Wall-clock milliseconds since the Unix epoch, the clock the API's timestamps use.
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
@@ -352,7 +379,12 @@ mod tests {
         let cli = parse(&["--gateway", "gw:1", "jobs", "-l", "project=llm", "--state", "running", "-o", "json"]);
         assert_eq!(
             cli.command,
-            UserCommand::Jobs { selector: Some("project=llm".into()), tenant: None, state: Some("running".into()) }
+            UserCommand::Jobs {
+                selector: Some("project=llm".into()),
+                tenant: None,
+                state: Some("running".into()),
+                watch: false
+            }
         );
         assert_eq!(cli.client.output, OutputFormat::Json);
         assert_eq!(cli.client.gateway, "gw:1");
@@ -362,6 +394,8 @@ mod tests {
         assert_eq!(cli.client.output, OutputFormat::Table);
         assert_eq!(parse(&["--gateway", "x", "explain", "j-1"]).command, UserCommand::Explain { id: "j-1".into() });
         assert_eq!(parse(&["--gateway", "x", "clusters"]).command, UserCommand::Clusters);
+        assert_eq!(parse(&["job", "j-1", "--watch"]).command, UserCommand::Job { id: "j-1".into(), watch: true });
+        assert!(matches!(parse(&["jobs", "-w"]).command, UserCommand::Jobs { watch: true, .. }));
         assert!(TestCli::try_parse_from(["meridian", "-o", "yaml", "clusters"]).is_err());
     }
 

@@ -56,6 +56,31 @@ pub fn jobs(list: &Value, now_ms: i64) -> String {
     table.render()
 }
 
+/// One line of `--watch`: `HH:MM:SS  ID  TENANT  BEFORE → NOW  CLUSTER  MESSAGE` (UTC), from a
+/// job event's data (`{atMs, previousState, job}`).
+pub fn job_change(data: &Value) -> String {
+    let at = int_at(data, "/atMs").map_or_else(|| NONE.to_owned(), clock_utc);
+    let job = data.get("job").unwrap_or(&Value::Null);
+    let change = match str_at(data, "/previousState") {
+        Some(before) if Some(before) != str_at(job, "/state") => format!("{before} → {}", text(job, "/state")),
+        Some(_) => text(job, "/state"),
+        None => format!("new → {}", text(job, "/state")),
+    };
+    let message = str_at(job, "/message").filter(|m| !m.is_empty()).unwrap_or(NONE);
+    format!(
+        "{at}  {}  {}  {change}  {}  {message}\n",
+        text(job, "/id"),
+        text(job, "/spec/tenant"),
+        text(job, "/cluster")
+    )
+}
+
+/// `HH:MM:SS` (UTC) of a Unix time in milliseconds.
+fn clock_utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
 /// `meridian job ID`: the job's status as a key/value block, then a summary of its spec.
 pub fn job(job: &Value, now_ms: i64) -> String {
     let nodes = job.get("nodes").and_then(Value::as_array).map(|nodes| join(nodes.iter().filter_map(Value::as_str)));

@@ -1,13 +1,22 @@
 //! Column-aligned plain-text tables and key/value blocks for terminal output.
+//!
+//! Tables are laid out by `comfy-table` without borders, colors or wrapping, the way `kubectl
+//! get` prints: the same plain text on a terminal and in a pipe, so `grep` and `awk` read it and
+//! scripts see what people see. Widths are measured in terminal columns (East Asian wide
+//! characters count two), so names in any script stay aligned.
+
+use comfy_table::{CellAlignment, ContentArrangement, presets};
 
 /// Spaces between two columns.
-const GAP: usize = 3;
+const GAP: u16 = 3;
 
 /// A table with a header row; columns are as wide as their widest cell.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
+    /// Indexes of the columns whose cells (and header) are aligned to the right.
+    right_aligned: Vec<usize>,
 }
 
 impl Table {
@@ -17,7 +26,12 @@ impl Table {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Table { headers: headers.into_iter().map(Into::into).collect(), rows: Vec::new() }
+        Table { headers: headers.into_iter().map(|header| clean(&header.into())).collect(), ..Table::default() }
+    }
+
+    /// Aligns column `index` (from 0) to the right, header included: for numbers.
+    pub fn align_right(&mut self, index: usize) {
+        self.right_aligned.push(index);
     }
 
     /// Appends a row. Missing cells print empty; line breaks and tabs in cells print as spaces
@@ -38,25 +52,23 @@ impl Table {
     /// The table as text: header line, then one line per row, each ending in `\n`, with no
     /// trailing spaces.
     pub fn render(&self) -> String {
-        let columns = self.rows.iter().map(Vec::len).chain([self.headers.len()]).max().unwrap_or(0);
-        let mut widths = vec![0; columns];
-        for line in std::iter::once(&self.headers).chain(&self.rows) {
-            for (width, cell) in widths.iter_mut().zip(line) {
-                *width = (*width).max(cell.chars().count());
+        let mut table = comfy_table::Table::new();
+        table.load_style(presets::NOTHING).set_content_arrangement(ContentArrangement::Disabled);
+        table.set_header(self.headers.clone());
+        for row in &self.rows {
+            table.add_row(row.clone());
+        }
+        let columns = table.column_count();
+        for (index, column) in table.column_iter_mut().enumerate() {
+            // The gap goes after every column but the last, so lines start at the margin.
+            column.set_padding((0, if index + 1 < columns { GAP } else { 0 }));
+            if self.right_aligned.contains(&index) {
+                column.set_cell_alignment(CellAlignment::Right);
             }
         }
         let mut out = String::new();
-        for line in std::iter::once(&self.headers).chain(&self.rows) {
-            let mut text = String::new();
-            for (index, width) in widths.iter().enumerate() {
-                let cell = line.get(index).map(String::as_str).unwrap_or("");
-                text.push_str(cell);
-                if index + 1 < columns {
-                    let padding = width - cell.chars().count() + GAP;
-                    text.extend(std::iter::repeat_n(' ', padding));
-                }
-            }
-            out.push_str(text.trim_end());
+        for line in table.lines() {
+            out.push_str(line.trim_end());
             out.push('\n');
         }
         out
@@ -118,6 +130,36 @@ mod tests {
         assert_eq!(table.render(), "MESSAGE\ntwo lines\n");
         assert!(!table.is_empty());
         assert!(Table::new(["X"]).is_empty());
+    }
+
+    #[test]
+    fn wide_characters_count_as_two_columns() {
+        let mut table = Table::new(["NAME", "STATE"]);
+        table.row(["東京-gpu", "Running"]);
+        table.row(["paris", "Queued"]);
+        table.row(["zürich", "Queued"]);
+        // `東京-gpu` is 6 characters but 8 terminal columns wide.
+        assert_eq!(
+            table.render(),
+            "NAME       STATE\n\
+             東京-gpu   Running\n\
+             paris      Queued\n\
+             zürich     Queued\n"
+        );
+    }
+
+    #[test]
+    fn right_aligned_columns_line_up_their_last_digits() {
+        let mut table = Table::new(["POLICY", "JOBS", "NOTE"]);
+        table.align_right(1);
+        table.row(["meridian", "1200", "ok"]);
+        table.row(["random", "85", ""]);
+        assert_eq!(table.render(), "POLICY     JOBS   NOTE\nmeridian   1200   ok\nrandom       85\n");
+    }
+
+    #[test]
+    fn empty_table_prints_its_header() {
+        assert_eq!(Table::new(["ID", "NAME"]).render(), "ID   NAME\n");
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub struct Explanation {
 }
 
 /// A member cluster for `GET /v1/clusters` and `meridian clusters`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSummary {
     /// Cluster name.
@@ -230,6 +230,16 @@ impl ReadView {
             member_says,
             candidates,
         })
+    }
+
+    /// Member clusters as last summarised (`last_seen_secs_ago` unset; see [`Self::clusters`]).
+    pub fn cluster_summaries(&self) -> &[ClusterSummary] {
+        &self.clusters
+    }
+
+    /// Whether `other` holds the very same cluster summaries (cheap: no comparison of contents).
+    pub fn same_clusters(&self, other: &ReadView) -> bool {
+        Arc::ptr_eq(&self.clusters, &other.clusters)
     }
 
     /// Member clusters as of `now_ms`.

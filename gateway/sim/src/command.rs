@@ -14,6 +14,7 @@ use super::metrics;
 use super::plot::{self, PlotSeries};
 use super::policy::Policy;
 use super::preemption::{self, PreemptionMix};
+use super::progress::ReplayProgress;
 use super::report::{self, Report};
 use super::topology::Topology;
 use super::workload::{self, DeadlineShare, EstimateError, FleetFacts, HomeCluster, HomeGpuType, Profile};
@@ -24,6 +25,8 @@ use meridian_scheduler::QueuePolicy;
 
 /// Largest `--jobs` accepted: beyond this a replay's memory grows past what a laptop offers.
 const MAX_JOBS: usize = 5_000_000;
+/// How often the progress bars read the replays' counters.
+const PROGRESS_POLL: Duration = Duration::from_millis(200);
 
 /// Replays a workload over a simulated federation in virtual time and reports what each
 /// placement policy achieved.
@@ -136,7 +139,7 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
             })
             .collect();
         let title = format!("{} on {}", workload.source, topology.name);
-        write_file(path, &plot::render_svg(&title, &series))?;
+        write_file(path, &plot::render_svg(&title, &series)?)?;
     }
     let mut text = match output {
         OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,
@@ -248,8 +251,8 @@ pub fn offered_load(workload: &Workload, topology: &Topology) -> f64 {
     workload.offered_load(capacity_gpus(topology))
 }
 
-/// Replays every policy, on as many threads as there are cores, drawing a progress bar on a
-/// terminal's stderr. Results come back in `policies` order.
+/// Replays every policy, on as many threads as there are cores, drawing one progress bar per
+/// policy on a terminal's stderr. Results come back in `policies` order.
 fn replay_all(
     topology: &Topology,
     workload: &Workload,
@@ -264,7 +267,6 @@ fn replay_all(
     let mut start_order: Vec<usize> = (0..policies.len()).collect();
     start_order.sort_by_key(|&i| policies.get(i) != Some(&Policy::Meridian));
     let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
     let mut slots: Vec<Option<Result<RunResult, SimError>>> = policies.iter().map(|_| None).collect();
     let draw = std::io::stderr().is_terminal();
     std::thread::scope(|scope| {
@@ -284,21 +286,19 @@ fn replay_all(
                             ..SimConfig::new(policy)
                         };
                         mine.push((i, engine::run(topology, workload, &config, counter)));
-                        finished.fetch_add(1, Ordering::Relaxed);
                     }
                     mine
                 })
             })
             .collect();
         if draw {
-            let total = workload.jobs.len() as u64 * policies.len() as u64;
-            // Until every worker is done, even one that died without counting itself finished.
+            let bars = ReplayProgress::new(policies, workload.jobs.len() as u64, draw);
+            // Until every worker is done, even one whose replay died partway.
             while !workers.iter().all(|w| w.is_finished()) {
-                let done: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
-                draw_bar(done, total, finished.load(Ordering::Relaxed), policies.len());
-                std::thread::sleep(Duration::from_millis(200));
+                bars.update(&progress);
+                std::thread::sleep(PROGRESS_POLL);
             }
-            eprint!("\r{:78}\r", "");
+            bars.clear();
         }
         for worker in workers {
             if let Ok(results) = worker.join() {
@@ -319,17 +319,6 @@ fn replay_all(
             None => Err(SimError::Invalid(format!("policy {policy}: the replay thread died"))),
         })
         .collect()
-}
-
-fn draw_bar(done: u64, total: u64, finished: usize, policies: usize) {
-    const WIDTH: u64 = 40;
-    let filled = (done.saturating_mul(WIDTH)).checked_div(total).unwrap_or(WIDTH).min(WIDTH) as usize;
-    let percent = (done.saturating_mul(100)).checked_div(total).unwrap_or(100);
-    eprint!(
-        "\rsimulating [{}{}] {percent:>3}%  {finished}/{policies} policies done",
-        "#".repeat(filled),
-        ".".repeat(WIDTH as usize - filled)
-    );
 }
 
 fn file_name(path: &Path) -> String {

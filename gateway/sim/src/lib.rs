@@ -15,6 +15,7 @@
 //!   simulated agents), and the placement policies (ours and the baselines).
 //! - [`metrics`], [`report`], [`plot`]: what a run measured, as a table, JSON and an SVG chart;
 //!   [`deadline`]: deadline misses and the cloud dollars spent on jobs with deadlines.
+//! - [`progress`]: one progress bar per replayed policy on a terminal's stderr.
 
 pub mod command;
 pub mod deadline;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod plot;
 pub mod policy;
 pub mod preemption;
+pub mod progress;
 pub mod report;
 pub mod topology;
 pub mod workload;
@@ -57,6 +59,9 @@ pub enum SimError {
     /// The topology file is not valid.
     #[error(transparent)]
     Topology(#[from] meridian_proto::config_file::ConfigError),
+    /// The `--plot` chart could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
     /// A command-line value or a combination of them is not valid.
     #[error("{0}")]
     Invalid(String),

@@ -16,6 +16,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use meridian_cli::table::Table;
 use meridian_proto::spec::DEFAULT_PRIORITY;
 use serde::Serialize;
 
@@ -144,21 +145,19 @@ pub fn render_table(mix: &PreemptionMix, member_preemption: bool, rows: &[Preemp
         "\nPriority and preemption ({mix}; member preemption {}; victims restart from scratch)\n",
         if member_preemption { "on" } else { "off" }
     );
-    out.push_str(&format!(
-        "{:<14} {:>9} {:>14} {:>14} {:>12} {:>15}\n",
-        "policy", "high jobs", "high mean (h)", "high p99 (h)", "preemptions", "GPU-h lost"
-    ));
+    let mut table = Table::new(["POLICY", "HIGH JOBS", "HIGH MEAN (h)", "HIGH P99 (h)", "PREEMPTIONS", "GPU-h LOST"]);
+    (1..=5).for_each(|column| table.align_right(column));
     for row in rows {
-        out.push_str(&format!(
-            "{:<14} {:>9} {:>14.2} {:>14.2} {:>12} {:>15.1}\n",
-            row.policy,
-            row.high_jobs,
-            row.high_queue_mean_secs / 3600.0,
-            row.high_queue_p99_secs / 3600.0,
-            row.preemptions,
-            row.lost_gpu_hours
-        ));
+        table.row([
+            row.policy.clone(),
+            row.high_jobs.to_string(),
+            format!("{:.2}", row.high_queue_mean_secs / 3600.0),
+            format!("{:.2}", row.high_queue_p99_secs / 3600.0),
+            row.preemptions.to_string(),
+            format!("{:.1}", row.lost_gpu_hours),
+        ]);
     }
+    out.push_str(&table.render());
     out
 }
 
@@ -178,6 +177,28 @@ fn unit(bits: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_right_aligns_its_numbers_under_their_headers() {
+        let row = |policy: &str, high_jobs, preemptions, lost_gpu_hours| PreemptionRow {
+            policy: policy.to_owned(),
+            high_jobs,
+            high_queue_mean_secs: 1_800.0,
+            high_queue_p99_secs: 36_000.0,
+            preemptions,
+            lost_gpu_hours,
+        };
+        let mix = PreemptionMix { share_high: 0.1, share_preemptible: 0.5 };
+        let text = render_table(&mix, true, &[row("meridian", 120, 7, 12.25), row("random", 9, 1_234, 0.0)]);
+        let lines: Vec<&str> = text.lines().skip(2).collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("POLICY") && lines[0].ends_with("GPU-h LOST"), "{text}");
+        // Right-aligned: every line ends at the same column, and so do the preemption counts.
+        assert!(lines.iter().all(|line| line.chars().count() == lines[0].chars().count()), "{text}");
+        let column_end = |line: &str, needle: &str| line.find(needle).map(|at| at + needle.len());
+        assert_eq!(column_end(lines[1], " 7 "), column_end(lines[2], " 1234 "), "{text}");
+        assert!(lines[1].starts_with("meridian") && lines[1].ends_with("12.2"), "{text}");
+    }
 
     #[test]
     fn the_flag_takes_two_shares_and_bad_values_name_the_share() {

@@ -96,7 +96,7 @@ deadlines (only meridian reads them; the baselines place due jobs like any other
     ]);
     for run in runs {
         let Some(d) = &run.deadlines else { continue };
-        table.push(vec![
+        table.row(vec![
             run.policy.clone(),
             grouped(d.jobs as f64, 0),
             grouped(d.misses as f64, 0),
@@ -175,7 +175,7 @@ fn render_single(run: &Metrics, out: &mut String) {
         ("GPU-HOURS", Align::Right),
     ]);
     for cluster in &run.clusters {
-        clusters.push(vec![
+        clusters.row(vec![
             cluster.name.clone(),
             tier_name(cluster.tier).to_owned(),
             grouped(cluster.gpus as f64, 0),
@@ -196,10 +196,9 @@ fn render_comparison(runs: &[Metrics], out: &mut String) {
     out.push('\n');
     let mut side_by_side = aligned_table(&headers);
     for run in runs {
-        side_by_side.push(
+        side_by_side.row(
             std::iter::once(run.policy.clone())
-                .chain(columns.iter().map(|column| (column.format)((column.value)(run))))
-                .collect(),
+                .chain(columns.iter().map(|column| (column.format)((column.value)(run)))),
         );
     }
     out.push_str(&side_by_side.render());
@@ -208,10 +207,9 @@ fn render_comparison(runs: &[Metrics], out: &mut String) {
         out.push_str(&format!("\nratio to {BASELINE_POLICY} (lower is better, except Jain fairness)\n"));
         let mut ratios = aligned_table(&headers);
         for run in runs {
-            ratios.push(
+            ratios.row(
                 std::iter::once(run.policy.clone())
-                    .chain(columns.iter().map(|column| ratio_cell((column.value)(run), (column.value)(baseline))))
-                    .collect(),
+                    .chain(columns.iter().map(|column| ratio_cell((column.value)(run), (column.value)(baseline)))),
             );
         }
         out.push_str(&ratios.render());
@@ -226,13 +224,9 @@ fn render_comparison(runs: &[Metrics], out: &mut String) {
         .collect();
     let mut by_size = aligned_table(&size_headers);
     for run in runs {
-        by_size.push(
-            std::iter::once(run.policy.clone())
-                .chain(buckets.iter().map(|bucket| {
-                    run.per_size.get(bucket).map_or_else(|| "-".to_owned(), |stats| duration(stats.queue_p99_secs))
-                }))
-                .collect(),
-        );
+        by_size.row(std::iter::once(run.policy.clone()).chain(buckets.iter().map(|bucket| {
+            run.per_size.get(bucket).map_or_else(|| "-".to_owned(), |stats| duration(stats.queue_p99_secs))
+        })));
     }
     out.push_str(&by_size.render());
 }
@@ -275,7 +269,7 @@ fn stats_table<'a>(key_header: &str, groups: impl Iterator<Item = (String, &'a S
         ("SLOWDOWN P99", Align::Right),
     ]);
     for (key, stats) in groups {
-        table.push(vec![
+        table.row(vec![
             key,
             grouped(stats.jobs as f64, 0),
             duration(stats.queue_mean_secs),
@@ -290,52 +284,13 @@ fn stats_table<'a>(key_header: &str, groups: impl Iterator<Item = (String, &'a S
     table.render()
 }
 
-/// Rows waiting to become a [`Table`], so right-aligned columns can be padded to their width
-/// first (the shared table helper aligns everything to the left).
-struct AlignedTable {
-    headers: Vec<(String, Align)>,
-    rows: Vec<Vec<String>>,
-}
-
-fn aligned_table(headers: &[(&str, Align)]) -> AlignedTable {
-    AlignedTable {
-        headers: headers.iter().map(|(name, align)| ((*name).to_owned(), *align)).collect(),
-        rows: Vec::new(),
+/// A [`Table`] with these headers, its [`Align::Right`] columns aligned to the right.
+fn aligned_table(headers: &[(&str, Align)]) -> Table {
+    let mut table = Table::new(headers.iter().map(|(name, _)| *name));
+    for (index, _) in headers.iter().enumerate().filter(|(_, (_, align))| *align == Align::Right) {
+        table.align_right(index);
     }
-}
-
-impl AlignedTable {
-    fn push(&mut self, row: Vec<String>) {
-        self.rows.push(row);
-    }
-
-    fn render(&self) -> String {
-        let widths: Vec<usize> = self
-            .headers
-            .iter()
-            .enumerate()
-            .map(|(index, (header, _))| {
-                self.rows
-                    .iter()
-                    .filter_map(|row| row.get(index))
-                    .chain([header])
-                    .map(|cell| cell.chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let pad = |index: usize, cell: &str| -> String {
-            match (self.headers.get(index), widths.get(index)) {
-                (Some((_, Align::Right)), Some(width)) => format!("{cell:>width$}"),
-                _ => cell.to_owned(),
-            }
-        };
-        let mut table = Table::new(self.headers.iter().enumerate().map(|(index, (header, _))| pad(index, header)));
-        for row in &self.rows {
-            table.row(row.iter().enumerate().map(|(index, cell)| pad(index, cell)));
-        }
-        table.render()
-    }
+    table
 }
 
 /// `value ÷ baseline` as `×1.23`; equal zeros read `×1.00` and any other zero denominator `-`.
@@ -579,8 +534,8 @@ mod tests {
     #[test]
     fn numeric_columns_are_right_aligned() {
         let mut table = aligned_table(&[("NAME", Align::Left), ("N", Align::Right)]);
-        table.push(vec!["a".to_owned(), "5".to_owned()]);
-        table.push(vec!["bb".to_owned(), "1,000".to_owned()]);
+        table.row(vec!["a".to_owned(), "5".to_owned()]);
+        table.row(vec!["bb".to_owned(), "1,000".to_owned()]);
         assert_eq!(table.render(), "NAME       N\na          5\nbb     1,000\n");
     }
 

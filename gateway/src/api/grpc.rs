@@ -172,8 +172,28 @@ fn grpc<T>(result: Result<T, ApiError>) -> Result<T, Status> {
     result.map_err(|e| error::grpc(&e))
 }
 
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl pb::jobs_server::Jobs for JobsApi {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<tonic::Response<Self::WatchStream>, Status> {
+        let caller = self.caller(&request, "Watch")?;
+        let request = request.into_inner();
+        let mut params = HashMap::new();
+        params.insert("after".to_string(), request.after);
+        params.insert("kinds".to_string(), request.kinds.join(","));
+        params.insert("tenant".to_string(), request.tenant);
+        params.insert("job".to_string(), request.job);
+        params.insert("selector".to_string(), request.selector);
+        let query = grpc(super::events::parse_watch_query(&self.handle, &caller, &params))?;
+        let subscription = self.handle.subscribe(query.after);
+        let events =
+            super::events::said(subscription, query).map(|said| Ok(super::events::grpc_event(&said, job_to_wire)));
+        Ok(tonic::Response::new(Box::pin(events)))
+    }
+
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<tonic::Response<pb::Job>, Status> {
         let caller = self.caller(&request, "Submit")?;
         let spec = grpc(parse_job_spec(&request.into_inner().spec_text, &self.catalog).map_err(ApiError::from))?;

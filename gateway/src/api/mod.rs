@@ -4,10 +4,12 @@
 
 pub mod conn;
 pub mod error;
+pub mod events;
 pub mod grpc;
 pub mod guard;
 pub mod limits;
 pub mod listener;
+pub mod openapi;
 pub mod query;
 pub mod quota;
 pub mod rate;

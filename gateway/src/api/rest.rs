@@ -1,6 +1,6 @@
 //! The REST/JSON API (axum): thin handlers over the runtime's [`Handle`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::Router;
@@ -10,7 +10,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, delete, get, post};
 use meridian_core::JobFilter;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::job::JobState;
@@ -65,16 +65,43 @@ impl FromRequestParts<RestState> for Caller {
     }
 }
 
-/// The REST router.
+/// The handler of a documented operation (by its `operationId`, see [`super::openapi`]).
+fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
+    Some(match operation {
+        "submitJob" => post(submit_job),
+        "listJobs" => get(list_jobs),
+        "getJob" => get(get_job),
+        "cancelJob" => delete(cancel_job),
+        "explainJob" => get(explain_job),
+        "jobLogs" => get(job_logs),
+        "listClusters" => get(list_clusters),
+        "listTenants" => get(list_tenants),
+        "watchEvents" => get(super::events::events),
+        "health" => get(health),
+        "openapi" => get(openapi),
+        _ => return None,
+    })
+}
+
+/// The REST router: every operation of [`super::openapi::OPERATIONS`], and JSON errors for
+/// everything else.
 pub fn router(state: RestState) -> Router {
-    Router::new()
-        .route("/v1/jobs", get(list_jobs).post(submit_job))
-        .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
-        .route("/v1/jobs/{id}/explain", get(explain_job))
-        .route("/v1/jobs/{id}/logs", get(job_logs))
-        .route("/v1/clusters", get(list_clusters))
-        .route("/v1/tenants", get(list_tenants))
-        .route("/healthz", get(health))
+    let mut paths: BTreeMap<&str, MethodRouter<RestState>> = BTreeMap::new();
+    for operation in super::openapi::OPERATIONS {
+        let Some(method) = handler(operation.id) else {
+            // The tests make sure this never happens.
+            tracing::error!(operation = operation.id, "a documented operation has no handler");
+            continue;
+        };
+        let merged = match paths.remove(operation.path) {
+            Some(existing) => existing.merge(method),
+            None => method,
+        };
+        paths.insert(operation.path, merged);
+    }
+    paths
+        .into_iter()
+        .fold(Router::new(), |router, (path, method)| router.route(path, method))
         .fallback(|| async {
             let body = json!({"error": {"code": "not_found", "message": "no such endpoint; the API lives under /v1 (see docs/api.md)", "fields": []}});
             (StatusCode::NOT_FOUND, axum::Json(body))
@@ -88,6 +115,12 @@ pub fn router(state: RestState) -> Router {
         // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
         .with_state(state)
+}
+
+/// The OpenAPI document, built once.
+async fn openapi() -> Response {
+    static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    axum::Json(DOCUMENT.get_or_init(super::openapi::document)).into_response()
 }
 
 async fn health(State(state): State<RestState>) -> Response {

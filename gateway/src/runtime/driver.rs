@@ -10,6 +10,7 @@ use meridian_store::{Store, Write};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::events::{EventKind, Publisher};
 use super::shared::Shared;
 use super::stats::Stats;
 use super::{Command, MAX_BATCH, Request, RuntimeConfig};
@@ -42,6 +43,7 @@ pub(super) struct Driver {
     rx: mpsc::Receiver<Command>,
     view: Shared<Arc<ReadView>>,
     stats: Shared<Stats>,
+    events: Publisher,
     config: RuntimeConfig,
     clock: Clock,
     streams: HashMap<ConnId, mpsc::Sender<GatewayCommand>>,
@@ -65,6 +67,7 @@ impl Driver {
         rx: mpsc::Receiver<Command>,
         view: Shared<Arc<ReadView>>,
         stats: Shared<Stats>,
+        events: Publisher,
         config: RuntimeConfig,
     ) -> Self {
         Self {
@@ -73,6 +76,7 @@ impl Driver {
             rx,
             view,
             stats,
+            events,
             config,
             clock: Clock::new(),
             streams: HashMap::new(),
@@ -195,7 +199,9 @@ impl Driver {
             self.view.set(Arc::new(frozen));
         }
         if self.core.failure().is_none() {
+            let before = self.view.get();
             self.publish();
+            self.publish_events(&before, &effects.persist);
         }
         for (conn, command) in effects.sends {
             let Some(stream) = self.streams.get(&conn) else { continue };
@@ -237,5 +243,39 @@ impl Driver {
 
     fn publish(&mut self) {
         self.view.set(Arc::new(self.core.view()));
+    }
+
+    /// Tells watchers what this batch changed: each job record it wrote (once, as the view now
+    /// holds it) and each cluster whose summary changed (the time it last reported aside).
+    fn publish_events(&self, before: &ReadView, persisted: &[meridian_core::Record]) {
+        let after = self.view.get();
+        let mut changes = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for record in persisted {
+            let meridian_core::Record::Job(job) = record else { continue };
+            if !seen.insert(job.id.as_str()) {
+                continue;
+            }
+            if let Some(current) = after.job(&job.id) {
+                changes.push(EventKind::Job { previous: before.job(&job.id).map(|j| j.state), job: current });
+            }
+        }
+        if !after.same_clusters(before) {
+            let old: HashMap<&str, &meridian_core::ClusterSummary> =
+                before.cluster_summaries().iter().map(|c| (c.name.as_str(), c)).collect();
+            for cluster in after.cluster_summaries().iter() {
+                let changed = old.get(cluster.name.as_str()).is_none_or(|previous| {
+                    let mut previous = (*previous).clone();
+                    previous.last_seen_ms = cluster.last_seen_ms;
+                    previous != *cluster
+                });
+                if changed {
+                    changes.push(EventKind::Cluster(cluster.clone()));
+                }
+            }
+        }
+        if !changes.is_empty() {
+            self.events.publish(self.clock.now_ms(), changes);
+        }
     }
 }

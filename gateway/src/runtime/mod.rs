@@ -6,6 +6,7 @@
 //! reads use the latest published [`ReadView`] without waiting on anything.
 
 mod driver;
+pub mod events;
 mod logs;
 mod shared;
 pub mod stats;
@@ -111,6 +112,8 @@ pub struct Handle {
     next_conn: Arc<AtomicU64>,
     agent_buffer: usize,
     logs: Arc<logs::Waiting>,
+    events: Arc<events::Hub>,
+    events_wake: watch::Receiver<u64>,
 }
 
 /// The running driver: await [`Runtime::join`] after shutdown.
@@ -132,6 +135,8 @@ impl Runtime {
         // that has jobs.
         let view = Shared::new(Arc::new(core.view()));
         let stats = Shared::new(stats::Stats::default());
+        let epoch = u64::try_from(now_ms()).unwrap_or(0);
+        let (hub, publisher, events_wake) = events::Hub::new(epoch, events::RETAINED);
         let handle = Handle {
             tx,
             view: view.clone(),
@@ -139,8 +144,10 @@ impl Runtime {
             next_conn: Arc::new(AtomicU64::new(1)),
             agent_buffer: config.agent_buffer,
             logs: Arc::new(logs::Waiting::default()),
+            events: hub,
+            events_wake,
         };
-        let driver = driver::Driver::new(core, store, rx, view, stats, config);
+        let driver = driver::Driver::new(core, store, rx, view, stats, publisher, config);
         let task = tokio::spawn(driver.run(shutdown));
         (Runtime { task }, handle)
     }
@@ -185,6 +192,12 @@ impl Handle {
     /// A copy of the driver's measurements (round and commit durations, batch sizes).
     pub fn stats(&self) -> stats::Stats {
         self.stats.get()
+    }
+
+    /// Follows the event stream from after `after` (None: only new events). An id this process
+    /// cannot resume from yields a [`events::Gap`] first; see [`events`].
+    pub fn subscribe(&self, after: Option<events::EventId>) -> events::Subscription {
+        self.events.subscribe(after, self.events_wake.clone())
     }
 
     /// A fresh id for an agent stream.

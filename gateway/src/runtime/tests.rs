@@ -392,3 +392,47 @@ async fn a_logs_request_goes_to_the_cluster_holding_the_job_and_only_it_may_answ
     let _ = stop.send(true);
     runtime.join().await;
 }
+
+#[tokio::test]
+async fn watchers_see_each_committed_job_change_and_cluster_change_in_order() {
+    let (runtime, handle, stop) = start(Arc::new(MemoryStore::new()));
+    let mut watcher = handle.subscribe(None);
+    let conn = handle.next_conn();
+    let mut outbox = within("attach", handle.attach(conn, hello())).await.unwrap();
+    handle.agent_event(conn, inventory()).await.unwrap();
+    let (job, _) = within("submit", handle.submit(spec("a"))).await.unwrap();
+    let mut cluster_seen = false;
+    let mut states = Vec::new();
+    while states.last() != Some(&JobState::Offered) {
+        let event = within("event", watcher.next()).await.expect("open").expect("no gap");
+        match &event.kind {
+            events::EventKind::Cluster(c) => {
+                assert_eq!(c.name, "east");
+                cluster_seen |= c.gpus_total == 8;
+            }
+            events::EventKind::Job { job: record, previous } => {
+                assert_eq!(record.id, job.id);
+                assert_eq!(*previous, states.last().copied(), "previous is the state of the event before");
+                // What an event tells is already in the view.
+                assert!(handle.view().job(&record.id).is_some());
+                states.push(record.state);
+            }
+        }
+    }
+    assert!(cluster_seen, "the cluster's new inventory was an event");
+    assert_eq!(states, [JobState::Queued, JobState::Offered]);
+    // Resuming from the start yields the same job changes again.
+    let mut replay = handle.subscribe(Some(events::EventId { epoch: watcher.cursor().epoch, seq: 0 }));
+    let mut replayed = Vec::new();
+    while replayed.len() < states.len() {
+        if let events::EventKind::Job { job, .. } = &within("replay", replay.next()).await.unwrap().unwrap().kind {
+            replayed.push(job.state);
+        }
+    }
+    assert_eq!(replayed, states);
+    let _ = outbox.try_recv();
+    let _ = stop.send(true);
+    runtime.join().await;
+    // The driver is gone: the watcher reads what was published last, then ends instead of hanging.
+    while within("end", watcher.next()).await.is_some() {}
+}

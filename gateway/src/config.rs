@@ -70,6 +70,8 @@ pub struct GatewayConfig {
     /// When a running job counts as holding idle GPUs: its GPUs' mean utilisation (as its
     /// agent measures it) stays under `threshold` for `after`.
     pub idle_gpu: IdleGpuSection,
+    /// Who may scrape `GET /metrics` (see `docs/ops/metrics.md`).
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// The `idleGpu:` section.
@@ -195,6 +197,7 @@ impl Default for GatewayConfig {
             limits: LimitsConfig::default(),
             auth: None,
             idle_gpu: IdleGpuSection::default(),
+            metrics: crate::metrics::MetricsConfig::default(),
         }
     }
 }
@@ -265,6 +268,7 @@ impl GatewayConfig {
         if self.idle_gpu.after.0.is_zero() {
             problems.push("idleGpu.after: must be longer than 0s".to_string());
         }
+        problems.extend(self.metrics.problems(self.auth.is_some()));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

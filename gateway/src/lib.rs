@@ -4,6 +4,7 @@
 //! - [`meridian_core`]: one sans-IO state machine for jobs, clusters, offers, fencing, timers;
 //! - [`runtime`]: the task that owns the core, group-commits to the store and publishes reads;
 //! - [`api`]: REST and gRPC adapters over the runtime's handle (wire ↔ domain, error mapping);
+//! - [`metrics`]: Prometheus metrics at `GET /metrics`;
 //! - [`server`]: wires store, runtime and APIs together;
 //! - [`meridian_store`]: the durable store seam (embedded redb by default);
 //! - [`placement`] and [`queue`]: pure placement and the federation queue (crate `meridian-placement`);
@@ -16,12 +17,7 @@ pub mod certs;
 pub mod config;
 pub mod console;
 pub mod demo;
-// TEMPORARY (usage helper): the metrics helper owns `metrics/mod.rs`; the lead replaces this
-// inline module with it at merge.
-pub mod metrics {
-    //! Prometheus metrics.
-    pub mod usage;
-}
+pub mod metrics;
 pub mod runtime;
 pub mod server;
 pub mod tls;

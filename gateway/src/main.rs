@@ -150,8 +150,8 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
     .await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        // A bad tokens or key file is bad configuration.
-        Err(e @ server::ServeError::Auth(_)) => {
+        // A bad tokens, key or scrape token file is bad configuration.
+        Err(e @ (server::ServeError::Auth(_) | server::ServeError::Metrics(_))) => {
             eprintln!("error: {e}");
             ExitCode::from(64)
         }

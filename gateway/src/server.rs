@@ -51,6 +51,9 @@ pub enum ServeError {
     /// A file named in `auth` could not be read or is invalid.
     #[error("auth: {0}")]
     Auth(#[from] crate::auth::LoadError),
+    /// The metrics scrape token could not be read.
+    #[error("{0}")]
+    Metrics(#[from] crate::metrics::Error),
     /// A listener could not be bound or failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -92,6 +95,7 @@ pub async fn serve(
             "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` (docs/security/auth.md)"
         );
     }
+    let scrape_access = crate::metrics::ScrapeAccess::load(&config.metrics, Arc::clone(&auth))?;
     let core = load(&config, store.as_ref()).await?;
     tracing::info!(store = %store.describe(), jobs = core.job_count(), active = core.active_count(), "state loaded");
     let rest_listener = tokio::net::TcpListener::bind(config.listen).await?;
@@ -102,6 +106,9 @@ pub async fn serve(
     let (runtime, handle) = Runtime::start(core, store, config.runtime_config(), stop_rx.clone());
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
+    let metrics = Arc::new(crate::metrics::Metrics::new(handle.clone(), scrape_access));
+    tracing::info!(access = ?metrics.access(), "metrics at /metrics");
+    let metrics_routes = metrics.router();
     let auth_files = tokio::spawn(Arc::clone(&auth).watch_files(stop_rx.clone()));
     let services = crate::api::Services {
         handle,
@@ -116,6 +123,7 @@ pub async fn serve(
             rest_listener,
             TlsHandshake::new(configs.clone(), Listener::Rest),
             config.limits.clone(),
+            metrics_routes.clone(),
             stop_rx.clone(),
         )),
         None => tokio::spawn(crate::api::serve_rest(
@@ -123,6 +131,7 @@ pub async fn serve(
             rest_listener,
             Plain,
             config.limits.clone(),
+            metrics_routes.clone(),
             stop_rx.clone(),
         )),
     };

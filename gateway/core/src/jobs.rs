@@ -107,6 +107,7 @@ impl Core {
             // Per-cluster job counts in the summaries may have changed.
             self.clusters_version += 1;
         }
+        self.count_job_change(previous.as_deref(), &job);
         effects.persist.push(Record::Job(job.clone()));
         let job = Arc::new(job);
         self.index(previous.as_deref(), &job);
@@ -160,6 +161,7 @@ impl Core {
             }
         };
         if let Some(reasons) = meridian_placement::never_fits(&spec, &snapshot) {
+            self.count_decision(crate::tally::Outcome::RefusedNeverFits, None);
             return Err(Error::NeverFits {
                 reasons: reasons.into_iter().map(|(cluster, why)| (cluster, why.to_string())).collect(),
             });

@@ -21,6 +21,7 @@ pub mod quota;
 pub mod record;
 pub mod registry;
 mod round;
+pub mod tally;
 pub mod tenants;
 mod timers;
 pub mod usage;
@@ -38,6 +39,7 @@ pub use config::CoreConfig;
 pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
 pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
+pub use tally::Tally;
 pub use tenants::{TenantBook, TenantSummary};
 pub use usage::{IdleGpuConfig, JobUsage};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
@@ -119,6 +121,10 @@ pub struct Core {
     tenant_book: Arc<TenantBook>,
     /// Running jobs' GPU utilisation (in memory only).
     usage: usage::UsageBook,
+    /// Counters for metrics (see `tally.rs`), published with each view.
+    tally: Arc<Tally>,
+    /// The time of the step being applied (Unix ms), for counters of changes that carry none.
+    now_ms: i64,
 }
 
 impl Core {
@@ -151,6 +157,8 @@ impl Core {
             clusters_version: 1,
             cluster_view: Arc::new(Vec::new()),
             cluster_view_version: 0,
+            tally: Arc::default(),
+            now_ms,
         };
         for (id, decision) in loaded.decisions {
             // Before the jobs, so each active job's index entry finds its decision.
@@ -190,6 +198,7 @@ impl Core {
     /// Applies one input at `now_ms` (Unix ms, never decreasing), appending what must happen to
     /// `effects`.
     pub fn step(&mut self, input: Input, now_ms: i64, effects: &mut Effects) {
+        self.now_ms = now_ms;
         if let Some(reason) = &self.failed {
             // A failed store means in-memory state may be ahead of what is durable: refuse every
             // change, answer every caller, and let agents keep their results for later.
@@ -307,6 +316,7 @@ impl Core {
             self.decisions.clone(),
             Arc::clone(&self.cluster_view),
             Arc::clone(&self.tenant_book),
+            self.tally(),
             self.failed.clone(),
         )
         .with_usage(self.usage.clone())

@@ -15,6 +15,7 @@ use crate::io::Effects;
 use crate::jobs::holds_gpus;
 use crate::quota::RoundQuotas;
 use crate::record::JobRecord;
+use crate::tally::Outcome;
 use crate::{Core, Decided};
 
 /// A skipped job's explanation is placed again once it is this old (ms)...
@@ -150,6 +151,7 @@ impl Core {
             // Over its tenant's GPU quota: it waits, and says so (a cheap check, before any
             // placement work).
             if let Some(hold) = quotas.gpu_hold(job) {
+                self.count_decision(Outcome::HeldByQuota, None);
                 self.wait_for_quota(&job.id, entry.decided.as_deref(), hold, now_ms);
                 continue;
             }
@@ -196,13 +198,19 @@ impl Core {
             let chosen =
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
+                self.count_decision(Outcome::Waiting, Some(&decision));
                 self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             let Some(conn) = self.registry.conn_of(&cluster) else {
+                self.count_decision(Outcome::Waiting, Some(&decision));
                 self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
+            self.count_decision(Outcome::Placed, Some(&decision));
+            if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
+                self.count_data_moved(job, &region);
+            }
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
                 fits_somewhere_now.clear();

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::jobs::holds_gpus;
 use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
+use crate::tally::{PendingReason, Tally};
 use crate::tenants::TenantBook;
 use crate::usage::{JobUsage, UsageBook};
 use crate::{Core, Decided};
@@ -118,6 +119,7 @@ pub struct ReadView {
     decisions: imbl::HashMap<String, Arc<Decided>>,
     clusters: Arc<Vec<ClusterSummary>>,
     tenant_book: Arc<TenantBook>,
+    tally: Arc<Tally>,
     failure: Option<String>,
     usage: UsageBook,
 }
@@ -128,9 +130,10 @@ impl ReadView {
         decisions: imbl::HashMap<String, Arc<Decided>>,
         clusters: Arc<Vec<ClusterSummary>>,
         tenant_book: Arc<TenantBook>,
+        tally: Arc<Tally>,
         failure: Option<String>,
     ) -> Self {
-        Self { jobs, decisions, clusters, tenant_book, failure, usage: UsageBook::default() }
+        Self { jobs, decisions, clusters, tenant_book, tally, failure, usage: UsageBook::default() }
     }
 
     pub(crate) fn with_usage(self, usage: UsageBook) -> Self {
@@ -149,6 +152,19 @@ impl ReadView {
             let job = self.jobs.get(id)?;
             Some((job, self.usage.of(job, now_ms)?))
         })
+    }
+
+    /// The counters of what happened up to this view (decisions, delays, burst use, data
+    /// moved), for metrics.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Why job `id` waits, as a bounded class (for metrics and alerts); None when it is not
+    /// waiting or unknown.
+    pub fn pending_reason(&self, id: &str) -> Option<PendingReason> {
+        let job = self.jobs.get(id)?;
+        PendingReason::of(job, self.decisions.get(id).map(Arc::as_ref))
     }
 
     /// Every job remembered, by id (oldest first).

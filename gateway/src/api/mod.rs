@@ -46,16 +46,18 @@ pub struct Services {
 }
 
 /// Serves the REST API on `listener` until `shutdown` flips, each connection through
-/// `handshake`, under the connection caps, timeouts and request rate of `limits`.
+/// `handshake`, under the connection caps, timeouts and request rate of `limits`. `extra`
+/// holds routes served beside the API (`/metrics`), behind the same guard.
 pub async fn serve_rest<H: conn::Handshake>(
     services: Services,
     listener: tokio::net::TcpListener,
     handshake: H,
     limits: limits::LimitsConfig,
+    extra: axum::Router,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let Services { handle, catalog, submit_rate, auth } = services;
-    let router = rest::router(rest::RestState { handle, catalog, submit_rate, auth });
+    let router = rest::router(rest::RestState { handle, catalog, submit_rate, auth }).merge(extra);
     let tracker = limits::ConnectionTracker::new(&limits);
     listener::serve(listener, handshake, router, &limits, tracker, shutdown).await
 }

@@ -59,6 +59,10 @@ pub struct Operation {
     pub authenticated: bool,
 }
 
+/// Operations described here but routed by their own module (with their own state): `/metrics`
+/// (`crate::metrics::Metrics::router`), merged into the REST listener beside `rest::router`.
+pub const SERVED_ELSEWHERE: &[&str] = &["metrics"];
+
 const ID: Param = Param { name: "id", location: In::Path, description: "The job's id (`j-...`).", kind: "string" };
 
 /// Every operation the REST listener serves.
@@ -278,12 +282,12 @@ pub const OPERATIONS: &[Operation] = &[
         path: "/metrics",
         id: "metrics",
         tag: "operations",
-        summary: "Prometheus metrics (text exposition format); see docs/operations.md",
+        summary: "Prometheus metrics (OpenMetrics text); with `auth`: the scrape token or an admin's; 404 with `metrics.access: off`",
         params: &[],
         body: None,
-        success: (200, "text/plain"),
+        success: (200, "application/openmetrics-text"),
         returns: None,
-        errors: &[],
+        errors: &[401, 403, 404],
         authenticated: false,
     },
     Operation {
@@ -501,7 +505,10 @@ mod tests {
             submit_rate: Arc::new(crate::api::SubmitRate::from_config(&crate::config::GatewayConfig::default())),
             auth: Arc::new(Authenticator::off()),
         };
-        let mut app = router(state);
+        let access = crate::metrics::ScrapeAccess::load(&Default::default(), Arc::clone(&state.auth)).unwrap();
+        let metrics = Arc::new(crate::metrics::Metrics::new(state.handle.clone(), access));
+        // What the REST listener serves: the API's router and the metrics router beside it.
+        let mut app = router(state).merge(metrics.router());
         let mut documented: HashMap<&str, BTreeSet<&str>> = HashMap::new();
         for op in OPERATIONS {
             documented.entry(op.path).or_default().insert(op.method);

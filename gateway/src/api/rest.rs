@@ -79,7 +79,6 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
         "watchEvents" => get(super::events::events),
         "health" => get(health),
         "openapi" => get(openapi),
-        "metrics" => get(usage_metrics),
         "consoleSession" => get(crate::console::session),
         _ => return None,
     })
@@ -89,7 +88,7 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
 /// everything else.
 pub fn router(state: RestState) -> Router {
     let mut paths: BTreeMap<&str, MethodRouter<RestState>> = BTreeMap::new();
-    for operation in super::openapi::OPERATIONS {
+    for operation in super::openapi::OPERATIONS.iter().filter(|op| !super::openapi::SERVED_ELSEWHERE.contains(&op.id)) {
         let Some(method) = handler(operation.id) else {
             // The tests make sure this never happens.
             tracing::error!(operation = operation.id, "a documented operation has no handler");
@@ -124,18 +123,6 @@ pub fn router(state: RestState) -> Router {
 async fn openapi() -> Response {
     static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
     axum::Json(DOCUMENT.get_or_init(super::openapi::document)).into_response()
-}
-
-async fn usage_metrics(State(state): State<RestState>) -> Response {
-    let mut registry = prometheus_client::registry::Registry::default();
-    crate::metrics::usage::register(&mut registry, state.handle.clone());
-    let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &registry) {
-        Ok(()) => {
-            ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
-        }
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
 }
 
 async fn health(State(state): State<RestState>) -> Response {

@@ -166,6 +166,7 @@ impl Driver {
                 Input::Logs { job_id, request_id, from, max_bytes, reply }
             }
             Request::Gone { conn } => {
+                self.stats.with(|stats| stats.agent_streams_ended += 1);
                 self.streams.remove(&conn);
                 Input::AgentGone { conn }
             }
@@ -207,6 +208,7 @@ impl Driver {
             if stream.try_send(command).is_err() {
                 // The agent is not reading (or gone): drop its stream; it reconnects and reconciles.
                 tracing::warn!(conn, "agent stream full or closed; dropping it");
+                self.stats.with(|stats| stats.agent_streams_dropped += 1);
                 self.streams.remove(&conn);
                 self.follow_ups.push_back(Input::AgentGone { conn });
             }
@@ -235,10 +237,7 @@ impl Driver {
         let records = writes.len();
         let started = std::time::Instant::now();
         let result = self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string());
-        self.stats.with(|stats| {
-            stats.commit_secs.record(started.elapsed().as_secs_f64());
-            stats.commit_records.record(records as f64);
-        });
+        self.stats.with(|stats| stats.commit(started.elapsed(), records));
         result
     }
 

@@ -1,0 +1,592 @@
+//! Counters of what happened, for the gateway's metrics: placement decisions by outcome,
+//! clusters' rejection reasons, queueing delay and completion time, finished jobs, burst use and
+//! data moved between regions.
+//!
+//! A [`ReadView`](crate::ReadView) shows the present (who is queued, what runs where); these
+//! counters keep the history it cannot. The core updates them where rounds decide and where jobs
+//! change ([`Core::save`]), and publishes them with every view as a cheap `Arc` copy, so a
+//! scrape reads one consistent set and nothing is counted twice. Counters start at zero with
+//! each gateway process (Prometheus' `rate` and `increase` handle the reset).
+//!
+//! Every label value here is bounded: tenants and clusters are few, priorities are grouped in
+//! three bands, rejection reasons and outcomes are fixed names.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use meridian_placement::{Decision, Rejection, Verdict};
+use meridian_proto::inventory::Tier;
+use meridian_proto::job::JobState;
+
+use crate::record::JobRecord;
+use crate::{Core, Decided};
+
+/// Upper bounds (seconds) of the queueing-delay buckets: GPU batch jobs wait from seconds (an
+/// idle cluster) to days (a big gang behind a busy quota).
+pub const QUEUEING_DELAY_BUCKETS_SECS: [f64; 16] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1_800.0, 3_600.0, 7_200.0, 14_400.0, 28_800.0, 86_400.0,
+    172_800.0, 604_800.0,
+];
+
+/// Upper bounds (seconds) of the completion-time buckets (submit to finish): from a failed
+/// start in seconds to training runs of two weeks.
+pub const COMPLETION_TIME_BUCKETS_SECS: [f64; 16] = [
+    10.0,
+    60.0,
+    300.0,
+    900.0,
+    1_800.0,
+    3_600.0,
+    7_200.0,
+    14_400.0,
+    28_800.0,
+    57_600.0,
+    86_400.0,
+    172_800.0,
+    345_600.0,
+    604_800.0,
+    1_209_600.0,
+    2_419_200.0,
+];
+
+/// Bytes in a GiB (dataset sizes are given in GiB).
+const GIB: f64 = 1_073_741_824.0;
+
+/// A histogram with fixed bucket bounds: counts per bucket (not cumulative), their sum and count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// One count per bound, then one for values above the last bound.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending upper bounds).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+    }
+
+    /// Counts one value (negative values count as 0: clocks of two machines may disagree a little).
+    pub fn observe(&mut self, value: f64) {
+        let value = if value.is_finite() { value.max(0.0) } else { f64::MAX };
+        let bucket = self.bounds.iter().position(|bound| value <= *bound).unwrap_or(self.bounds.len());
+        if let Some(count) = self.counts.get_mut(bucket) {
+            *count += 1;
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    /// `(upper bound, count in that bucket)`, not cumulative, ending with `(f64::MAX, count
+    /// above the last bound)` (what `prometheus-client` encodes as `+Inf`).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        self.bounds.iter().copied().chain(std::iter::once(f64::MAX)).zip(self.counts.iter().copied()).collect()
+    }
+
+    /// Sum of the values counted.
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    /// Values counted.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// A job's priority (0..=100) grouped for labels: a label per priority value would multiply
+/// every histogram by 101.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PriorityBand {
+    /// 0..=29.
+    Low,
+    /// 30..=69 (the default, 50, is here).
+    Normal,
+    /// 70..=100.
+    High,
+}
+
+impl PriorityBand {
+    /// The band of `priority`.
+    pub fn of(priority: u32) -> Self {
+        match priority {
+            0..=29 => Self::Low,
+            30..=69 => Self::Normal,
+            _ => Self::High,
+        }
+    }
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Normal => "normal",
+            Self::High => "high",
+        }
+    }
+}
+
+/// What a placement decision did with a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    /// Offered to a cluster where it starts now.
+    Placed,
+    /// Decided, but no cluster can start it now: it stays queued.
+    Waiting,
+    /// Held back by its tenant's quota (GPUs or queued jobs) before placement looked at it.
+    HeldByQuota,
+    /// Refused at submit: no cluster could ever run it.
+    RefusedNeverFits,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 4] = [Outcome::Placed, Outcome::Waiting, Outcome::HeldByQuota, Outcome::RefusedNeverFits];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Placed => "placed",
+            Self::Waiting => "waiting",
+            Self::HeldByQuota => "held_by_quota",
+            Self::RefusedNeverFits => "refused_never_fits",
+        }
+    }
+}
+
+/// The fixed label value of a cluster's rejection (never its free text, which holds numbers
+/// and names). The match is exhaustive on purpose: a new kind of rejection needs a name here.
+pub fn rejection_name(rejection: &Rejection) -> &'static str {
+    match rejection {
+        Rejection::Disconnected => "disconnected",
+        Rejection::GpuTypeUnavailable { .. } => "gpu_type_unavailable",
+        Rejection::GpuMemoryTooSmall { .. } => "gpu_memory_too_small",
+        Rejection::GangNeverFits { .. } => "gang_never_fits",
+        Rejection::RegionNotAllowed { .. } => "region_not_allowed",
+        Rejection::ClusterSelectorUnmatched { .. } => "cluster_selector_unmatched",
+        Rejection::NodeSelectorUnmatched { .. } => "node_selector_unmatched",
+        Rejection::ClusterExcluded => "cluster_excluded",
+        Rejection::ClusterNotIncluded => "cluster_not_included",
+        Rejection::PayloadUnsupported { .. } => "payload_unsupported",
+        Rejection::HeldForOlderGang { .. } => "held_for_older_gang",
+        Rejection::BurstNever => "burst_never",
+        Rejection::BurstNotYet { .. } => "burst_not_yet",
+        Rejection::OverBudget { .. } => "over_budget",
+    }
+}
+
+/// Why a job that has not started yet is waiting, as a bounded class (the `reason` label of the
+/// pending-jobs gauges and of the "pending too long" alert). The job's explanation has the
+/// sentence with numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PendingReason {
+    /// Queued, and no round has decided about it yet (or its decision is from before a restart).
+    NotYetPlaced,
+    /// Queued behind its tenant's quota.
+    HeldByQuota,
+    /// Queued: a cluster was chosen but cannot start it now (not enough free GPUs).
+    WaitingForCapacity,
+    /// Queued: every cluster rejects it now (disconnected, burst not yet allowed, over budget...).
+    NoEligibleCluster,
+    /// Offered to a cluster; its agent has not confirmed yet.
+    Offered,
+    /// Bound to a cluster, waiting in its local scheduler's queue.
+    MemberQueue,
+}
+
+impl PendingReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotYetPlaced => "not_yet_placed",
+            Self::HeldByQuota => "held_by_quota",
+            Self::WaitingForCapacity => "waiting_for_capacity",
+            Self::NoEligibleCluster => "no_eligible_cluster",
+            Self::Offered => "offered",
+            Self::MemberQueue => "member_queue",
+        }
+    }
+
+    /// Why `job` waits, given its latest decision; None for a job that is not waiting (running,
+    /// finished, or `Unknown`).
+    pub fn of(job: &JobRecord, decided: Option<&Decided>) -> Option<Self> {
+        match job.state {
+            JobState::Offered => Some(Self::Offered),
+            JobState::Bound => Some(Self::MemberQueue),
+            JobState::Queued => Some(match decided {
+                None | Some(Decided::Stored(_)) => Self::NotYetPlaced,
+                Some(Decided::Quota { .. }) => Self::HeldByQuota,
+                Some(Decided::Live { decision, .. }) => match decision.chosen {
+                    Some(_) => Self::WaitingForCapacity,
+                    None => Self::NoEligibleCluster,
+                },
+            }),
+            JobState::Running | JobState::Unknown | JobState::Succeeded | JobState::Failed | JobState::Cancelled => {
+                None
+            }
+        }
+    }
+}
+
+/// GPU time and cost on one cloud (burst) cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BurstUse {
+    /// GPU-seconds of federation jobs that ran there (replicas × GPUs × seconds running).
+    pub gpu_seconds: f64,
+    /// What they cost at the cluster's price for the GPU type they ran on, US$.
+    pub usd: f64,
+}
+
+/// The counters. See the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    decisions: BTreeMap<Outcome, u64>,
+    rejections: BTreeMap<&'static str, u64>,
+    queueing_delay: BTreeMap<(String, PriorityBand), Histogram>,
+    completion_time: BTreeMap<(String, PriorityBand), Histogram>,
+    finished: BTreeMap<(String, &'static str), u64>,
+    burst: BTreeMap<String, BurstUse>,
+    moved_bytes: BTreeMap<(String, String), f64>,
+}
+
+impl Tally {
+    /// Placement decisions with `outcome`.
+    pub fn decisions(&self, outcome: Outcome) -> u64 {
+        self.decisions.get(&outcome).copied().unwrap_or(0)
+    }
+
+    /// Clusters rejected for each reason (one count per cluster and reason of each decision).
+    pub fn rejections(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rejections
+    }
+
+    /// Seconds from submit to start, per (tenant, priority band); a job that starts again after
+    /// a preemption or a lost cluster counts again, from its submit.
+    pub fn queueing_delay(&self) -> &BTreeMap<(String, PriorityBand), Histogram> {
+        &self.queueing_delay
+    }
+
+    /// Seconds from submit to a terminal state, per (tenant, priority band).
+    pub fn completion_time(&self) -> &BTreeMap<(String, PriorityBand), Histogram> {
+        &self.completion_time
+    }
+
+    /// Jobs that reached a terminal state, per (tenant, `succeeded`|`failed`|`cancelled`).
+    pub fn finished(&self) -> &BTreeMap<(String, &'static str), u64> {
+        &self.finished
+    }
+
+    /// GPU time and cost on cloud clusters, by cluster.
+    pub fn burst(&self) -> &BTreeMap<String, BurstUse> {
+        &self.burst
+    }
+
+    /// Bytes of job data to copy between regions, by (from region, to region), estimated when
+    /// a job is placed away from its data.
+    pub fn moved_bytes(&self) -> &BTreeMap<(String, String), f64> {
+        &self.moved_bytes
+    }
+
+    fn decided(&mut self, outcome: Outcome) {
+        *self.decisions.entry(outcome).or_default() += 1;
+    }
+
+    fn rejected(&mut self, decision: &Decision) {
+        for candidate in &decision.candidates {
+            if let Verdict::Rejected { reasons } = &candidate.verdict {
+                for reason in reasons.iter() {
+                    *self.rejections.entry(rejection_name(reason)).or_default() += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The label value of a terminal state.
+fn terminal_label(state: JobState) -> Option<&'static str> {
+    match state {
+        JobState::Succeeded => Some("succeeded"),
+        JobState::Failed => Some("failed"),
+        JobState::Cancelled => Some("cancelled"),
+        JobState::Queued | JobState::Offered | JobState::Bound | JobState::Running | JobState::Unknown => None,
+    }
+}
+
+/// Seconds between two Unix-ms times, never negative.
+fn secs_between(from_ms: i64, to_ms: i64) -> f64 {
+    (to_ms.saturating_sub(from_ms)).max(0) as f64 / 1000.0
+}
+
+impl Core {
+    /// The counters to publish with the next view.
+    pub(crate) fn tally(&self) -> Arc<Tally> {
+        Arc::clone(&self.tally)
+    }
+
+    /// Counts a placement decision of a round: its outcome and every cluster's rejections.
+    pub(crate) fn count_decision(&mut self, outcome: Outcome, decision: Option<&Decision>) {
+        let tally = Arc::make_mut(&mut self.tally);
+        tally.decided(outcome);
+        if let Some(decision) = decision {
+            tally.rejected(decision);
+        }
+    }
+
+    /// Counts the data a placed job will copy to `cluster_region`: each dataset homed elsewhere.
+    pub(crate) fn count_data_moved(&mut self, job: &JobRecord, cluster_region: &str) {
+        if job.spec.data.iter().all(|d| d.region == cluster_region) {
+            return;
+        }
+        let tally = Arc::make_mut(&mut self.tally);
+        for data in job.spec.data.iter().filter(|d| d.region != cluster_region) {
+            *tally.moved_bytes.entry((data.region.clone(), cluster_region.to_string())).or_default() +=
+                data.size_gib.max(0.0) * GIB;
+        }
+    }
+
+    /// Counts what a change of `job` (from `previous`) means: a start (queueing delay), an end
+    /// (completion time, finished jobs), and GPU time on a cloud cluster that stopped (ended,
+    /// requeued or moved).
+    pub(crate) fn count_job_change(&mut self, previous: Option<&JobRecord>, job: &JobRecord) {
+        let started = job.started_at_ms.filter(|_| previous.is_none_or(|p| p.started_at_ms.is_none()));
+        let ended = job.state.is_terminal() && previous.is_none_or(|p| !p.state.is_terminal());
+        let stopped_run = previous.and_then(|p| {
+            let start = p.started_at_ms?;
+            let still_running = job.started_at_ms == Some(start) && job.cluster == p.cluster && !ended;
+            (!still_running).then_some((p, start))
+        });
+        let burst = stopped_run.and_then(|(p, start)| {
+            let cluster = p.cluster.as_deref()?;
+            let entry = self.registry.get(cluster)?;
+            if entry.info.tier != Tier::Cloud {
+                return None;
+            }
+            let end = job.finished_at_ms.unwrap_or(self.now_ms);
+            let gpu_seconds = f64::from(p.spec.total_gpus()) * secs_between(start, end);
+            let price = p.gpu_type.as_ref().and_then(|t| entry.info.prices.get(t)).copied().unwrap_or(0.0);
+            Some((cluster.to_string(), gpu_seconds, gpu_seconds / 3600.0 * price))
+        });
+        if started.is_none() && !ended && burst.is_none() {
+            return;
+        }
+        let tally = Arc::make_mut(&mut self.tally);
+        let key = || (job.spec.tenant.clone(), PriorityBand::of(job.spec.priority));
+        if let Some(started_at) = started {
+            tally
+                .queueing_delay
+                .entry(key())
+                .or_insert_with(|| Histogram::new(&QUEUEING_DELAY_BUCKETS_SECS))
+                .observe(secs_between(job.submitted_at_ms, started_at));
+        }
+        if ended {
+            let finished_at = job.finished_at_ms.unwrap_or(self.now_ms);
+            tally
+                .completion_time
+                .entry(key())
+                .or_insert_with(|| Histogram::new(&COMPLETION_TIME_BUCKETS_SECS))
+                .observe(secs_between(job.submitted_at_ms, finished_at));
+            if let Some(state) = terminal_label(job.state) {
+                *tally.finished.entry((job.spec.tenant.clone(), state)).or_default() += 1;
+            }
+        }
+        if let Some((cluster, gpu_seconds, usd)) = burst {
+            let used = tally.burst.entry(cluster).or_default();
+            used.gpu_seconds += gpu_seconds;
+            used.usd += usd;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use meridian_proto::gpu::GpuCatalog;
+    use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape};
+    use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, JobReport};
+    use meridian_proto::validate::parse_job_spec;
+
+    use super::*;
+    use crate::{CoreConfig, Effects, Input, Loaded, Reply};
+
+    const START_MS: i64 = 1_800_000_000_000;
+
+    /// A core with one connected cloud cluster in `eu-west` (one free 8-GPU node, H100 at
+    /// $4/GPU-hour), driven through `step` as the runtime drives it.
+    struct Driven {
+        core: Core,
+        now_ms: i64,
+    }
+
+    impl Driven {
+        fn new() -> Self {
+            let mut driven =
+                Self { core: Core::new(CoreConfig::default(), Loaded::default(), START_MS, 1), now_ms: START_MS };
+            let info = ClusterInfo {
+                name: "cloud-eu".into(),
+                region: "eu-west".into(),
+                tier: Tier::Cloud,
+                backend: BackendKind::Builtin,
+                prices: BTreeMap::from([("h100".to_string(), 4.0)]),
+                supports_containers: true,
+                supports_bare_commands: true,
+                labels: BTreeMap::new(),
+            };
+            let hello = AgentHello { info, instance_id: "a".into(), agent_version: "test".into() };
+            driven.step(Input::AgentHello { conn: 1, hello, reply: 0 });
+            driven.step(Input::Agent {
+                conn: 1,
+                event: AgentEvent::Inventory(Inventory {
+                    shapes: vec![NodeShape {
+                        name: "dgx".into(),
+                        gpu_type: "h100".into(),
+                        gpu_memory_gib: 80,
+                        gpus_per_node: 8,
+                        cpu_per_node: 96,
+                        memory_gib_per_node: 1024,
+                        free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
+                        labels: BTreeMap::new(),
+                    }],
+                }),
+            });
+            driven
+        }
+
+        fn step(&mut self, input: Input) -> Effects {
+            let mut effects = Effects::default();
+            self.core.step(input, self.now_ms, &mut effects);
+            effects
+        }
+
+        fn submit(&mut self, text: &str) -> Result<String, crate::Error> {
+            let spec = parse_job_spec(text, &GpuCatalog::default()).unwrap();
+            let effects = self.step(Input::Submit { spec, reply: 7 });
+            match effects.replies.into_iter().next() {
+                Some((_, Ok(Reply::Submitted { job, .. }))) => Ok(job.id.clone()),
+                Some((_, Err(e))) => Err(e),
+                other => panic!("{other:?}"),
+            }
+        }
+
+        fn report(&mut self, id: &str, state: JobState) {
+            let report = JobReport {
+                job_id: id.into(),
+                fencing_token: 1,
+                state,
+                message: String::new(),
+                nodes: vec!["dgx-0".into()],
+                requeue: false,
+                preempted: false,
+                usage: None,
+            };
+            self.step(Input::Agent { conn: 1, event: AgentEvent::Status(report) });
+        }
+
+        fn tally(&mut self) -> Tally {
+            self.core.view().tally().clone()
+        }
+    }
+
+    const JOB: &str = "name: j\ntenant: vision\npriority: 80\ngang: {replicas: 1, resources: {gpus: 8}}\n\
+        payload: {command: [x]}\nplacement: {burst: {after: 0s}}\n\
+        data: [{uri: 's3://b/d', sizeGiB: 2, region: us-east}]\n";
+
+    #[test]
+    fn a_burst_job_that_runs_and_succeeds_is_counted_once_everywhere() {
+        let mut driven = Driven::new();
+        let id = driven.submit(JOB).unwrap();
+        driven.now_ms += 3_000;
+        let effects = driven.step(Input::Round);
+        assert!(effects.sends.iter().any(|(_, c)| matches!(c, GatewayCommand::Offer(_))), "{effects:?}");
+        let accepted = AgentEvent::OfferReply {
+            job_id: id.clone(),
+            fencing_token: 1,
+            accepted: true,
+            reason: String::new(),
+            permanent: false,
+        };
+        driven.step(Input::Agent { conn: 1, event: accepted });
+        driven.now_ms += 2_000;
+        driven.report(&id, JobState::Running);
+        let tally = driven.tally();
+        assert_eq!(tally.decisions(Outcome::Placed), 1);
+        let key = ("vision".to_string(), PriorityBand::High);
+        let delay = &tally.queueing_delay()[&key];
+        assert_eq!((delay.count(), delay.sum()), (1, 5.0));
+        assert_eq!(tally.moved_bytes().get(&("us-east".to_string(), "eu-west".to_string())), Some(&(2.0 * GIB)));
+        assert!(tally.completion_time().is_empty() && tally.burst().is_empty());
+
+        // Reported running again (a heartbeat's copy): nothing new is counted.
+        driven.now_ms += 1_800_000;
+        driven.report(&id, JobState::Running);
+        assert_eq!(driven.tally().queueing_delay()[&key].count(), 1);
+
+        driven.now_ms += 1_800_000;
+        driven.report(&id, JobState::Succeeded);
+        let tally = driven.tally();
+        let completion = &tally.completion_time()[&key];
+        assert_eq!((completion.count(), completion.sum()), (1, 3_605.0));
+        assert_eq!(tally.finished().get(&("vision".to_string(), "succeeded")), Some(&1));
+        // 8 GPUs for one hour at $4 per GPU-hour.
+        let burst = tally.burst()["cloud-eu"];
+        assert_eq!((burst.gpu_seconds, burst.usd), (8.0 * 3_600.0, 32.0));
+        assert_eq!(tally.decisions(Outcome::Placed), 1);
+    }
+
+    #[test]
+    fn a_job_no_cluster_could_ever_run_is_counted_as_refused_at_submit() {
+        let mut driven = Driven::new();
+        let error = driven.submit(&JOB.replace("gpus: 8", "gpus: 16")).unwrap_err();
+        assert!(matches!(error, crate::Error::NeverFits { .. }), "{error}");
+        assert_eq!(driven.tally().decisions(Outcome::RefusedNeverFits), 1);
+        assert_eq!(driven.tally().decisions(Outcome::Placed), 0);
+    }
+
+    #[test]
+    fn a_job_every_cluster_rejects_now_waits_and_counts_the_reasons() {
+        let mut driven = Driven::new();
+        let id = driven.submit(JOB).unwrap();
+        assert_eq!(driven.core.view().pending_reason(&id), Some(PendingReason::NotYetPlaced));
+        driven.step(Input::AgentGone { conn: 1 });
+        driven.step(Input::Round);
+        let tally = driven.tally();
+        assert_eq!((tally.decisions(Outcome::Waiting), tally.decisions(Outcome::Placed)), (1, 0));
+        assert_eq!(tally.rejections().get("disconnected"), Some(&1));
+        assert_eq!(driven.core.view().pending_reason(&id), Some(PendingReason::NoEligibleCluster));
+    }
+
+    #[test]
+    fn a_histogram_counts_each_value_in_the_first_bucket_that_holds_it() {
+        let mut histogram = Histogram::new(&[1.0, 10.0]);
+        for value in [0.5, 1.0, 3.0, 10.0, 11.0, -2.0, f64::NAN] {
+            histogram.observe(value);
+        }
+        assert_eq!(histogram.buckets(), vec![(1.0, 3), (10.0, 2), (f64::MAX, 2)]);
+        assert_eq!(histogram.count(), 7);
+    }
+
+    #[test]
+    fn priorities_fall_into_three_bands_with_the_default_in_normal() {
+        assert_eq!(PriorityBand::of(0), PriorityBand::Low);
+        assert_eq!(PriorityBand::of(29), PriorityBand::Low);
+        assert_eq!(PriorityBand::of(meridian_proto::spec::DEFAULT_PRIORITY), PriorityBand::Normal);
+        assert_eq!(PriorityBand::of(70), PriorityBand::High);
+        assert_eq!(PriorityBand::of(100), PriorityBand::High);
+    }
+
+    #[test]
+    fn rejection_names_are_snake_case_words() {
+        let samples = [
+            Rejection::Disconnected,
+            Rejection::BurstNever,
+            Rejection::ClusterExcluded,
+            Rejection::BurstNotYet { owned_wait_secs: 1.0, waited_secs: 2.0, after_secs: 3 },
+        ];
+        for rejection in &samples {
+            let name = rejection_name(rejection);
+            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{name}");
+        }
+    }
+}

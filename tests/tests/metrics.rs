@@ -38,7 +38,13 @@ async fn federation(gateway_config: &str) -> Federation {
     let agent_metrics = Some(SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())));
     let mut east = agent_config("east", "us-east", "owned", "{h100: 2.0}", EAST_NODES, 1.0);
     if let Some(addr) = agent_metrics {
-        east.push_str(&format!("metrics: {{listen: '{addr}'}}\n"));
+        // The agent's metrics, with a utilisation source so its GPU samples are there too.
+        let samples = dir.path().join("gpu.prom");
+        std::fs::write(&samples, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 50\n").unwrap();
+        east.push_str(&format!(
+            "metrics: {{listen: '{addr}'}}\nutilization: {{file: '{}', interval: 200ms}}\n",
+            samples.display()
+        ));
     }
     let west = agent_config("west", "eu-west", "cloud", "{a100-80g: 3.5}", WEST_NODES, 1.0);
     let agents = vec![
@@ -408,9 +414,13 @@ async fn metrics_show_the_job_that_runs_the_job_that_waits_and_every_name_the_da
     // agent, or recorded by a rule), but for the names of the part not merged yet.
     let mut available = exposition.names();
     if let Some(addr) = f.agent_metrics {
+        // Once the agent has counted the running job and sampled its GPUs.
         let (status, _, text) = poll(WAIT, || async {
             tokio::net::TcpStream::connect(addr).await.ok()?;
-            Some(scrape(addr, None).await)
+            let scraped = scrape(addr, None).await;
+            let names = Exposition::parse(&scraped.2).names();
+            (names.contains("meridian_agent_jobs") && names.contains("meridian_agent_gpu_utilization_ratio"))
+                .then_some(scraped)
         })
         .await
         .unwrap();

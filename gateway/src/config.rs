@@ -70,7 +70,7 @@ pub struct GatewayConfig {
     /// When a running job counts as holding idle GPUs: its GPUs' mean utilisation (as its
     /// agent measures it) stays under `threshold` for `after`.
     pub idle_gpu: IdleGpuSection,
-    /// Who may scrape `GET /metrics` (see `docs/ops/metrics.md`).
+    /// Who may scrape `GET /metrics` (see `docs/operations.md (Metrics)`).
     pub metrics: crate::metrics::MetricsConfig,
 }
 

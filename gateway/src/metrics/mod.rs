@@ -6,7 +6,7 @@
 //! [`Tally`](meridian_core::Tally) of decisions, delays, burst use and data moved) and the
 //! driver's [`Stats`](crate::runtime::stats::Stats) (commit latency, rounds, agent streams). So a
 //! scrape reads one consistent snapshot, nothing is counted twice, and no task runs between
-//! scrapes. `docs/ops/metrics.md` lists every metric.
+//! scrapes. `docs/operations.md (Metrics)` lists every metric.
 //!
 //! Who may scrape is [`MetricsConfig::access`]: by default open when the gateway has no `auth`
 //! (every caller is an admin then anyway) and a bearer token when it has: the scrape token of

@@ -404,7 +404,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use meridian_proto::gpu::GpuCatalog;
-    use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape};
+    use meridian_proto::inventory::ClusterInfo;
     use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, JobReport};
     use meridian_proto::validate::parse_job_spec;
 
@@ -425,32 +425,14 @@ mod tests {
             let mut driven =
                 Self { core: Core::new(CoreConfig::default(), Loaded::default(), START_MS, 1), now_ms: START_MS };
             let info = ClusterInfo {
-                name: "cloud-eu".into(),
                 region: "eu-west".into(),
                 tier: Tier::Cloud,
-                backend: BackendKind::Builtin,
                 prices: BTreeMap::from([("h100".to_string(), 4.0)]),
-                supports_containers: true,
-                supports_bare_commands: true,
-                labels: BTreeMap::new(),
+                ..crate::tests::info("cloud-eu")
             };
             let hello = AgentHello { info, instance_id: "a".into(), agent_version: "test".into() };
             driven.step(Input::AgentHello { conn: 1, hello, reply: 0 });
-            driven.step(Input::Agent {
-                conn: 1,
-                event: AgentEvent::Inventory(Inventory {
-                    shapes: vec![NodeShape {
-                        name: "dgx".into(),
-                        gpu_type: "h100".into(),
-                        gpu_memory_gib: 80,
-                        gpus_per_node: 8,
-                        cpu_per_node: 96,
-                        memory_gib_per_node: 1024,
-                        free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
-                        labels: BTreeMap::new(),
-                    }],
-                }),
-            });
+            driven.step(Input::Agent { conn: 1, event: crate::tests::inventory(&[8]) });
             driven
         }
 

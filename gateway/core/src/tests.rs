@@ -18,7 +18,8 @@ fn spec(text: &str) -> JobSpec {
     parse_job_spec(text, &GpuCatalog::default()).unwrap()
 }
 
-fn info(name: &str) -> ClusterInfo {
+/// A builtin, owned cluster in us-east pricing H100s at US$2 (also used by other modules' tests).
+pub(crate) fn info(name: &str) -> ClusterInfo {
     ClusterInfo {
         name: name.into(),
         region: "us-east".into(),
@@ -31,7 +32,8 @@ fn info(name: &str) -> ClusterInfo {
     }
 }
 
-fn inventory(free_gpus: &[u32]) -> AgentEvent {
+/// One 8-H100 node per entry of `free_gpus`, with that many GPUs free.
+pub(crate) fn inventory(free_gpus: &[u32]) -> AgentEvent {
     AgentEvent::Inventory(Inventory {
         shapes: vec![NodeShape {
             name: "dgx".into(),

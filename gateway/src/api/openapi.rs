@@ -596,24 +596,8 @@ mod tests {
         };
         assert_eq!(keys(&usage), properties("JobUsage"));
 
-        let cluster = ClusterSummary {
-            name: "east".into(),
-            region: "us-east".into(),
-            tier: meridian_proto::inventory::Tier::Owned,
-            backend: meridian_proto::inventory::BackendKind::Builtin,
-            connected: true,
-            last_seen_ms: 0,
-            last_seen_secs_ago: Some(1.0),
-            gpus_total: 8,
-            gpus_free: 8,
-            gpu_types: vec![],
-            pending_jobs: 0,
-            pending_gpus: 0,
-            estimated_wait_secs: 0,
-            federated_jobs: 0,
-            prices: Default::default(),
-            labels: Default::default(),
-        };
+        let cluster =
+            ClusterSummary { last_seen_secs_ago: Some(1.0), ..crate::runtime::events::sample_cluster("east") };
         assert_eq!(keys(&cluster), properties("Cluster"));
 
         let tenant = TenantSummary {

@@ -261,6 +261,29 @@ impl Subscription {
     }
 }
 
+/// A connected 8-GPU builtin cluster summary, for tests here and elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn sample_cluster(name: &str) -> ClusterSummary {
+    ClusterSummary {
+        name: name.into(),
+        region: "r".into(),
+        tier: meridian_proto::inventory::Tier::Owned,
+        backend: meridian_proto::inventory::BackendKind::Builtin,
+        connected: true,
+        last_seen_ms: 0,
+        last_seen_secs_ago: None,
+        gpus_total: 8,
+        gpus_free: 8,
+        gpu_types: vec![],
+        pending_jobs: 0,
+        pending_gpus: 0,
+        estimated_wait_secs: 0,
+        federated_jobs: 0,
+        prices: Default::default(),
+        labels: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -268,24 +291,7 @@ mod tests {
     use super::*;
 
     fn cluster(name: &str) -> EventKind {
-        EventKind::Cluster(ClusterSummary {
-            name: name.into(),
-            region: "r".into(),
-            tier: meridian_proto::inventory::Tier::Owned,
-            backend: meridian_proto::inventory::BackendKind::Builtin,
-            connected: true,
-            last_seen_ms: 0,
-            last_seen_secs_ago: None,
-            gpus_total: 8,
-            gpus_free: 8,
-            gpu_types: vec![],
-            pending_jobs: 0,
-            pending_gpus: 0,
-            estimated_wait_secs: 0,
-            federated_jobs: 0,
-            prices: Default::default(),
-            labels: Default::default(),
-        })
+        EventKind::Cluster(sample_cluster(name))
     }
 
     fn name(event: &Event) -> &str {

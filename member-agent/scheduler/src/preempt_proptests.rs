@@ -212,3 +212,44 @@ proptest! {
         prop_assert_eq!(driver.scheduler.pending().count(), 0, "jobs left pending on an idle member");
     }
 }
+
+/// The case a random run found (CI, 2026-12-03), kept as a fixed test.
+#[test]
+fn regression_a_preemptor_started_in_a_victims_place_does_not_delay_the_holder() {
+    let declared = vec![super::NodeSpec {
+        name: "n0".into(),
+        shape: "s0".into(),
+        gpu_type: "h100".into(),
+        gpu_memory_gib: 80,
+        gpus: 4,
+        cpu: 13,
+        memory_gib: 87,
+        labels: Default::default(),
+    }];
+    let queues = vec![
+        QueueSpec::new("q0", 1.0),
+        QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new("q1", 0.5) },
+        QueueSpec { policy: QueuePolicy::Strict, ..QueueSpec::new("q2", 0.5) },
+    ];
+    let mut scheduler = BuiltinScheduler::new(declared.clone(), queues.clone()).unwrap();
+    scheduler.set_preemption(PreemptionPolicy {
+        enabled: true,
+        grace: Duration::from_secs(5),
+        min_interval: Duration::from_secs(100),
+    });
+    let mut driver = Driver { scheduler, declared, now: Duration::ZERO, promised: BTreeMap::new(), kept: 0 };
+    let jobs =
+        [(0, 25, 10, 6, true), (0, 0, 1, 0, false), (2, 50, 78, 0, false), (0, 0, 83, 0, false), (2, 0, 5, 2, false)];
+    for (id, (queue, priority, memory_gib, run_secs, preemptible)) in jobs.into_iter().enumerate() {
+        let shape = BackfillJob::for_test(queue, priority, 1, 1, 0, memory_gib, run_secs);
+        let job = LocalJob { preemptible, ..shape.into_job(u32::try_from(id).unwrap(), &queues) };
+        let _ = driver.scheduler.submit(job, driver.now);
+        driver.observe().unwrap();
+    }
+    let started = driver.scheduler.schedule(driver.now);
+    driver.after_starts(started).unwrap();
+    driver.scheduler.preempt(driver.now);
+    driver.observe().unwrap();
+    driver.drain().unwrap();
+    assert!(driver.promised.is_empty(), "never started: {:?}", driver.promised);
+}

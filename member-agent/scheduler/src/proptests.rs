@@ -279,6 +279,19 @@ pub(super) struct BackfillJob {
 }
 
 impl BackfillJob {
+    /// A job of this shape, for fixed regression cases.
+    pub(super) fn for_test(
+        queue: usize,
+        priority: u32,
+        replicas: u32,
+        gpus: u32,
+        cpu: u32,
+        memory_gib: u32,
+        run_secs: u64,
+    ) -> Self {
+        Self { queue, priority, replicas, gpus, cpu, memory_gib, run_secs }
+    }
+
     pub(super) fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
         let queue = &queues[self.queue % queues.len()].name;
         LocalJob {

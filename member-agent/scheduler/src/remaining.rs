@@ -28,14 +28,17 @@ pub const OVERDUE_FLOOR: Duration = Duration::from_secs(60);
 
 impl RunningJob {
     /// Whether the job has run past its estimate at `now` (its expected end has come and it is
-    /// still running).
+    /// still running). A job that has not run at all is not overdue: one with a zero estimate,
+    /// started at this very instant, is expected to end now, not in [`OVERDUE_FLOOR`] (a plan
+    /// made in the same instant would otherwise move a reservation for nothing).
     pub fn is_overdue(&self, now: Duration) -> bool {
-        now >= self.ends_at
+        now >= self.ends_at && now > self.started_at
     }
 
     /// How much longer the job is expected to hold its GPUs at `now`: the rest of its estimate
     /// while within it; once overdue, `max(OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION × time run)`
-    /// (see the module docs). Never zero for a running job.
+    /// (see the module docs). Never zero for a running job, but for one with a zero estimate at
+    /// the instant it starts.
     pub fn expected_remaining(&self, now: Duration) -> Duration {
         if !self.is_overdue(now) {
             return self.ends_at - now;

@@ -90,6 +90,14 @@ async fn a_job_whose_gpus_sit_at_two_percent_is_flagged_idle_everywhere_until_th
     assert!(usage["sampledAtMs"].as_i64().unwrap() >= since, "{usage}");
     let listed = client.list(Some("t"), None, None).await.unwrap();
     assert_eq!(listed["jobs"][0]["usage"]["idle"], true, "{listed}");
+    // gRPC: the same usage on the typed job.
+    let mut grpc =
+        meridian_proto::pb::jobs_client::JobsClient::connect(format!("http://{}", gateway.grpc)).await.unwrap();
+    let request = meridian_proto::pb::GetJobRequest { id: idle["id"].as_str().unwrap().to_string() };
+    let wire = grpc.get(request).await.unwrap().into_inner();
+    let wire_usage = wire.usage.expect("gRPC carries the usage");
+    assert!(wire_usage.idle && (wire_usage.gpu_utilization - 0.02).abs() < 1e-9, "{wire_usage:?}");
+    assert_eq!(wire_usage.idle_since_ms, Some(since));
 
     // CLI: the list flags it and the detail says how long.
     let list = stdout(&gateway.cli(&["jobs"]));

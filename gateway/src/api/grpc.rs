@@ -150,8 +150,21 @@ impl JobsApi {
     }
 }
 
-/// A job as users see it on gRPC: secret env values hidden.
-fn job_to_wire(job: &JobRecord) -> pb::Job {
+/// A job as users see it on gRPC, as `job_to_wire_at` with the latest view, now.
+fn job_to_wire(handle: &Handle, job: &JobRecord) -> pb::Job {
+    job_to_wire_at(job, &handle.view(), now_ms())
+}
+
+/// A job as users see it on gRPC: secret env values hidden, with its GPU usage from `view` as of
+/// `now_ms` (the same as the REST job).
+fn job_to_wire_at(job: &JobRecord, view: &meridian_core::ReadView, now_ms: i64) -> pb::Job {
+    let usage = view.usage(job, now_ms).map(|u| pb::JobGpuUsage {
+        gpu_utilization: u.gpu_utilization,
+        idle: u.idle,
+        idle_since_ms: u.idle_since_ms,
+        sampled_at_ms: u.sampled_at_ms,
+        window_secs: u.window_secs,
+    });
     let job = redacted(job);
     pb::Job {
         id: job.id.clone(),
@@ -165,6 +178,7 @@ fn job_to_wire(job: &JobRecord) -> pb::Job {
         finished_at_ms: job.finished_at_ms.unwrap_or(0),
         preemptions: job.preemptions,
         last_preempted_at_ms: job.last_preempted_at_ms,
+        usage,
     }
 }
 
@@ -189,8 +203,11 @@ impl pb::jobs_server::Jobs for JobsApi {
         params.insert("selector".to_string(), request.selector);
         let query = grpc(super::events::parse_watch_query(&self.handle, &caller, &params))?;
         let subscription = self.handle.subscribe(query.after);
-        let events =
-            super::events::said(subscription, query).map(|said| Ok(super::events::grpc_event(&said, job_to_wire)));
+        let events = {
+            let handle = self.handle.clone();
+            super::events::said(subscription, query)
+                .map(move |said| Ok(super::events::grpc_event(&said, |job| job_to_wire(&handle, job))))
+        };
         Ok(tonic::Response::new(Box::pin(events)))
     }
 
@@ -204,14 +221,14 @@ impl pb::jobs_server::Jobs for JobsApi {
         )?;
         grpc(self.submit_rate.check(&spec.tenant))?;
         let (job, _) = grpc(self.handle.submit(spec).await.map_err(ApiError::from))?;
-        Ok(tonic::Response::new(job_to_wire(&job)))
+        Ok(tonic::Response::new(job_to_wire(&self.handle, &job)))
     }
 
     async fn get(&self, request: Request<pb::GetJobRequest>) -> Result<tonic::Response<pb::Job>, Status> {
         let caller = self.caller(&request, "Get")?;
         let id = request.into_inner().id;
         let job = grpc(authorized_job(&self.handle, &caller, &id, Role::Viewer, "read"))?;
-        Ok(tonic::Response::new(job_to_wire(&job)))
+        Ok(tonic::Response::new(job_to_wire(&self.handle, &job)))
     }
 
     async fn list(
@@ -236,9 +253,11 @@ impl pb::jobs_server::Jobs for JobsApi {
         }
         let mut query = grpc(parse_list_query(&params))?;
         grpc(authorize_list(&caller, &mut query))?;
-        let page = self.handle.view().list(&query.filter, query.limit, query.after.as_deref());
+        let view = self.handle.view();
+        let page = view.list(&query.filter, query.limit, query.after.as_deref());
+        let now = now_ms();
         Ok(tonic::Response::new(pb::ListJobsResponse {
-            jobs: page.jobs.iter().map(|j| job_to_wire(j)).collect(),
+            jobs: page.jobs.iter().map(|j| job_to_wire_at(j, &view, now)).collect(),
             continue_token: page.next.unwrap_or_default(),
         }))
     }
@@ -248,7 +267,7 @@ impl pb::jobs_server::Jobs for JobsApi {
         let id = request.into_inner().id;
         grpc(authorized_job(&self.handle, &caller, &id, Role::Member, "cancel"))?;
         let job = grpc(self.handle.cancel(&id).await.map_err(ApiError::from))?;
-        Ok(tonic::Response::new(job_to_wire(&job)))
+        Ok(tonic::Response::new(job_to_wire(&self.handle, &job)))
     }
 
     async fn explain(

@@ -40,7 +40,7 @@ pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
 pub use quota::{QuotaWait, TenantQuota};
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
 pub use tally::Tally;
-pub use tenants::{TenantBook, TenantSummary};
+pub use tenants::TenantSummary;
 pub use usage::{IdleGpuConfig, JobUsage};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
@@ -80,7 +80,8 @@ struct ActiveJob {
 
 /// The state machine. See the crate documentation.
 pub struct Core {
-    config: CoreConfig,
+    /// Shared with every view (readers need the tenants' weights and quotas).
+    config: Arc<CoreConfig>,
     /// Every job the gateway remembers: active ones and finished ones within retention.
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
     /// Jobs not in a terminal state, with their current records, by id: what rounds and the
@@ -117,8 +118,6 @@ pub struct Core {
     clusters_version: u64,
     cluster_view: Arc<Vec<ClusterSummary>>,
     cluster_view_version: u64,
-    /// Tenant weights and quotas for readers (fixed for the life of the process).
-    tenant_book: Arc<TenantBook>,
     /// Running jobs' GPU utilisation (in memory only).
     usage: usage::UsageBook,
     /// Counters for metrics (see `tally.rs`), published with each view.
@@ -135,9 +134,8 @@ impl Core {
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
         let mut core = Core {
             network: Arc::new(config.network.clone()),
-            tenant_book: Arc::new(TenantBook::from_config(&config)),
             usage: usage::UsageBook { entries: imbl::OrdMap::new(), idle: config.idle_gpu },
-            config,
+            config: Arc::new(config),
             jobs: imbl::OrdMap::new(),
             active: BTreeMap::new(),
             by_cluster: HashMap::new(),
@@ -315,7 +313,7 @@ impl Core {
             self.jobs.clone(),
             self.decisions.clone(),
             Arc::clone(&self.cluster_view),
-            Arc::clone(&self.tenant_book),
+            Arc::clone(&self.config),
             self.tally(),
             self.failed.clone(),
         )

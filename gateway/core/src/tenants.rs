@@ -1,5 +1,6 @@
 //! Each tenant's queue as readers see it: what it holds and waits for, against its fair share
-//! and quota. Computed from a [`ReadView`] on read (the console's queue view, metrics).
+//! and quota. Computed from a [`ReadView`] on read (the console's queue view, metrics), with the
+//! weights and quotas of the core's own [`CoreConfig`](crate::CoreConfig).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,39 +8,8 @@ use std::sync::Arc;
 use meridian_proto::job::JobState;
 use serde::Serialize;
 
-use crate::config::CoreConfig;
 use crate::jobs::holds_gpus;
-use crate::quota::TenantQuota;
 use crate::view::ReadView;
-
-/// What readers need of the tenant configuration (weights and quotas), shared by every view.
-#[derive(Debug, Clone, Default)]
-pub struct TenantBook {
-    weights: BTreeMap<String, f64>,
-    default_weight: f64,
-    quotas: BTreeMap<String, TenantQuota>,
-    default_quota: TenantQuota,
-}
-
-impl TenantBook {
-    /// The tenant part of `config`.
-    pub fn from_config(config: &CoreConfig) -> Self {
-        Self {
-            weights: config.tenant_weights.clone(),
-            default_weight: config.default_tenant_weight,
-            quotas: config.quotas.clone(),
-            default_quota: config.default_quota,
-        }
-    }
-
-    fn weight(&self, tenant: &str) -> f64 {
-        self.weights.get(tenant).copied().unwrap_or(self.default_weight)
-    }
-
-    fn quota(&self, tenant: &str) -> TenantQuota {
-        self.quotas.get(tenant).copied().unwrap_or(self.default_quota)
-    }
-}
 
 /// One tenant's queue for `GET /v1/tenants`, the console and metrics.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -77,23 +47,23 @@ pub struct TenantSummary {
 impl ReadView {
     /// Every tenant with a job remembered or a configured weight or quota, by name.
     pub fn tenants(&self) -> Vec<TenantSummary> {
-        let book = self.tenant_book();
+        let config = self.config();
         let mut by_name: BTreeMap<Arc<str>, TenantSummary> = BTreeMap::new();
         let blank = |tenant: &str| TenantSummary {
             tenant: tenant.to_string(),
-            weight: book.weight(tenant),
+            weight: config.tenant_weight(tenant),
             fair_share: 0.0,
             running_jobs: 0,
             running_gpus: 0,
             queued_jobs: 0,
             queued_gpus: 0,
             gpu_share: 0.0,
-            max_gpus: book.quota(tenant).max_gpus,
-            max_queued_jobs: book.quota(tenant).max_queued_jobs,
+            max_gpus: config.quota(tenant).max_gpus,
+            max_queued_jobs: config.quota(tenant).max_queued_jobs,
             succeeded_jobs: 0,
             failed_jobs: 0,
         };
-        for tenant in book.weights.keys().chain(book.quotas.keys()) {
+        for tenant in config.tenant_weights.keys().chain(config.quotas.keys()) {
             by_name.entry(Arc::from(tenant.as_str())).or_insert_with(|| blank(tenant));
         }
         for job in self.jobs() {
@@ -132,21 +102,5 @@ impl ReadView {
                 t
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_book_uses_defaults_for_tenants_not_listed() {
-        let mut config = CoreConfig::default();
-        config.tenant_weights.insert("nlp".into(), 3.0);
-        config.default_quota = TenantQuota { max_gpus: Some(8), max_queued_jobs: None };
-        let book = TenantBook::from_config(&config);
-        assert_eq!(book.weight("nlp"), 3.0);
-        assert_eq!(book.weight("vision"), 1.0);
-        assert_eq!(book.quota("vision").max_gpus, Some(8));
     }
 }

@@ -1210,3 +1210,29 @@ fn a_running_job_whose_gpus_stay_under_the_threshold_becomes_idle_and_a_busy_sam
     assert_eq!(h.core.view().usage(&h.job(&id), h.now_ms), None);
     assert_eq!(h.core.view().usages(h.now_ms).count(), 0);
 }
+
+#[test]
+fn tenants_show_what_they_hold_and_wait_for_against_their_configured_weight_and_quota() {
+    let mut config = CoreConfig::default();
+    config.tenant_weights.insert("nlp".into(), 3.0);
+    config.quotas.insert("vision".into(), crate::TenantQuota { max_gpus: Some(16), max_queued_jobs: None });
+    let mut h = Harness::new(config);
+    let (conn, _) = h.connect("east", "a1");
+    h.event(conn, inventory(&[8]));
+    let first = h.submit(JOB);
+    let second = h.submit(&JOB.replace("name: j", "name: k"));
+    h.step(Input::Round);
+    assert_eq!((h.state(&first), h.state(&second)), (JobState::Offered, JobState::Queued));
+    let tenants = h.core.view().tenants();
+    let by_name =
+        |name: &str| tenants.iter().find(|t| t.tenant == name).unwrap_or_else(|| panic!("{name}: {tenants:?}"));
+    // Configured tenants are listed without jobs, with their weight and quota.
+    let nlp = by_name("nlp");
+    assert_eq!((nlp.weight, nlp.fair_share, nlp.running_jobs, nlp.queued_jobs), (3.0, 0.0, 0, 0));
+    assert_eq!(by_name("vision").max_gpus, Some(16));
+    // The only tenant with work gets the whole fair share and holds every GPU held.
+    let t = by_name("t");
+    assert_eq!((t.weight, t.fair_share, t.gpu_share), (1.0, 1.0, 1.0));
+    assert_eq!((t.running_jobs, t.running_gpus, t.queued_jobs, t.queued_gpus), (1, 8, 1, 8));
+    assert_eq!(t.max_gpus, None);
+}

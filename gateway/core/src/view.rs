@@ -11,10 +11,10 @@ use meridian_proto::job::JobState;
 use meridian_proto::selector::Selector;
 use serde::Serialize;
 
+use crate::config::CoreConfig;
 use crate::jobs::holds_gpus;
 use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
 use crate::tally::{PendingReason, Tally};
-use crate::tenants::TenantBook;
 use crate::usage::{JobUsage, UsageBook};
 use crate::{Core, Decided};
 
@@ -118,7 +118,7 @@ pub struct ReadView {
     jobs: imbl::OrdMap<String, Arc<JobRecord>>,
     decisions: imbl::HashMap<String, Arc<Decided>>,
     clusters: Arc<Vec<ClusterSummary>>,
-    tenant_book: Arc<TenantBook>,
+    config: Arc<CoreConfig>,
     tally: Arc<Tally>,
     failure: Option<String>,
     usage: UsageBook,
@@ -129,11 +129,11 @@ impl ReadView {
         jobs: imbl::OrdMap<String, Arc<JobRecord>>,
         decisions: imbl::HashMap<String, Arc<Decided>>,
         clusters: Arc<Vec<ClusterSummary>>,
-        tenant_book: Arc<TenantBook>,
+        config: Arc<CoreConfig>,
         tally: Arc<Tally>,
         failure: Option<String>,
     ) -> Self {
-        Self { jobs, decisions, clusters, tenant_book, tally, failure, usage: UsageBook::default() }
+        Self { jobs, decisions, clusters, config, tally, failure, usage: UsageBook::default() }
     }
 
     pub(crate) fn with_usage(self, usage: UsageBook) -> Self {
@@ -172,8 +172,9 @@ impl ReadView {
         self.jobs.values()
     }
 
-    pub(crate) fn tenant_book(&self) -> &TenantBook {
-        &self.tenant_book
+    /// The core's configuration (tenant weights and quotas for readers).
+    pub(crate) fn config(&self) -> &CoreConfig {
+        &self.config
     }
 
     /// The same view, marked failed: what readers keep seeing once a commit failed (the core's

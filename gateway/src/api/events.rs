@@ -120,9 +120,11 @@ pub enum Said {
 }
 
 /// The stream of what a watcher is told: `Ready` first, then admitted events and resets; it
-/// ends when the gateway stops.
+/// ends when the gateway stops. A task feeds it; dropping the stream (the client went away)
+/// stops the task.
 pub fn said(mut subscription: Subscription, query: WatchQuery) -> impl Stream<Item = Said> + Send + 'static {
-    async_stream_like(move |tx| async move {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let task = tokio::spawn(async move {
         if tx.send(Said::Ready(subscription.cursor())).await.is_err() {
             return;
         }
@@ -136,18 +138,7 @@ pub fn said(mut subscription: Subscription, query: WatchQuery) -> impl Stream<It
                 return;
             }
         }
-    })
-}
-
-/// A stream fed by a task that ends when the receiver is dropped (the client went away) or the
-/// producer is done.
-fn async_stream_like<F, Fut>(produce: F) -> impl Stream<Item = Said> + Send + 'static
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Said>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let task = tokio::spawn(produce(tx));
+    });
     Owned { inner: tokio_stream::wrappers::ReceiverStream::new(rx), task }
 }
 

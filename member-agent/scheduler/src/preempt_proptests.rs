@@ -241,7 +241,7 @@ fn regression_a_preemptor_started_in_a_victims_place_does_not_delay_the_holder()
     let jobs =
         [(0, 25, 10, 6, true), (0, 0, 1, 0, false), (2, 50, 78, 0, false), (0, 0, 83, 0, false), (2, 0, 5, 2, false)];
     for (id, (queue, priority, memory_gib, run_secs, preemptible)) in jobs.into_iter().enumerate() {
-        let shape = BackfillJob::for_test(queue, priority, 1, 1, 0, memory_gib, run_secs);
+        let shape = BackfillJob { queue, priority, replicas: 1, gpus: 1, cpu: 0, memory_gib, run_secs };
         let job = LocalJob { preemptible, ..shape.into_job(u32::try_from(id).unwrap(), &queues) };
         let _ = driver.scheduler.submit(job, driver.now);
         driver.observe().unwrap();

@@ -269,29 +269,16 @@ enum BackfillOp {
 /// A random job for a random member, before it gets an id.
 #[derive(Debug, Clone)]
 pub(super) struct BackfillJob {
-    queue: usize,
-    priority: u32,
-    replicas: u32,
-    gpus: u32,
-    cpu: u32,
-    memory_gib: u32,
-    run_secs: u64,
+    pub(super) queue: usize,
+    pub(super) priority: u32,
+    pub(super) replicas: u32,
+    pub(super) gpus: u32,
+    pub(super) cpu: u32,
+    pub(super) memory_gib: u32,
+    pub(super) run_secs: u64,
 }
 
 impl BackfillJob {
-    /// A job of this shape, for fixed regression cases.
-    pub(super) fn for_test(
-        queue: usize,
-        priority: u32,
-        replicas: u32,
-        gpus: u32,
-        cpu: u32,
-        memory_gib: u32,
-        run_secs: u64,
-    ) -> Self {
-        Self { queue, priority, replicas, gpus, cpu, memory_gib, run_secs }
-    }
-
     pub(super) fn into_job(self, id: u32, queues: &[QueueSpec]) -> LocalJob {
         let queue = &queues[self.queue % queues.len()].name;
         LocalJob {

@@ -191,14 +191,23 @@ impl Ca {
         self.sign(params, validity, "the gateway certificate")
     }
 
-    /// Cluster `cluster`'s agent certificate.
+    /// Cluster `cluster`'s agent certificate. The name must follow the cluster-name grammar
+    /// ([`meridian_proto::names`]), which the gateway checks too.
     pub fn agent(&self, cluster: &str, validity: Validity) -> Result<Pair> {
         check_cluster_name(cluster)?;
-        let uri = cluster_uri(cluster).try_into().map_err(generate("--cluster"))?;
+        self.client(&[cluster_uri(cluster)], &format!("meridian agent {cluster}"), validity)
+    }
+
+    /// A client certificate with exactly these URI SANs, which are not checked: what any CA may
+    /// sign. For testing how the gateway treats certificates it did not issue; agents get theirs
+    /// from [`Ca::agent`].
+    pub fn client(&self, uris: &[String], common_name: &str, validity: Validity) -> Result<Pair> {
         let mut params = CertificateParams::default();
-        params.subject_alt_names = vec![SanType::URI(uri)];
+        for uri in uris {
+            params.subject_alt_names.push(SanType::URI(uri.clone().try_into().map_err(generate("--cluster"))?));
+        }
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, format!("meridian agent {cluster}"));
+        params.distinguished_name.push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         self.sign(params, validity, "the agent certificate")
     }
@@ -231,16 +240,12 @@ fn generate(context: &str) -> impl FnOnce(rcgen::Error) -> Error + '_ {
     move |source| Error::Generate { context: context.to_string(), source }
 }
 
-/// Cluster names in certificates end up in file names and URIs: keep them plain.
+/// Cluster names in certificates end up in file names and URIs, and the gateway refuses a
+/// certificate whose name breaks the cluster-name grammar: refuse it here, before anything is
+/// written.
 fn check_cluster_name(cluster: &str) -> Result<()> {
-    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if cluster.is_empty() || cluster.starts_with(['.', '-']) || !cluster.chars().all(plain) {
-        return Err(Error::Invalid {
-            field: "--cluster",
-            reason: format!("`{cluster}` must be letters, digits, `-`, `_` and `.`, not starting with `.` or `-`"),
-        });
-    }
-    Ok(())
+    meridian_proto::names::check_cluster_name(cluster)
+        .map_err(|reason| Error::Invalid { field: "--cluster", reason: reason.to_string() })
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -423,11 +428,14 @@ mod tests {
     fn cluster_names_that_would_escape_the_directory_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         init(dir.path(), &[], 1, false).unwrap();
-        for bad in ["", "../x", "a/b", ".hidden", "a b"] {
+        for bad in ["", "../x", "a/b", ".hidden", "a b", "East", "on_prem", "1east", "east-", &"a".repeat(64)] {
             assert!(
                 matches!(issue(dir.path(), bad, 1, false), Err(Error::Invalid { field: "--cluster", .. })),
                 "{bad}"
             );
         }
+        let err = issue(dir.path(), "west/../east", 1, false).unwrap_err().to_string();
+        assert!(err.starts_with("--cluster: has `/` at character 5;"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4, "nothing was written");
     }
 }

@@ -56,6 +56,10 @@ pub struct GatewayConfig {
     pub lease_margin: HumanDuration,
     /// Finished jobs and their decisions are forgotten this long after they finished.
     pub retention: HumanDuration,
+    /// Messages queued for one agent stream at most. Beyond it messages are dropped (and
+    /// counted in `meridian_agent_messages_dropped_total`), never the stream: each is repeated
+    /// when it matters. The default suits thousands of jobs per cluster.
+    pub agent_buffer: usize,
     /// TLS on both ports: the server certificate, its key, and the CA agents' client
     /// certificates must chain to (see `docs/security.md`). Required unless `insecure`.
     pub tls: Option<crate::tls::TlsConfig>,
@@ -64,7 +68,7 @@ pub struct GatewayConfig {
     pub insecure: bool,
     /// What a REST client may hold and how fast it may ask: connection caps, timeouts, rate.
     pub limits: LimitsConfig,
-    /// How REST and gRPC `Jobs` callers authenticate (see `docs/security/auth.md`). Left out:
+    /// How REST and gRPC `Jobs` callers authenticate (see `docs/security.md`). Left out:
     /// every caller is an anonymous admin (a development mode; the gateway warns at start-up).
     pub auth: Option<crate::auth::AuthConfig>,
     /// When a running job counts as holding idle GPUs: its GPUs' mean utilisation (as its
@@ -192,6 +196,7 @@ impl Default for GatewayConfig {
             lost_job_timeout: HumanDuration::from_secs(600),
             lease_margin: HumanDuration::from_secs(60),
             retention: HumanDuration::from_secs(7 * 24 * 3600),
+            agent_buffer: 1024,
             tls: None,
             insecure: false,
             limits: LimitsConfig::default(),
@@ -252,6 +257,9 @@ impl GatewayConfig {
             if value.0.is_zero() {
                 problems.push(format!("{field}: must be longer than 0s"));
             }
+        }
+        if self.agent_buffer == 0 {
+            problems.push("agentBuffer: must be at least 1 (messages queued per agent stream)".to_string());
         }
         problems.extend(self.placement.problems("placement."));
         problems.extend(crate::tls::problems(self.tls.as_ref(), self.insecure));
@@ -324,7 +332,11 @@ impl GatewayConfig {
 
     /// How the runtime drives the core.
     pub fn runtime_config(&self) -> crate::runtime::RuntimeConfig {
-        crate::runtime::RuntimeConfig { placement_interval: self.placement_interval.0, ..Default::default() }
+        crate::runtime::RuntimeConfig {
+            placement_interval: self.placement_interval.0,
+            agent_buffer: self.agent_buffer,
+            ..Default::default()
+        }
     }
 }
 

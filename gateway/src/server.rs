@@ -92,7 +92,8 @@ pub async fn serve(
     let auth = Arc::new(crate::auth::Authenticator::from_config(config.auth.as_ref())?);
     if !auth.is_on() {
         tracing::warn!(
-            "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` (docs/security/auth.md)"
+            "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` \
+             (docs/security.md#users-authentication-authorization-and-secret-values)"
         );
     }
     let scrape_access = crate::metrics::ScrapeAccess::load(&config.metrics, Arc::clone(&auth))?;

@@ -8,6 +8,7 @@ use meridian_proto::config_file;
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
+use meridian_proto::names::check_cluster_name;
 use meridian_proto::validate::member_label_errors;
 use serde::{Deserialize, Serialize};
 
@@ -215,8 +216,9 @@ impl AgentConfig {
     pub fn check(&self, path: &Path) -> Result<()> {
         let mut problems = Vec::new();
         let catalog = GpuCatalog::default();
-        if self.cluster.trim().is_empty() {
-            problems.push("cluster: must name the cluster".to_string());
+        // The gateway refuses a hello whose name breaks the grammar: fail here, at start.
+        if let Err(reason) = check_cluster_name(&self.cluster) {
+            problems.push(format!("cluster: {reason}"));
         }
         if self.region.trim().is_empty() {
             problems.push("region: must name the region".to_string());
@@ -446,6 +448,25 @@ mod tests {
         match AgentConfig::parse(text, Path::new("a.yaml")) {
             Err(Error::Invalid { problems, .. }) => assert_eq!(problems.len(), 5, "{problems:?}"),
             other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cluster_name_outside_the_grammar_is_a_config_problem_with_the_reason() {
+        for (name, reason) in [
+            ("'a b'", "has U+0020 at character 2"),
+            ("'../../etc'", "has `.` at character 1"),
+            ("West", "has `W` at character 1 (use lowercase)"),
+            ("east-", "ends with `-`"),
+        ] {
+            let text = GOOD.replace("cluster: east", &format!("cluster: {name}"));
+            match AgentConfig::parse(&text, Path::new("a.yaml")) {
+                Err(Error::Invalid { problems, .. }) => {
+                    assert_eq!(problems.len(), 1, "{problems:?}");
+                    assert!(problems[0].starts_with(&format!("cluster: {reason};")), "{problems:?}");
+                }
+                other => panic!("{name}: expected invalid, got {other:?}"),
+            }
         }
     }
 

@@ -36,13 +36,32 @@ pub enum BuildError {
     Backend(#[from] backend::BackendError),
 }
 
+/// What the `meridian-agent` binary gives the agent it builds beyond the configuration: things
+/// a library caller (a test, the demo) does not have.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// The agent binary (`std::env::current_exe()`), which the process runner re-executes as
+    /// its lease watchdog (`meridian-agent lease-watchdog`, see
+    /// [`backend::process::watchdog`]) unless `process.leaseWatchdog` is false. None: no
+    /// watchdog.
+    pub lease_watchdog: Option<std::path::PathBuf>,
+}
+
 /// Builds an agent with the builtin backend from a checked configuration (see [`build_agent`]
-/// for every backend).
+/// for every backend), without a lease watchdog.
 ///
 /// Must be called inside a Tokio runtime: the builtin backend starts its driver task here. With
 /// the process runner this also reads this host's GPUs from NVML (see
 /// [`backend::process::discovery::host_nodes`]).
 pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    agent_from_config_with(config, &BuildOptions::default())
+}
+
+/// [`agent_from_config`] with what only the binary provides.
+pub fn agent_from_config_with(
+    config: &config::AgentConfig,
+    options: &BuildOptions,
+) -> Result<agent::Agent, BuildError> {
     if config.backend != BackendKind::Builtin {
         return Err(BuildError::Backend(backend::BackendError::permanent(format!(
             "the {} backend is built by `build_agent`",
@@ -63,6 +82,7 @@ pub fn agent_from_config(config: &config::AgentConfig) -> Result<agent::Agent, B
                 kill_grace: process.kill_grace.0,
                 log_bytes: process.log_bytes,
                 devices: backend::process::discovery::device_table(&hosts),
+                lease_watchdog: options.lease_watchdog.clone().filter(|_| process.lease_watchdog),
             };
             host_devices = hosts.iter().map(|h| (h.spec.name.clone(), h.devices.clone())).collect();
             (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
@@ -104,10 +124,20 @@ fn with_sampling(
 
 /// Builds an agent for whichever backend the configuration selects; the Kubernetes backend
 /// connects to its API server and the Slurm backend checks its controller (and both read the
-/// nodes once) here.
+/// nodes once) here. No lease watchdog: see [`build_agent_with`].
 ///
 /// Must be called inside a Tokio runtime.
 pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, BuildError> {
+    build_agent_with(config, &BuildOptions::default()).await
+}
+
+/// [`build_agent`] with what only the binary provides (the lease watchdog).
+///
+/// Must be called inside a Tokio runtime.
+pub async fn build_agent_with(
+    config: &config::AgentConfig,
+    options: &BuildOptions,
+) -> Result<agent::Agent, BuildError> {
     match (config.backend, &config.kubernetes) {
         (BackendKind::Kubernetes, Some(kubernetes)) => {
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -128,7 +158,7 @@ pub async fn build_agent(config: &config::AgentConfig) -> Result<agent::Agent, B
                 Vec::new(),
             ))
         }
-        _ => agent_from_config(config),
+        _ => agent_from_config_with(config, options),
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use meridian_agent::backend::process::watchdog;
 use meridian_agent::config::AgentConfig;
 
 /// Connects a member cluster to a Meridian gateway and runs the jobs it is offered.
@@ -22,8 +23,18 @@ struct Args {
     time_scale: Option<f64>,
 }
 
+fn main() -> ExitCode {
+    // The process runner's lease watchdog is this binary re-executed in a hidden mode; it needs
+    // no config and no async runtime, so it is told apart before either.
+    let mut args = std::env::args_os().skip(1).peekable();
+    if args.peek().is_some_and(|first| first == watchdog::MODE) {
+        return watchdog::main(args.skip(1));
+    }
+    agent_main()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn agent_main() -> ExitCode {
     // kube's client panics when it cannot tell which rustls crypto provider to use.
     meridian_agent::backend::kubernetes::install_crypto_provider();
     meridian_agent::init_logging("info");
@@ -47,7 +58,17 @@ async fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(64);
     }
-    let agent = match meridian_agent::build_agent(&config).await {
+    let lease_watchdog = match std::env::current_exe() {
+        Ok(exe) => Some(exe),
+        Err(e) => {
+            tracing::error!(
+                "cannot find this binary to run the lease watchdog: {e}; a frozen or killed agent's jobs keep running"
+            );
+            None
+        }
+    };
+    let options = meridian_agent::BuildOptions { lease_watchdog };
+    let agent = match meridian_agent::build_agent_with(&config, &options).await {
         Ok(agent) => agent,
         // The scheduler did not answer (Slurm controller or API server down): not a config
         // problem; a supervisor should start the agent again (EX_UNAVAILABLE).

@@ -49,6 +49,7 @@ pub struct AgentMetrics {
     jobs: Family<Labels, Gauge>,
     results_unacknowledged: Gauge,
     utilization_errors: Counter,
+    messages_dropped: Counter,
 }
 
 /// Seconds since the gateway last renewed the lease or welcomed the agent; absent before that.
@@ -87,6 +88,7 @@ impl AgentMetrics {
         let jobs = Family::<Labels, Gauge>::default();
         let results_unacknowledged = Gauge::default();
         let utilization_errors = Counter::default();
+        let messages_dropped = Counter::default();
         registry.register(
             "meridian_agent_stream_connected",
             "1 while a gateway stream is up and welcomed, else 0",
@@ -119,6 +121,11 @@ impl AgentMetrics {
             "Utilisation samples that failed (unreadable file, NVML error)",
             utilization_errors.clone(),
         );
+        registry.register(
+            "meridian_agent_outbound_messages_dropped",
+            "Messages for the gateway dropped because the stream's outbound queue was full (the next heartbeat repeats what matters)",
+            messages_dropped.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             stream_connected,
@@ -129,6 +136,7 @@ impl AgentMetrics {
             jobs,
             results_unacknowledged,
             utilization_errors,
+            messages_dropped,
         }
     }
 
@@ -193,6 +201,11 @@ impl AgentMetrics {
     /// A utilisation sample failed.
     pub(crate) fn utilization_failed(&self) {
         self.utilization_errors.inc();
+    }
+
+    /// A message for the gateway was dropped: the stream's outbound queue was full.
+    pub(crate) fn message_dropped(&self) {
+        self.messages_dropped.inc();
     }
 }
 

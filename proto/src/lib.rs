@@ -6,6 +6,7 @@
 //! - [`inventory`]: what a member cluster reports (identity, node shapes, queue pressure).
 //! - [`job`]: job identity and life-cycle states.
 //! - [`protocol`]: the agent ↔ gateway messages as domain types.
+//! - [`names`]: the grammar of cluster names, checked wherever one is accepted.
 
 pub mod config_file;
 pub mod convert;
@@ -13,6 +14,7 @@ pub mod duration;
 pub mod gpu;
 pub mod inventory;
 pub mod job;
+pub mod names;
 pub mod protocol;
 pub mod selector;
 pub mod spec;

@@ -399,6 +399,20 @@ impl TryFrom<pb::Offer> for Assignment {
     }
 }
 
+impl GatewayCommand {
+    /// The command's name, for logs and counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayCommand::Welcome { .. } => "welcome",
+            GatewayCommand::Offer(_) => "offer",
+            GatewayCommand::Cancel { .. } => "cancel",
+            GatewayCommand::Ack { .. } => "ack",
+            GatewayCommand::Lease { .. } => "lease",
+            GatewayCommand::Logs { .. } => "logs",
+        }
+    }
+}
+
 impl From<&GatewayCommand> for pb::GatewayMessage {
     fn from(command: &GatewayCommand) -> Self {
         use pb::gateway_message::Body;

@@ -92,7 +92,7 @@ pub fn parse_job_spec(text: &str, catalog: &GpuCatalog) -> Result<JobSpec, SpecE
                 .map_err(|_| SpecError::Syntax { format: "JSON", message: json_error.to_string() })?,
         }
     } else {
-        serde_saphyr::from_str(text).map_err(|e| SpecError::Syntax { format: "YAML", message: e.to_string() })?
+        serde_saphyr::from_str(text).map_err(|e| SpecError::Syntax { format: "YAML", message: yaml_message(&e) })?
     };
     if !value.is_object() {
         return Err(SpecError::Invalid(vec![FieldError {
@@ -100,14 +100,86 @@ pub fn parse_job_spec(text: &str, catalog: &GpuCatalog) -> Result<JobSpec, SpecE
             reason: "expected a map of fields (name, tenant, gang, payload, ...)".into(),
         }]));
     }
-    let spec: JobSpec = serde_path_to_error::deserialize(value).map_err(|e| {
+    let spec: JobSpec = serde_path_to_error::deserialize(&value).map_err(|e| {
+        let node = value_at(&value, e.path());
         let path = e.path().to_string();
+        let reason = without_value(&e.into_inner().to_string(), node, &path);
         // The root is `.`; an unknown empty key at the top level prints as an empty path.
         let field = if path == "." || path.is_empty() { "spec".to_string() } else { path };
-        SpecError::Invalid(vec![FieldError { field, reason: e.into_inner().to_string() }])
+        SpecError::Invalid(vec![FieldError { field, reason }])
     })?;
     validate(&spec, catalog)?;
     Ok(spec)
+}
+
+/// The YAML parser's message without the excerpt of the input it appends (which would repeat
+/// the lines around the error, secret values included): the first line keeps the line, column
+/// and reason.
+fn yaml_message(error: &serde_saphyr::Error) -> String {
+    error.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// The node of `root` that `path` leads to, if the path can be followed.
+fn value_at<'a>(root: &'a serde_json::Value, path: &serde_path_to_error::Path) -> Option<&'a serde_json::Value> {
+    use serde_path_to_error::Segment;
+    path.iter().try_fold(root, |node, segment| match segment {
+        Segment::Seq { index } => node.get(index),
+        Segment::Map { key } => node.get(key),
+        Segment::Enum { .. } | Segment::Unknown => None,
+    })
+}
+
+/// serde's message for a value of the wrong type or an unaccepted value repeats the value
+/// (``invalid type: integer `1234`, expected a string``), and the value may be a secret (an
+/// unquoted `payload.env` number). This rewrites such a message to what was expected and what
+/// kind of value was found, without the value; other messages pass unchanged.
+fn without_value(message: &str, node: Option<&serde_json::Value>, path: &str) -> String {
+    for (prefix, wrong_type) in [("invalid type: ", true), ("invalid value: ", false)] {
+        let Some(rest) = message.strip_prefix(prefix) else { continue };
+        let kind = node.map_or("a value", kind_of);
+        let found = match (wrong_type, node) {
+            (true, _) => kind.to_string(),
+            (false, Some(serde_json::Value::Number(_))) => format!("{kind} out of range"),
+            (false, _) => format!("{kind} that is not accepted"),
+        };
+        let Some(expected) = node.and_then(|node| expected_in(rest, node)) else {
+            return format!("{}: found {found} (the value is not repeated)", prefix.trim_end_matches(": "));
+        };
+        let quote = wrong_type
+            && path.starts_with("payload.env.")
+            && matches!(
+                node,
+                Some(serde_json::Value::Number(_) | serde_json::Value::Bool(_) | serde_json::Value::Null)
+            );
+        let hint = if quote { "; quote the value in the spec to pass it as text" } else { "" };
+        return format!("expected {expected}, found {found}{hint}");
+    }
+    message.to_string()
+}
+
+/// What serde expected, from the tail `{unexpected}, expected {expected}` of its message, where
+/// `{unexpected}` describes `node` as serde_json does (`string "…"`, ``integer `1` ``, `map`).
+fn expected_in<'m>(rest: &'m str, node: &serde_json::Value) -> Option<&'m str> {
+    match node {
+        // A string may itself hold ", expected ": strip exactly its description.
+        serde_json::Value::String(text) => rest.strip_prefix(&format!("string {text:?}, expected ")),
+        // Numbers, booleans, null, lists and maps are described without a comma.
+        _ => rest.split_once(", expected ").map(|(_, expected)| expected),
+    }
+}
+
+/// The kind of a JSON value, for messages that must not repeat the value.
+fn kind_of(node: &serde_json::Value) -> &'static str {
+    match node {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(n) if n.is_f64() => "a number with a fraction",
+        serde_json::Value::Number(n) if n.as_i64().is_some_and(|n| n < 0) => "a negative integer",
+        serde_json::Value::Number(_) => "an integer",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a map",
+    }
 }
 
 /// Checks every rule a spec must meet and reports all violations at once.
@@ -247,29 +319,44 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
     if payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) && payload.command.is_empty() {
         v.push("payload", "needs an `image`, a `command`, or both");
     }
-    if payload.image.as_deref().is_some_and(|i| i.trim().is_empty() || i.contains(char::is_whitespace)) {
-        v.push("payload.image", "must be an image reference without spaces");
+    if payload
+        .image
+        .as_deref()
+        .is_some_and(|i| i.trim().is_empty() || i.contains(|c: char| c.is_whitespace() || c.is_control()))
+    {
+        v.push("payload.image", "must be an image reference without spaces or control characters");
     }
-    for key in payload.env.keys() {
+    for (i, argument) in payload.command.iter().enumerate() {
+        if argument.contains('\0') {
+            v.push(&format!("payload.command[{i}]"), NUL_REASON);
+        }
+    }
+    for (key, value) in &payload.env {
         let ok = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        // A bad name is shown escaped: it may hold a NUL or a line break.
+        let field = format!("payload.env.{}", key.escape_debug());
         if !ok {
-            v.push(
-                &format!("payload.env.{key}"),
-                "environment variable names are letters, digits and `_`, not starting with a digit",
-            );
+            v.push(&field, "environment variable names are letters, digits and `_`, not starting with a digit");
+        }
+        if value.contains('\0') {
+            v.push(&field, NUL_REASON);
         }
     }
     for name in &payload.secret_env {
         if !payload.env.contains_key(name) {
             v.push(
-                &format!("payload.secretEnv.{name}"),
+                &format!("payload.secretEnv.{}", name.escape_debug()),
                 "names an environment variable that `payload.env` does not set; list only names of `env`",
             );
         }
     }
     v.finish()
 }
+
+/// Why a `payload.command` argument or a `payload.env` value with a NUL is refused.
+const NUL_REASON: &str = "contains a NUL character (\\0), which no process argument or environment value can \
+                          hold, so the job could never start; remove it";
 
 #[derive(Default)]
 struct Collector(Vec<FieldError>);
@@ -511,6 +598,76 @@ mod tests {
         assert!(ok.payload.has_secrets());
         let err = parse(&format!("{base}payload: {{command: [x], env: {{A: v}}, secretEnv: [TOKEN]}}\n")).unwrap_err();
         assert_eq!(fields(err), ["payload.secretEnv.TOKEN"]);
+    }
+
+    #[test]
+    fn a_nul_in_a_command_argument_or_an_env_value_is_refused_by_field_path() {
+        let base = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n";
+        let text = format!(
+            "{base}payload: {{command: [python, train.py, \"--tag=a\\0b\"], env: {{FOO: \"x\\0\", OK: fine}}}}\n"
+        );
+        let err = parse(&text).unwrap_err();
+        assert_eq!(fields(err.clone()), ["payload.command[2]", "payload.env.FOO"]);
+        assert!(err.to_string().contains("NUL"), "{err}");
+        // JSON too, and a NUL in an env name is shown escaped in the field path.
+        let json = r#"{"name":"a","tenant":"t","gang":{"resources":{"gpus":1}},"payload":{"command":["x\u0000"],"env":{"A\u0000B":"1"}}}"#;
+        assert_eq!(fields(parse(json).unwrap_err()), ["payload.command[0]", "payload.env.A\\0B"]);
+        assert!(parse(&format!("{base}payload: {{command: [x], env: {{FOO: \"a\\tb\"}}}}\n")).is_ok(), "a tab is fine");
+    }
+
+    #[test]
+    fn a_wrong_typed_secret_value_is_named_with_its_expected_type_but_never_repeated() {
+        let base = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n";
+        let cases = [
+            ("{command: [x], env: {PIN: 904731}, secretEnv: [PIN]}", "payload.env.PIN", "904731", "an integer"),
+            ("{command: [x], env: {PIN: 90473.15}, secretEnv: [PIN]}", "payload.env.PIN", "90473", "a number"),
+            ("{command: [x], env: {PIN: true}, secretEnv: [PIN]}", "payload.env.PIN", "true", "a boolean"),
+            ("{command: [x], env: {PIN: [hunter2]}, secretEnv: [PIN]}", "payload.env.PIN", "hunter2", "a list"),
+            ("{command: [x], env: 'PIN=hunter2', secretEnv: [PIN]}", "payload.env", "hunter2", "a string"),
+            ("{command: [x], env: {PIN: hunter2}, secretEnv: hunter2}", "payload.secretEnv", "hunter2", "a string"),
+        ];
+        for (payload, field, secret, found) in cases {
+            let err = parse(&format!("{base}payload: {payload}\n")).unwrap_err();
+            let errors = err.field_errors();
+            assert_eq!(errors.len(), 1, "{payload}: {err}");
+            assert_eq!(errors[0].field, field, "{payload}");
+            assert!(errors[0].reason.starts_with("expected "), "{payload}: {err}");
+            assert!(errors[0].reason.contains(&format!("found {found}")), "{payload}: {err}");
+            assert!(!err.to_string().contains(secret), "{payload}: the value is repeated: {err}");
+        }
+        let json = r#"{"name":"a","tenant":"t","gang":{"resources":{"gpus":1}},"payload":{"command":["x"],"env":{"PIN":904731},"secretEnv":["PIN"]}}"#;
+        let err = parse(json).unwrap_err();
+        assert_eq!(
+            err.field_errors(),
+            [FieldError {
+                field: "payload.env.PIN".into(),
+                reason: "expected a string, found an integer; quote the value in the spec to pass it as text".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn type_errors_elsewhere_say_what_was_expected_without_the_value() {
+        let err = parse(&GOOD.replace("gpus: 8", "gpus: \"eight, expected x\"")).unwrap_err();
+        assert_eq!(
+            err.field_errors(),
+            [FieldError { field: "gang.resources.gpus".into(), reason: "expected u32, found a string".into() }]
+        );
+        let err = parse(&GOOD.replace("gpus: 8", "gpus: -2")).unwrap_err();
+        assert_eq!(err.field_errors()[0].reason, "expected u32, found a negative integer out of range");
+        let err = parse(&GOOD.replace("burst: {after: 30m, maxUsdPerHour: 80}", "burst: sometimes")).unwrap_err();
+        let reason = &err.field_errors()[0].reason;
+        assert!(reason.starts_with("expected `never` or a map") && !reason.contains("sometimes"), "{reason}");
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_gives_line_and_column_but_no_excerpt_of_the_input() {
+        let text = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n\
+                    payload: {command: [x], env: {TOKEN: \"hunter2}, secretEnv: [TOKEN]}\n";
+        let err = parse(text).unwrap_err();
+        let SpecError::Syntax { format: "YAML", message } = &err else { panic!("{err:?}") };
+        assert!(message.contains("line 4 column"), "{message}");
+        assert!(!message.contains("hunter2") && !message.contains('\n'), "{message}");
     }
 
     #[test]

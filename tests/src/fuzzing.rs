@@ -5,7 +5,7 @@
 //! Each body takes arbitrary bytes, feeds them to one parser that faces untrusted input, and
 //! panics when something that must hold does not: beyond "no panic", a value that parses must
 //! survive its own way back out (a spec re-serialized as JSON and as YAML, a selector's canonical
-//! text, a protobuf message converted to the domain and back). See `docs/security/fuzzing.md`.
+//! text, a protobuf message converted to the domain and back). See `docs/security.md (Fuzzing the parsers that face untrusted input)`.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

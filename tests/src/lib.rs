@@ -11,6 +11,7 @@ use std::time::Duration;
 pub mod browser;
 pub mod fuzzing;
 pub mod manifests;
+pub mod witness;
 
 use anyhow::{Context, Result, anyhow, bail};
 use meridian_gateway::client::Client;
@@ -304,8 +305,35 @@ pub enum ProxyMode {
     /// Keeps connections open but forwards nothing (a partition that sends no RST: both ends
     /// see only silence). Held bytes flow again on `Pass`.
     Blackhole,
+    /// Holds what the client sends (agent → gateway) while the other direction flows: the
+    /// upstream hears nothing, the client hears everything. Held bytes flow again on `Pass`.
+    CutToUpstream,
+    /// Holds what the upstream sends (gateway → agent) while the other direction flows: the
+    /// client hears nothing, the upstream hears everything. Held bytes flow again on `Pass`.
+    CutToClient,
     /// Closes every connection and closes new ones at once (a link that is down).
     Down,
+}
+
+impl ProxyMode {
+    /// Whether bytes going `direction` are held in this mode.
+    fn holds(self, direction: Direction) -> bool {
+        match self {
+            ProxyMode::Blackhole => true,
+            ProxyMode::CutToUpstream => direction == Direction::ToUpstream,
+            ProxyMode::CutToClient => direction == Direction::ToClient,
+            ProxyMode::Pass | ProxyMode::Down => false,
+        }
+    }
+}
+
+/// Which way a [`TcpProxy`] pump copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client → upstream (agent → gateway).
+    ToUpstream,
+    /// Upstream → client (gateway → agent).
+    ToClient,
 }
 
 /// A TCP proxy on `127.0.0.1:0` in front of `upstream` that a test can cut or blackhole.
@@ -335,9 +363,14 @@ impl TcpProxy {
                     let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
+                    // Each side learns that the other closed only through its own direction,
+                    // so a held direction hides the close too (as a real one-way partition
+                    // would); the connection ends once both directions have ended.
+                    let to_upstream = pump(client_read, server_write, Direction::ToUpstream, modes.clone());
+                    let to_client = pump(server_read, client_write, Direction::ToClient, modes.clone());
+                    let both = async { tokio::join!(to_upstream, to_client) };
                     tokio::select! {
-                        () = pump(client_read, server_write, modes.clone()) => {}
-                        () = pump(server_read, client_write, modes.clone()) => {}
+                        _ = both => {}
                         () = wait_down(modes) => {}
                     }
                 });
@@ -362,21 +395,21 @@ async fn wait_down(mut modes: tokio::sync::watch::Receiver<ProxyMode>) {
     let _ = modes.wait_for(|m| *m == ProxyMode::Down).await;
 }
 
-/// Copies bytes one way, holding them while blackholed.
+/// Copies bytes one way, holding them (and the end of the stream) while the mode holds
+/// `direction`; returning drops `to`, which closes that side's writing half.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
+    direction: Direction,
     mut modes: tokio::sync::watch::Receiver<ProxyMode>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
-        let Ok(read) = from.read(&mut buffer).await else { return };
-        if read == 0 {
-            return;
-        }
-        if modes.wait_for(|m| *m != ProxyMode::Blackhole).await.map(|m| *m).unwrap_or(ProxyMode::Down)
-            == ProxyMode::Down
+        // A read error ends the stream as the end of the stream does.
+        let read = from.read(&mut buffer).await.unwrap_or(0);
+        if modes.wait_for(|m| !m.holds(direction)).await.map(|m| *m).unwrap_or(ProxyMode::Down) == ProxyMode::Down
+            || read == 0
         {
             return;
         }

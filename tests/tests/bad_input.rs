@@ -64,6 +64,43 @@ async fn bad_specs_are_refused_with_the_field_and_nothing_is_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_nul_in_an_argument_or_env_value_and_a_wrong_typed_secret_get_422_without_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
+    let client = gateway.client();
+
+    // A NUL could never reach the process: refused at submit, by field path.
+    let nul = GOOD.replace(
+        "payload: {command: [python, train.py]}",
+        "payload: {command: [python, train.py, \"--tag=a\\0b\"], env: {FOO: \"x\\0y\", LR: '1'}}",
+    );
+    let (status, code, fields, message) = api_error(client.submit(&nul).await);
+    assert_eq!((status, code.as_str()), (422, "invalid_spec"), "{message}");
+    assert_eq!(fields, ["payload.command[2]", "payload.env.FOO"], "{message}");
+    assert!(message.contains("NUL"), "{message}");
+
+    // An unquoted number as a secret value: the field and the expected type, never the value.
+    let secret = GOOD.replace(
+        "payload: {command: [python, train.py]}",
+        "payload: {command: [python, train.py], env: {PIN: 904731}, secretEnv: [PIN]}",
+    );
+    match client.submit(&secret).await {
+        Err(ClientError::Api { status, code, message, fields }) => {
+            assert_eq!((status, code.as_str()), (422, "invalid_spec"), "{message}");
+            assert_eq!(fields.len(), 1, "{fields:?}");
+            assert_eq!(fields[0].field, "payload.env.PIN");
+            assert!(fields[0].reason.starts_with("expected a string, found an integer"), "{fields:?}");
+            let body = format!("{message} {fields:?}");
+            assert!(!body.contains("904731"), "the secret is repeated: {body}");
+        }
+        other => panic!("expected a 422, got {other:?}"),
+    }
+
+    // Nothing was created.
+    assert_eq!(client.list(None, None, None).await.unwrap()["jobs"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_queries_name_the_parameter() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
@@ -100,6 +137,22 @@ async fn the_cli_exits_non_zero_and_names_the_field() {
 
     let missing = gateway.cli(&["job", "j-nope"]);
     assert!(!missing.status.success());
+}
+
+#[test]
+fn an_agent_whose_cluster_name_breaks_the_grammar_exits_64_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = "  - {shape: a100-node, count: 1, gpuType: a100-80g, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+    for (name, reason) in [("West", "has `W` at character 1"), ("'../../etc'", "has `.` at character 1")] {
+        let config = dir.path().join("agent.yaml");
+        let text = agent_config(name, "us-east", "owned", "{a100-80g: 1.5}", nodes, 1.0);
+        std::fs::write(&config, format!("insecure: true\n{text}")).unwrap();
+        let output =
+            std::process::Command::new(&meridian_e2e::binaries().agent).arg("--config").arg(&config).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{name}: {stderr}");
+        assert!(stderr.contains(&format!("cluster: {reason}")), "{name}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,6 @@
 //! The bounded fuzz run of the test suite: every fuzz target's body (the same functions the
 //! cargo-fuzz crate calls) over its checked-in seed corpus plus deterministic mutations. The long
-//! runs are `scripts/fuzz.sh` on nightly; see `docs/security/fuzzing.md`.
+//! runs are `scripts/fuzz.sh` on nightly; see `docs/security.md (Fuzzing the parsers that face untrusted input)`.
 
 // Panicking on an unexpected result is how a test fails; the workspace lint targets library code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

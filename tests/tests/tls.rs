@@ -2,6 +2,7 @@
 //!
 //! - An agent whose certificate names cluster A cannot attach as B, and B's jobs never reach it.
 //! - No certificate, an expired one, or one from another CA is refused.
+//! - A certificate or a hello whose cluster name breaks the grammar is refused with the reason.
 //! - A second agent for a live cluster is refused; the first keeps its jobs.
 //! - A certificate rotated on disk serves the next connection, without a restart.
 //! - REST over https works with the CLI; plain http to the TLS port fails with a clear answer.
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use meridian_e2e::{Agent, Gateway, agent_config, poll};
 use meridian_gateway::certs::{Ca, Pair, Validity};
+use meridian_gateway::tls::identity::cluster_uri;
 use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
 use meridian_proto::pb;
 use meridian_proto::protocol::AgentHello;
@@ -237,6 +239,41 @@ async fn no_certificate_an_expired_one_or_one_from_another_ca_is_refused() {
         .unwrap();
     let answer = pb::jobs_client::JobsClient::new(channel).list_clusters(pb::ListClustersRequest {}).await.unwrap();
     assert!(answer.into_inner().clusters_json.contains("\"clusters\""));
+}
+
+#[tokio::test]
+async fn a_cluster_name_outside_the_grammar_is_refused_in_a_certificate_and_in_a_hello() {
+    let pki = Pki::new();
+    let gateway = pki.gateway().await;
+    let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
+
+    // Our CA signed it, but the name is a path: the certificate is refused with the reason,
+    // whatever cluster the hello names.
+    let traversal = pki.ca.client(&[cluster_uri("west/../east")], "rogue", Validity::days(1)).unwrap();
+    for hello in ["east", "west/../east"] {
+        let refused = attach(&gateway, &ca, Some(&traversal), hello).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{hello}: {refused:?}");
+        assert!(
+            refused.message().contains("urn:meridian:cluster:west/../east")
+                && refused.message().contains("has `/` at character 5"),
+            "{hello}: {refused:?}"
+        );
+    }
+    let line = wait_for_log(&gateway, &["refused an agent certificate that names an invalid cluster"]).await;
+    assert!(line.contains("WARN"), "{line}");
+
+    // A valid certificate, and a hello whose name would forge a log line.
+    let east = pki.ca.agent("east", Validity::days(1)).unwrap();
+    let refused = attach(&gateway, &ca, Some(&east), "east\nFAKE line").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("hello.cluster: has U+000A at character 5;"), "{refused:?}");
+    wait_for_log(&gateway, &["refused an agent hello whose cluster name is invalid"]).await;
+    assert!(!gateway.proc.log().lines().any(|line| line.starts_with("FAKE")), "{}", gateway.proc.log());
+
+    let clusters = gateway.client().clusters().await.unwrap();
+    assert_eq!(clusters["clusters"].as_array().map(Vec::len), Some(0), "nobody attached: {clusters}");
+    // The same certificate with its own, valid name is welcome.
+    attach(&gateway, &ca, Some(&east), "east").await.unwrap();
 }
 
 #[tokio::test]

@@ -100,11 +100,10 @@ impl Core {
         }
         self.clusters_version += 1;
         self.round_wanted = true;
-        let bound: Vec<Assignment> = self
-            .jobs_on(&name)
-            .filter(|j| matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown))
-            .map(|j| assignment(j))
-            .collect();
+        // Offers in flight are listed too: the agent keeps one it is submitting or already runs
+        // (its answer then comes on this stream), and reports one it never saw as lost.
+        let bound: Vec<Assignment> =
+            self.jobs_on(&name).filter(|j| crate::jobs::holds_gpus(j.state)).map(|j| assignment(j)).collect();
         effects.sends.push((conn, GatewayCommand::Welcome { bound, lease: self.config.agent_lease() }));
         tracing::info!(cluster = %name, conn, instance = %hello.instance_id, "agent connected");
         Ok(Reply::Attached)
@@ -198,6 +197,12 @@ impl Core {
             return;
         }
         let Some(mut job) = self.job_mut(job_id) else { return };
+        if accepted && self.withdrawing.contains(job_id) {
+            // Accepted before the agent saw the withdrawal that follows on the same stream: it
+            // stops the job and confirms with a cancelled report, which requeues it.
+            tracing::info!(job = %job.id, cluster, "a withdrawn offer was accepted; waiting for the member to stop it");
+            return;
+        }
         if accepted {
             job.state = JobState::Bound;
             job.message = if reason.is_empty() {
@@ -267,7 +272,11 @@ impl Core {
         }
         let previous = job.state;
         if terminal {
-            if report.requeue {
+            // The job is not terminal here, so a cancelled report answers the gateway's own
+            // withdrawal of an unanswered offer, not a user's cancel: the member confirms that
+            // its copy has stopped, and only now may the job run elsewhere.
+            let withdrawn = report.state == JobState::Cancelled;
+            if report.requeue || withdrawn {
                 // Back to the federation queue; `submitted_at_ms` is kept, so the time it
                 // already waited still counts for its place in line.
                 job.state = JobState::Queued;
@@ -275,7 +284,9 @@ impl Core {
                 job.gpu_type = None;
                 job.nodes.clear();
                 job.started_at_ms = None;
-                job.message = if report.message.is_empty() {
+                job.message = if withdrawn {
+                    format!("the offer to {cluster} was withdrawn and its copy there has stopped; placing it again")
+                } else if report.message.is_empty() {
                     format!("{cluster} stopped the job; placing it again")
                 } else {
                     format!("{}; placing it again", report.message)
@@ -300,6 +311,10 @@ impl Core {
             ack(effects);
             return;
         }
+        if self.withdrawing.contains(&job.id) {
+            // Being withdrawn: only the member's word that its copy stopped changes the job.
+            return;
+        }
         match report.state {
             JobState::Running => {
                 let nodes_changed = !report.nodes.is_empty() && report.nodes != job.nodes;
@@ -315,7 +330,17 @@ impl Core {
                 }
                 job.message = format!("running on {cluster}");
             }
-            JobState::Bound | JobState::Offered => {
+            JobState::Offered => {
+                // The agent is still submitting the offer. Only news after a lost stream (the
+                // job is `Unknown`): the offer is in flight again, under the offer timeout.
+                if previous != JobState::Unknown {
+                    return;
+                }
+                job.state = JobState::Offered;
+                job.message = format!("offered to {cluster}; its agent is still submitting it");
+                self.offered_at.insert(job.id.clone(), now_ms);
+            }
+            JobState::Bound => {
                 // Held by the member, waiting in its local queue.
                 let message = if report.message.is_empty() {
                     format!("accepted by {cluster}")
@@ -376,23 +401,37 @@ impl Core {
         }
     }
 
-    /// A cluster's stream is gone: offers return to the queue, bound and running jobs become
-    /// `Unknown`, counted from when the cluster was last heard (the agent's lease runs from then
-    /// too, so the agent stops its copies before the gateway places them again).
+    /// A cluster's stream is gone: offered, bound and running jobs become `Unknown`, counted
+    /// from when the cluster was last heard (the agent's lease runs from no later than then, so
+    /// the agent stops its copies before the gateway places them again).
+    ///
+    /// An offer in flight counts as a job that may be running: the agent may have accepted and
+    /// started it while its answer was lost with the stream. It is placed again only under the
+    /// lease rule, like a bound job; if the cluster returns first, the welcome lists it and the
+    /// agent either keeps it (and reports it) or reports it lost.
     pub(crate) fn cluster_lost(&mut self, cluster: &str, last_seen_ms: i64, effects: &mut Effects) {
         let ids: Vec<String> =
             self.jobs_on(cluster).filter(|j| crate::jobs::holds_gpus(j.state)).map(|j| j.id.clone()).collect();
         for id in ids {
             let Some(mut job) = self.job_mut(&id) else { continue };
             match job.state {
-                JobState::Offered => {
+                JobState::Unknown => {}
+                #[cfg(test)]
+                JobState::Offered if self.mutations.requeue_offers_on_loss => {
                     job.state = JobState::Queued;
                     job.cluster = None;
                     job.gpu_type = None;
-                    job.message = format!("{cluster} disconnected before answering the offer");
                     self.save(job, effects);
                 }
-                JobState::Unknown => {}
+                JobState::Offered => {
+                    job.state = JobState::Unknown;
+                    job.message = format!(
+                        "{cluster} stopped reporting with the offer in flight (it may have started the job); the job is placed again elsewhere if it stays away for {}",
+                        meridian_proto::duration::HumanDuration(self.config.lost_job_timeout)
+                    );
+                    self.save(job, effects);
+                    self.unknown_since.insert(id, last_seen_ms);
+                }
                 _ => {
                     job.state = JobState::Unknown;
                     job.message = format!(

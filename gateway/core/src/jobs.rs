@@ -94,6 +94,7 @@ impl Core {
     pub(crate) fn save(&mut self, job: JobRecord, effects: &mut Effects) {
         if job.state != JobState::Offered {
             self.offered_at.remove(&job.id);
+            self.withdrawing.remove(&job.id);
         }
         if job.state != JobState::Unknown {
             self.unknown_since.remove(&job.id);

@@ -28,9 +28,11 @@ pub mod usage;
 pub mod view;
 
 #[cfg(test)]
+mod never_twice_tests;
+#[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use meridian_placement::Decision;
@@ -104,8 +106,11 @@ pub struct Core {
     /// Demand keys in use, by their canonical copy, with their numbers.
     demand_ids: HashMap<Arc<str>, u32>,
     next_demand_id: u32,
-    /// Offers in flight: since when (Unix ms).
+    /// Offers in flight: since when (Unix ms), or since the last withdrawal was sent.
     offered_at: HashMap<String, i64>,
+    /// Offers withdrawn after the offer timeout, waiting for the member to confirm that it does
+    /// not run them (in memory: after a restart, an offer in flight is `Unknown` anyway).
+    withdrawing: HashSet<String>,
     /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
     unknown_since: HashMap<String, i64>,
     id_salt: u16,
@@ -124,12 +129,24 @@ pub struct Core {
     tally: Arc<Tally>,
     /// The time of the step being applied (Unix ms), for counters of changes that carry none.
     now_ms: i64,
+    /// Rules switched off, to show that the property tests catch their absence.
+    #[cfg(test)]
+    mutations: Mutations,
+}
+
+/// Safety rules a test may switch off (see `never_twice_tests.rs`).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Mutations {
+    /// Rule 1 removed: a lost cluster's offers in flight go straight back to the queue.
+    pub(crate) requeue_offers_on_loss: bool,
 }
 
 impl Core {
-    /// Builds the core from what the store held. Offers in flight at the last stop are void
-    /// (the agent will not find them in its welcome); bound and running jobs are `Unknown` until
-    /// their cluster reports them, counted from `now_ms`. `id_salt` keeps the ids of two gateway
+    /// Builds the core from what the store held. Offered, bound and running jobs are `Unknown`
+    /// until their cluster reports them, counted from `now_ms`: an offer in flight at the last
+    /// stop may have been accepted and started, so it is adopted like a bound job (the welcome
+    /// lists it), never voided and placed again while its member may run it. `id_salt` keeps the ids of two gateway
     /// processes apart (the runtime passes a random number; the simulator a fixed one).
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
         let mut core = Core {
@@ -147,6 +164,7 @@ impl Core {
             demand_ids: HashMap::new(),
             next_demand_id: 0,
             offered_at: HashMap::new(),
+            withdrawing: HashSet::new(),
             unknown_since: HashMap::new(),
             id_salt,
             id_sequence: 0,
@@ -157,6 +175,8 @@ impl Core {
             cluster_view_version: 0,
             tally: Arc::default(),
             now_ms,
+            #[cfg(test)]
+            mutations: Mutations::default(),
         };
         for (id, decision) in loaded.decisions {
             // Before the jobs, so each active job's index entry finds its decision.
@@ -165,10 +185,11 @@ impl Core {
         for mut job in loaded.jobs {
             match job.state {
                 meridian_proto::job::JobState::Offered => {
-                    job.state = meridian_proto::job::JobState::Queued;
-                    job.cluster = None;
-                    job.gpu_type = None;
-                    job.message = "offer voided by a gateway restart".into();
+                    job.state = meridian_proto::job::JobState::Unknown;
+                    job.message = format!(
+                        "the gateway restarted with this offer in flight; waiting for {} to report it",
+                        job.cluster.as_deref().unwrap_or("its cluster")
+                    );
                 }
                 meridian_proto::job::JobState::Bound | meridian_proto::job::JobState::Running => {
                     job.state = meridian_proto::job::JobState::Unknown;

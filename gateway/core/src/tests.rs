@@ -12,9 +12,9 @@ use meridian_proto::validate::parse_job_spec;
 
 use super::*;
 
-const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+pub(crate) const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
 
-fn spec(text: &str) -> JobSpec {
+pub(crate) fn spec(text: &str) -> JobSpec {
     parse_job_spec(text, &GpuCatalog::default()).unwrap()
 }
 
@@ -48,7 +48,7 @@ pub(crate) fn inventory(free_gpus: &[u32]) -> AgentEvent {
     })
 }
 
-fn report(job: &str, token: u64, state: JobState) -> JobReport {
+pub(crate) fn report(job: &str, token: u64, state: JobState) -> JobReport {
     JobReport {
         job_id: job.into(),
         fencing_token: token,
@@ -62,16 +62,16 @@ fn report(job: &str, token: u64, state: JobState) -> JobReport {
 }
 
 /// Drives a core the way the runtime does, keeping what was committed.
-struct Harness {
-    core: Core,
-    now_ms: i64,
+pub(crate) struct Harness {
+    pub(crate) core: Core,
+    pub(crate) now_ms: i64,
     next_reply: u64,
-    next_conn: u64,
-    durable: BTreeMap<String, Record>,
+    pub(crate) next_conn: u64,
+    pub(crate) durable: BTreeMap<String, Record>,
 }
 
 impl Harness {
-    fn new(config: CoreConfig) -> Self {
+    pub(crate) fn new(config: CoreConfig) -> Self {
         Self::from_loaded(config, Loaded::default())
     }
 
@@ -86,7 +86,7 @@ impl Harness {
         }
     }
 
-    fn step(&mut self, input: Input) -> Effects {
+    pub(crate) fn step(&mut self, input: Input) -> Effects {
         let mut fx = Effects::default();
         self.core.step(input, self.now_ms, &mut fx);
         for record in &fx.persist {
@@ -95,7 +95,7 @@ impl Harness {
         fx
     }
 
-    fn advance(&mut self, by: Duration) {
+    pub(crate) fn advance(&mut self, by: Duration) {
         self.now_ms += i64::try_from(by.as_millis()).unwrap();
     }
 
@@ -168,7 +168,7 @@ fn sends_to(fx: &Effects, conn: ConnId) -> Vec<&GatewayCommand> {
     fx.sends.iter().filter(|(c, _)| *c == conn).map(|(_, m)| m).collect()
 }
 
-fn persisted_job<'a>(fx: &'a Effects, id: &str) -> Option<&'a JobRecord> {
+pub(crate) fn persisted_job<'a>(fx: &'a Effects, id: &str) -> Option<&'a JobRecord> {
     fx.persist.iter().rev().find_map(|r| match r {
         Record::Job(job) if job.id == id => Some(job),
         _ => None,
@@ -452,16 +452,144 @@ fn the_same_agent_instance_replaces_its_own_stream() {
     assert_eq!(h.state(&id), JobState::Succeeded);
 }
 
+fn accept(id: &str, token: u64) -> AgentEvent {
+    AgentEvent::OfferReply {
+        job_id: id.to_string(),
+        fencing_token: token,
+        accepted: true,
+        reason: String::new(),
+        permanent: false,
+    }
+}
+
 #[test]
-fn an_unanswered_offer_expires_and_the_job_is_placed_again() {
+fn an_unanswered_offer_is_withdrawn_and_placed_again_only_once_the_member_confirms_it_stopped() {
     let mut h = Harness::new(CoreConfig { offer_timeout: Duration::from_secs(5), ..Default::default() });
     let (id, conn) = h.offered();
     h.advance(Duration::from_secs(6));
     h.event(conn, inventory(&[8]));
     let fx = h.step(Input::Tick);
     assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { fencing_token: 1, .. }]));
+    assert_eq!(h.state(&id), JobState::Offered, "still reserved: the member may run it");
+    let fx = h.step(Input::Round);
+    assert!(sends_to(&fx, conn).is_empty(), "not offered again before the member confirms");
+    // The acceptance was already on its way: it binds nothing, the stop follows it.
+    h.event(conn, accept(&id, 1));
+    assert_eq!(h.state(&id), JobState::Offered);
+    h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Running)));
+    assert_eq!(h.state(&id), JobState::Offered, "a withdrawn offer's reports change nothing until it stops");
+    // Unanswered again: the stop is repeated.
+    h.advance(Duration::from_secs(6));
+    let fx = h.step(Input::Tick);
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Cancel { fencing_token: 1, .. }]));
+    let fx = h.event(conn, AgentEvent::Status(report(&id, 1, JobState::Cancelled)));
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Ack { fencing_token: 1, .. }]));
+    assert_eq!(h.state(&id), JobState::Queued, "the member stopped it: it may run elsewhere");
     let fx = h.step(Input::Round);
     assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Offer(a)] if a.job_id == id && a.fencing_token == 2));
+}
+
+#[test]
+fn a_declined_withdrawal_places_the_job_again_at_once() {
+    let mut h = Harness::new(CoreConfig { offer_timeout: Duration::from_secs(5), ..Default::default() });
+    let (id, conn) = h.offered();
+    h.advance(Duration::from_secs(6));
+    h.step(Input::Tick);
+    let decline = AgentEvent::OfferReply {
+        job_id: id.clone(),
+        fencing_token: 1,
+        accepted: false,
+        reason: "full".into(),
+        permanent: false,
+    };
+    h.event(conn, decline);
+    assert_eq!(h.state(&id), JobState::Queued);
+}
+
+#[test]
+fn an_offer_in_flight_when_the_stream_drops_stays_reserved_until_the_lease_rule_places_it_again() {
+    let config = CoreConfig {
+        lost_job_timeout: Duration::from_secs(60),
+        cluster_timeout: Duration::from_secs(10),
+        lease_margin: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let mut h = Harness::new(config);
+    let (id, east) = h.offered();
+    let (west, _) = h.connect("west", "b1");
+    h.event(west, inventory(&[8]));
+    h.step(Input::AgentGone { conn: east });
+    assert_eq!(h.state(&id), JobState::Unknown, "the agent may have accepted and started it");
+    let fx = h.step(Input::Round);
+    assert!(sends_to(&fx, west).is_empty(), "never offered elsewhere while east may run it");
+    h.advance(Duration::from_secs(59));
+    h.event(west, inventory(&[8]));
+    h.step(Input::Tick);
+    let fx = h.step(Input::Round);
+    assert!(sends_to(&fx, west).is_empty(), "not before the lost-job timeout");
+    h.advance(Duration::from_secs(1));
+    h.event(west, inventory(&[8]));
+    h.step(Input::Tick);
+    let fx = h.step(Input::Round);
+    assert!(matches!(sends_to(&fx, west)[..], [GatewayCommand::Offer(a)] if a.job_id == id && a.fencing_token == 2));
+}
+
+#[test]
+fn a_returning_cluster_is_welcomed_with_its_offer_in_flight_and_keeps_the_copy_it_started() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, east) = h.offered();
+    h.step(Input::AgentGone { conn: east });
+    let (again, fx) = h.connect("east", "a2");
+    assert!(
+        matches!(sends_to(&fx, again)[..], [GatewayCommand::Welcome { bound, .. }] if bound.len() == 1 && bound[0].job_id == id && bound[0].fencing_token == 1),
+        "the welcome lists the offer in flight"
+    );
+    // Still being submitted there: the offer is in flight again.
+    h.event(again, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Offered)] });
+    assert_eq!(h.state(&id), JobState::Offered);
+    h.event(again, accept(&id, 1));
+    h.event(again, AgentEvent::Heartbeat { seq: 2, jobs: vec![report(&id, 1, JobState::Running)] });
+    assert_eq!(h.state(&id), JobState::Running, "adopted under its token, not run again");
+    assert_eq!(h.job(&id).fencing_token, 1);
+}
+
+#[test]
+fn a_returning_cluster_that_never_saw_the_offer_reports_it_lost_and_the_job_is_placed_again() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, east) = h.offered();
+    h.step(Input::AgentGone { conn: east });
+    let (again, _) = h.connect("east", "a2");
+    let mut lost = report(&id, 1, JobState::Failed);
+    lost.requeue = true;
+    h.event(again, AgentEvent::Heartbeat { seq: 1, jobs: vec![lost] });
+    assert_eq!(h.state(&id), JobState::Queued);
+}
+
+#[test]
+fn an_offer_in_flight_at_a_restart_is_adopted_when_its_member_runs_it() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, _) = h.offered();
+    let entries: Vec<(String, Vec<u8>)> =
+        h.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
+    let loaded = Loaded::decode(entries).unwrap();
+    let mut restarted = Harness::from_loaded(CoreConfig::default(), loaded);
+    assert_eq!(restarted.state(&id), JobState::Unknown, "an offer in flight may have started");
+    let (conn, fx) = restarted.connect("east", "a1");
+    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Welcome { bound, .. }] if bound.len() == 1 && bound[0].job_id == id));
+    restarted.event(conn, inventory(&[0]));
+    let fx = restarted.step(Input::Round);
+    assert!(sends_to(&fx, conn).is_empty(), "not offered again");
+    restarted.event(conn, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Running)] });
+    assert_eq!(restarted.state(&id), JobState::Running);
+    assert_eq!(restarted.job(&id).fencing_token, 1, "the same binding: adopted, not re-run");
+}
+
+#[test]
+fn a_binding_being_stopped_is_neither_missing_nor_changed() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (id, conn) = h.running();
+    h.event(conn, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Unknown)] });
+    assert_eq!(h.state(&id), JobState::Running, "listed: the member still holds it");
 }
 
 #[test]

@@ -38,20 +38,33 @@ impl Core {
         self.forget_unused_demands();
     }
 
+    /// An offer unanswered past the timeout is withdrawn, not forgotten: the agent may have
+    /// started the job while its answer is late. The gateway tells it to stop that binding and
+    /// keeps the job reserved for the cluster until the member confirms (a cancelled report
+    /// requeues it, a decline too); the stop is repeated every timeout until then. If the
+    /// cluster is lost meanwhile, the lost-cluster rule (the lease) takes over.
     fn expire_offers(&mut self, now_ms: i64, effects: &mut Effects) {
         for id in take_due(&mut self.offered_at, now_ms, self.config.offer_timeout) {
             let Some(mut job) = self.job_mut(&id).filter(|j| j.state == JobState::Offered) else { continue };
-            let cluster = job.cluster.take().unwrap_or_default();
-            if let Some(conn) = self.registry.conn_of(&cluster) {
-                effects
-                    .sends
-                    .push((conn, GatewayCommand::Cancel { job_id: id.clone(), fencing_token: job.fencing_token }));
+            let cluster = job.cluster.clone().unwrap_or_default();
+            let Some(conn) = self.registry.conn_of(&cluster) else {
+                // Not reached: a lost cluster's offers are `Unknown` already. Kept safe anyway.
+                job.state = JobState::Unknown;
+                job.message = format!("offer to {cluster} was not answered and {cluster} is away");
+                self.save(job, effects);
+                self.unknown_since.insert(id, now_ms);
+                continue;
+            };
+            effects.sends.push((conn, GatewayCommand::Cancel { job_id: id.clone(), fencing_token: job.fencing_token }));
+            if self.withdrawing.insert(id.clone()) {
+                tracing::info!(job = %id, cluster = %cluster, token = job.fencing_token, "offer unanswered; withdrawing it");
+                job.message = format!(
+                    "offer to {cluster} was not answered within {}; withdrawing it (placed again once {cluster} confirms it does not run it)",
+                    HumanDuration(self.config.offer_timeout)
+                );
+                self.save(job, effects);
             }
-            job.gpu_type = None;
-            job.state = JobState::Queued;
-            job.message =
-                format!("offer to {cluster} was not answered within {}", HumanDuration(self.config.offer_timeout));
-            self.save(job, effects);
+            self.offered_at.insert(id, now_ms);
         }
     }
 

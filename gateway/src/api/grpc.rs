@@ -9,6 +9,7 @@ use std::time::Duration;
 use meridian_core::JobRecord;
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::job::JobState;
+use meridian_proto::names::check_cluster_name;
 use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello};
 use meridian_proto::validate::parse_job_spec;
@@ -50,15 +51,17 @@ impl pb::federation_server::Federation for FederationApi {
     ) -> Result<tonic::Response<Self::AttachStream>, Status> {
         // The clusters this connection's certificate may speak for (rustls has verified it).
         let certified: Option<Vec<String>> = if self.require_certificate {
-            let names = request
-                .peer_certs()
-                .and_then(|certs| certs.first().map(|leaf| crate::tls::identity::clusters_named(leaf)))
-                .ok_or_else(|| {
-                    Status::unauthenticated(
-                        "the Federation stream needs a client certificate naming the cluster \
-                         (URI SAN urn:meridian:cluster:NAME; see `meridian certs issue`)",
-                    )
-                })?;
+            let certificates = request.peer_certs();
+            let leaf = certificates.as_deref().and_then(|certs| certs.first()).ok_or_else(|| {
+                Status::unauthenticated(
+                    "the Federation stream needs a client certificate naming the cluster \
+                     (URI SAN urn:meridian:cluster:NAME; see `meridian certs issue`)",
+                )
+            })?;
+            let names = crate::tls::identity::certified_clusters(leaf).map_err(|refused| {
+                tracing::warn!(reason = %refused, "refused an agent certificate that names an invalid cluster");
+                Status::permission_denied(format!("the client certificate's {refused}"))
+            })?;
             Some(names)
         } else {
             None
@@ -73,6 +76,11 @@ impl pb::federation_server::Federation for FederationApi {
         };
         let hello = AgentHello::try_from(hello).map_err(|e| Status::invalid_argument(format!("hello: {e}")))?;
         let cluster = hello.info.name.clone();
+        // Checked before the name reaches a log line, a metric label or the store.
+        if let Err(reason) = check_cluster_name(&cluster) {
+            tracing::warn!(%reason, "refused an agent hello whose cluster name is invalid");
+            return Err(Status::invalid_argument(format!("hello.cluster: {reason}")));
+        }
         if let Some(names) = &certified
             && !names.contains(&cluster)
         {

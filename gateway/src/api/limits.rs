@@ -18,9 +18,10 @@ use serde::{Deserialize, Serialize};
 /// The longest request target (path and query) served; longer ones get the JSON 414.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Bytes hyper buffers while reading a request head. Above [`MAX_URI_BYTES`] so that a long URI
-/// reaches the gateway and gets the JSON 414; a head larger than this is answered by hyper itself
-/// (an empty 431) and the connection closed.
+/// The largest request head (request line and headers, up to and including the blank line)
+/// served; a larger one is answered by hyper itself (an empty 431) and the connection closed.
+/// Also the most hyper buffers while reading one. Above [`MAX_URI_BYTES`] so that a long URI
+/// reaches the gateway and gets the JSON 414.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// The `limits:` section of the gateway config: connection caps, timeouts and the per-client

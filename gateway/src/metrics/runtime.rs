@@ -30,8 +30,14 @@ pub fn encode(stats: &Stats, view: &ReadView, encoder: &mut DescriptorEncoder) -
     counters(
         encoder,
         "meridian_agent_streams_dropped",
-        "Agent streams the gateway dropped because the agent did not read what was sent to it.",
+        "Agent streams the gateway dropped because their task had ended (closed under the gateway).",
         [(Vec::new(), stats.agent_streams_dropped as f64)],
+    )?;
+    counters(
+        encoder,
+        "meridian_agent_messages_dropped",
+        "Messages for an agent dropped because its stream's buffer was full (each is repeated when it matters).",
+        [(Vec::new(), stats.agent_messages_dropped as f64)],
     )?;
     gauges(
         encoder,

@@ -154,7 +154,15 @@ impl Driver {
             self.waiting.insert(reply, sender);
         }
         let input = match command.request {
-            Request::Submit(spec) => Input::Submit { spec: *spec, reply },
+            Request::Submit(spec) => {
+                if self.core.failure().is_some()
+                    && let Some(job) = self.durable_replay(&spec)
+                {
+                    effects.replies.push((reply, Ok(Reply::Submitted { job, created: false })));
+                    return;
+                }
+                Input::Submit { spec: *spec, reply }
+            }
             Request::Cancel(job_id) => Input::Cancel { job_id, reply },
             Request::Attach { conn, hello, outbox } => {
                 // Registered first so the welcome can be delivered; removed again if refused.
@@ -184,6 +192,18 @@ impl Driver {
         }
     }
 
+    /// While the store has failed, a submit that repeats an acknowledged one (same tenant,
+    /// idempotency key and spec) is answered from the last durable view: its caller was told
+    /// the job exists, and it still does. Anything else is refused by the core.
+    fn durable_replay(&self, spec: &meridian_proto::spec::JobSpec) -> Option<Arc<meridian_core::JobRecord>> {
+        let key = spec.idempotency_key.as_ref()?;
+        let view = self.view.get();
+        view.jobs()
+            .find(|job| job.spec.idempotency_key.as_ref() == Some(key) && job.spec.tenant == spec.tenant)
+            .filter(|job| job.spec == *spec)
+            .cloned()
+    }
+
     /// Commits the batch's records, publishes the view, then delivers sends and replies.
     async fn finish(&mut self, mut effects: Effects) {
         if !effects.persist.is_empty()
@@ -205,12 +225,24 @@ impl Driver {
         }
         for (conn, command) in effects.sends {
             let Some(stream) = self.streams.get(&conn) else { continue };
-            if stream.try_send(command).is_err() {
-                // The agent is not reading (or gone): drop its stream; it reconnects and reconciles.
-                tracing::warn!(conn, "agent stream full or closed; dropping it");
-                self.stats.with(|stats| stats.agent_streams_dropped += 1);
-                self.streams.remove(&conn);
-                self.follow_ups.push_back(Input::AgentGone { conn });
+            match stream.try_send(command) {
+                Ok(()) => {}
+                // The agent reads slower than the gateway writes. Dropping the stream would turn
+                // a slow reader into a lost cluster (and, before offers counted as running, into
+                // a second copy); every message here is repeated when it matters instead: a lost
+                // renewal by the next heartbeat's, an ack or a cancel by the next report of the
+                // binding, a withdrawn offer by its timer, a logs request by its caller's retry.
+                Err(mpsc::error::TrySendError::Full(command)) => {
+                    tracing::debug!(conn, kind = command.kind(), "agent stream full; message dropped");
+                    self.stats.with(|stats| stats.agent_messages_dropped += 1);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    // The stream's task has ended: the agent is gone.
+                    tracing::warn!(conn, "agent stream closed; dropping it");
+                    self.stats.with(|stats| stats.agent_streams_dropped += 1);
+                    self.streams.remove(&conn);
+                    self.follow_ups.push_back(Input::AgentGone { conn });
+                }
             }
         }
         for conn in effects.close {

@@ -41,8 +41,8 @@ pub struct RuntimeConfig {
     pub round_coalesce: Duration,
     /// The queue is placed again at least this often (waits grow, burst gates open).
     pub placement_interval: Duration,
-    /// Messages waiting for one agent stream at most; a stream that falls this far behind is
-    /// dropped (the agent reconnects and reconciles).
+    /// Messages waiting for one agent stream at most; beyond it messages are dropped and
+    /// counted, never the stream (see the driver).
     pub agent_buffer: usize,
 }
 

@@ -69,8 +69,11 @@ pub struct Stats {
     pub round_histogram: Histogram,
     /// Agent streams that ended (the agent went away or its connection broke).
     pub agent_streams_ended: u64,
-    /// Agent streams the gateway dropped because the agent did not read what was sent to it.
+    /// Agent streams the gateway dropped because their task had ended under it.
     pub agent_streams_dropped: u64,
+    /// Messages for agents dropped because their stream's buffer was full. The stream stays:
+    /// each such message is repeated when it matters (see the driver).
+    pub agent_messages_dropped: u64,
 }
 
 impl Default for Stats {
@@ -84,6 +87,7 @@ impl Default for Stats {
             round_histogram: Histogram::new(&ROUND_BUCKETS_SECS),
             agent_streams_ended: 0,
             agent_streams_dropped: 0,
+            agent_messages_dropped: 0,
         }
     }
 }

@@ -297,6 +297,46 @@ async fn under_disk_faults_every_acknowledged_job_survives_a_power_loss() {
     assert_eq!(cases, 18);
 }
 
+/// During a store failure, a client that retries an acknowledged submit (same tenant, key and
+/// spec) gets its job back from the last durable view; anything new is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_submit_replayed_during_a_store_failure_answers_with_the_stored_job() {
+    use meridian_store::RedbStore;
+    use meridian_store::testing::SimulatedDisk;
+
+    let keyed = |name: &str, key: &str| {
+        let mut spec = spec(name);
+        spec.idempotency_key = Some(key.to_string());
+        spec
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SimulatedDisk::new(7);
+    let store = Arc::new(RedbStore::open_with_backend(dir.path(), disk.clone()).unwrap());
+    let (runtime, handle, stop) = start(store.clone());
+    let (acknowledged, created) = within("submit", handle.submit(keyed("kept", "key-1"))).await.unwrap();
+    assert!(created);
+    disk.fail_sync(1);
+    let mut failed = false;
+    for i in 0..20 {
+        match within("submit", handle.submit(keyed(&format!("new{i}"), &format!("key-new{i}")))).await {
+            Err(CallError::Core(meridian_core::Error::Unavailable(_))) => {
+                failed = true;
+                break;
+            }
+            Ok(_) => {}
+            Err(other) => panic!("unexpected {other}"),
+        }
+    }
+    assert!(failed, "the fault never surfaced");
+    let (replayed, created) = within("replay", handle.submit(keyed("kept", "key-1"))).await.unwrap();
+    assert!(!created);
+    assert_eq!(replayed.id, acknowledged.id, "the stored job, not a new one");
+    let changed = within("changed replay", handle.submit(keyed("other-spec", "key-1"))).await;
+    assert!(matches!(changed, Err(CallError::Core(meridian_core::Error::Unavailable(_)))), "{changed:?}");
+    let _ = stop.send(true);
+    runtime.join().await;
+}
+
 #[tokio::test]
 async fn the_first_read_after_a_start_already_sees_the_stored_jobs() {
     let store = Arc::new(MemoryStore::new());

@@ -8,6 +8,12 @@
 //! The certificate has been verified by rustls (signature, chain, validity) before it gets
 //! here, so this reads the few fields it needs with a minimal DER walk rather than a full X.509
 //! parser; anything it does not understand yields no name (and the agent is refused).
+//!
+//! A CA signs what it is asked to: a name in a cluster URI SAN must still follow the cluster-name
+//! grammar ([`meridian_proto::names`]) before the gateway takes it as a cluster, so that a
+//! certificate for `west/../east` or `East` is refused rather than becoming a new cluster.
+
+use meridian_proto::names::{ClusterNameError, check_cluster_name};
 
 /// The prefix of the URI SAN that names a cluster.
 pub const CLUSTER_URI_PREFIX: &str = "urn:meridian:cluster:";
@@ -24,6 +30,16 @@ const URI_NAME: u8 = 0x86;
 /// 2.5.29.17, subjectAltName.
 const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
 
+/// A cluster URI SAN whose name breaks the cluster-name grammar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("URI SAN {} does not name a valid cluster: the name {reason}", shown(uri))]
+pub struct InvalidClusterSan {
+    /// The whole SAN, as the certificate carries it (shown escaped, and cut after 96 characters).
+    pub uri: String,
+    /// What is wrong with the name.
+    pub reason: ClusterNameError,
+}
+
 /// The URI SAN that names `cluster`.
 pub fn cluster_uri(cluster: &str) -> String {
     format!("{CLUSTER_URI_PREFIX}{cluster}")
@@ -37,6 +53,25 @@ pub fn clusters_named(certificate: &[u8]) -> Vec<String> {
         .filter_map(|uri| uri.strip_prefix(CLUSTER_URI_PREFIX).map(str::to_string))
         .filter(|name| !name.is_empty())
         .collect()
+}
+
+/// The clusters a DER certificate names ([`clusters_named`]), each checked against the
+/// cluster-name grammar: the first name that breaks it refuses the whole certificate, since a
+/// CA that signed one malformed cluster name should not be trusted for the others.
+pub fn certified_clusters(certificate: &[u8]) -> Result<Vec<String>, InvalidClusterSan> {
+    let names = clusters_named(certificate);
+    for name in &names {
+        check_cluster_name(name).map_err(|reason| InvalidClusterSan { uri: cluster_uri(name), reason })?;
+    }
+    Ok(names)
+}
+
+/// A SAN as a message shows it: quoted with control characters escaped, and at most 96
+/// characters of it.
+fn shown(uri: &str) -> String {
+    const SHOWN: usize = 96;
+    let head: String = uri.chars().take(SHOWN).collect();
+    if head.len() < uri.len() { format!("{head:?}…") } else { format!("{head:?}") }
 }
 
 /// Every URI SAN of a DER certificate; `None` when the structure is not what X.509 says.
@@ -155,6 +190,29 @@ mod tests {
         assert!(clusters_named(&der).is_empty());
         assert!(clusters_named(&certificate_with(Vec::new())).is_empty());
         assert!(clusters_named(&certificate_with(vec![uri(CLUSTER_URI_PREFIX)])).is_empty(), "an empty name");
+    }
+
+    #[test]
+    fn a_cluster_san_that_breaks_the_name_grammar_refuses_the_certificate_with_the_reason() {
+        let good = certificate_with(vec![uri(&cluster_uri("onprem-east"))]);
+        assert_eq!(certified_clusters(&good), Ok(vec!["onprem-east".to_string()]));
+        assert_eq!(certified_clusters(&certificate_with(Vec::new())), Ok(Vec::new()));
+
+        let traversal = certificate_with(vec![uri(&cluster_uri("west/../east"))]);
+        let refused = certified_clusters(&traversal).unwrap_err();
+        assert_eq!(refused.uri, "urn:meridian:cluster:west/../east");
+        assert_eq!(refused.reason, ClusterNameError::BadCharacter { position: 5, character: '/' });
+        assert!(refused.to_string().contains("the name has `/` at character 5;"), "{refused}");
+
+        let long = certified_clusters(&certificate_with(vec![uri(&cluster_uri(&"a".repeat(300)))])).unwrap_err();
+        assert!(long.to_string().contains("aaaa\"… does not name"), "{long}");
+        assert!(long.to_string().contains("is 300 characters long"), "{long}");
+
+        for bad in ["East", "a b", "-east", &"a".repeat(64)] {
+            let der = certificate_with(vec![uri(&cluster_uri("east")), uri(&cluster_uri(bad))]);
+            assert_eq!(clusters_named(&der).len(), 2, "{bad}: the raw reader still sees both");
+            assert!(certified_clusters(&der).is_err(), "{bad}: one bad name refuses the certificate");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::lease::{Lease, Renewal};
-use super::ledger::{CancelPlan, Doom, EventOutcome, Ledger, OfferPlan};
+use super::ledger::{self, CancelPlan, Doom, EventOutcome, Ledger, OfferPlan, Stop};
 use super::link::{BACKOFF_MAX, BACKOFF_MIN, Dial, Inbound, Link, LinkError, LinkEvent, jittered};
 use super::tasks::{self, Report, TaskLabel, TaskOutput};
 use crate::backend::{Admission, BackendError, InventorySource, JobEvent, JobEventReceiver, LocalBackend};
@@ -141,6 +141,11 @@ impl EventLoop {
     }
 
     fn on_inbound(&mut self, inbound: Inbound) {
+        // A message read after the lease's deadline must not act first: `select!` may pick the
+        // stream before the deadline's timer (after a pause, both are ready at once).
+        if self.enforce_lease() {
+            return;
+        }
         let command = match inbound {
             Inbound::Command(command) => *command,
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {
@@ -165,10 +170,21 @@ impl EventLoop {
                     tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "result acknowledged");
                 }
             }
-            GatewayCommand::Lease { heartbeat_seq, lease } => match self.lease.renew(heartbeat_seq, lease) {
-                Renewal::Applied(_) => self.metrics.report_accepted(),
-                other => tracing::debug!(cluster = %self.cluster, heartbeat_seq, ?other, "lease renewal not applied"),
-            },
+            GatewayCommand::Lease { heartbeat_seq, lease } => {
+                let session = self.link.welcomed_session().unwrap_or_default();
+                match self.lease.renew(heartbeat_seq, lease, session, Instant::now()) {
+                    Renewal::Applied(_) => {
+                        self.metrics.report_accepted();
+                        self.lease_changed();
+                    }
+                    Renewal::Stale => {
+                        tracing::warn!(cluster = %self.cluster, heartbeat_seq, "a lease renewal arrived after the lease it grants had run out; it counts for nothing");
+                    }
+                    other => {
+                        tracing::debug!(cluster = %self.cluster, heartbeat_seq, ?other, "lease renewal not applied");
+                    }
+                }
+            }
             GatewayCommand::Logs { request_id, job_id, fencing_token, from, max_bytes } => {
                 let task = tasks::logs(Arc::clone(&self.backend), request_id, job_id, fencing_token, from, max_bytes);
                 self.spawn(TaskLabel::Logs { request_id }, task);
@@ -178,16 +194,34 @@ impl EventLoop {
 
     /// Keeps exactly the bindings the gateway lists, reports the rest, and starts heartbeating.
     fn on_welcome(&mut self, bound: &[Assignment], lease: Option<Duration>) {
-        let Link::Up { session, hello_sent, welcomed, .. } = &mut self.link else { return };
-        *welcomed = true;
+        let Link::Up { session, hello_sent, welcomed: false, .. } = &self.link else {
+            tracing::warn!(cluster = %self.cluster, "a second welcome on one stream ignored");
+            return;
+        };
         let (session, hello_sent) = (*session, *hello_sent);
+        if !self.lease.welcome(lease, hello_sent, Instant::now()) {
+            // The welcome took longer to arrive than the lease it grants: what it lists may have
+            // been placed elsewhere since. It grants nothing; a new stream brings a fresh one.
+            tracing::warn!(
+                cluster = %self.cluster,
+                session,
+                waited = ?hello_sent.elapsed(),
+                "the gateway's welcome arrived after the lease it grants had run out; ignoring it and reconnecting"
+            );
+            self.enforce_lease();
+            self.link = Link::BackingOff { retry_at: Instant::now() };
+            return;
+        }
+        if let Link::Up { welcomed, .. } = &mut self.link {
+            *welcomed = true;
+        }
         self.backoff = BACKOFF_MIN;
-        self.lease.welcome(lease, hello_sent);
+        self.lease_changed();
         self.metrics.welcomed(session);
         let done = self.ledger.reconcile(bound, session, &self.cluster);
-        for (job_id, fencing_token) in done.stop.iter().cloned() {
-            tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, "the gateway no longer expects this binding here; stopping it");
-            self.stop(job_id, fencing_token);
+        for stop in done.stop.iter().cloned() {
+            tracing::warn!(cluster = %self.cluster, job = %stop.job_id, fencing_token = stop.fencing_token, "the gateway no longer expects this binding here; stopping it");
+            self.stop(stop);
         }
         for lost in &done.lost {
             tracing::warn!(cluster = %self.cluster, job = %lost.job_id, fencing_token = lost.fencing_token, "the gateway expects a job this member does not hold; reporting it lost");
@@ -246,12 +280,16 @@ impl EventLoop {
     fn on_cancel(&mut self, job_id: &str, fencing_token: u64) {
         match self.ledger.cancel(job_id, fencing_token) {
             CancelPlan::Ignore => {
-                tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "stale cancel ignored");
+                tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "stale or repeated cancel ignored");
             }
-            CancelPlan::Stop { fencing_token, report } => {
-                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, "job cancelled by the gateway");
-                self.stop(job_id.to_string(), fencing_token);
-                self.send(AgentEvent::Status(report));
+            CancelPlan::Stop(stop) => {
+                // The cancelled result goes out once the backend confirms the stop: the gateway
+                // may place the job elsewhere on it.
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token = stop.fencing_token, "job cancelled by the gateway; stopping it");
+                self.stop(stop);
+            }
+            CancelPlan::Deferred => {
+                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, "cancelled while its submit runs; stopped when the submit returns");
             }
             CancelPlan::Report(report) => self.send(AgentEvent::Status(report)),
         }
@@ -295,19 +333,25 @@ impl EventLoop {
             TaskOutput::Submitted { job_id, fencing_token, result, report } => {
                 self.on_submitted(job_id, fencing_token, result, report);
             }
-            TaskOutput::Cancelled { job_id, fencing_token, result } => {
-                self.ledger.stopped(&job_id, fencing_token);
-                match result {
-                    Ok(()) => self.report_wanted = true,
-                    Err(error) => tracing::error!(
+            TaskOutput::Cancelled { job_id, fencing_token, result } => match result {
+                Ok(()) => {
+                    tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, "job stopped");
+                    if let Some(result) = self.ledger.stopped(&job_id, fencing_token) {
+                        self.send(AgentEvent::Status(result));
+                    }
+                    self.report_wanted = true;
+                }
+                Err(error) => {
+                    tracing::error!(
                         cluster = %self.cluster,
                         job = %job_id,
                         fencing_token,
                         %error,
-                        "could not stop a job in the backend; it may still run on this member"
-                    ),
+                        "could not stop a job in the backend; it may still run on this member (listed as being stopped; tried again at the next heartbeat)"
+                    );
+                    self.ledger.stop_failed(&job_id, fencing_token);
                 }
-            }
+            },
             TaskOutput::Reported(report) => {
                 self.report_in_flight = false;
                 self.send_report(report);
@@ -329,7 +373,7 @@ impl EventLoop {
                 Err(BackendError::permanent(format!("the backend's submit failed: {error}"))),
                 None,
             ),
-            Some(TaskLabel::Cancel { job_id, fencing_token }) => self.ledger.stopped(&job_id, fencing_token),
+            Some(TaskLabel::Cancel { job_id, fencing_token }) => self.ledger.stop_failed(&job_id, fencing_token),
             Some(TaskLabel::Report) => self.report_in_flight = false,
             Some(TaskLabel::Sample) => self.sample_in_flight = false,
             Some(TaskLabel::Logs { request_id }) => self.send(AgentEvent::Logs {
@@ -350,7 +394,7 @@ impl EventLoop {
         let taken = matches!(result, Ok(Admission::Started { .. } | Admission::Queued { .. }));
         let Some(submitting) = self.ledger.finish_submit(&job_id, fencing_token) else {
             if taken {
-                self.stop(job_id, fencing_token);
+                self.stop(Stop { job_id, fencing_token, result: None });
             }
             return;
         };
@@ -358,12 +402,28 @@ impl EventLoop {
         // decides (a binding it lists had its session moved to the new stream).
         let live = self.link.welcomed_session() == Some(submitting.session);
         if let Some(doom) = submitting.doomed {
+            // What the gateway learns once nothing of the binding runs here: cancelled (the
+            // gateway's cancel or withdrawal), failed for requeue (the lease), or nothing (a
+            // binding it no longer lists).
+            let result = match doom {
+                Doom::Cancelled => Some(ledger::result(
+                    &job_id,
+                    fencing_token,
+                    JobState::Cancelled,
+                    "stopped by the gateway".into(),
+                    false,
+                )),
+                Doom::LeaseExpired => {
+                    Some(ledger::result(&job_id, fencing_token, JobState::Failed, LEASE_EXPIRED.into(), true))
+                }
+                Doom::NotInWelcome => None,
+            };
             if taken {
                 tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, ?doom, "stopping a job whose offer was withdrawn while it was submitted");
-                self.stop(job_id.clone(), fencing_token);
-            }
-            if live && doom == Doom::LeaseExpired {
-                self.reply(&job_id, fencing_token, false, LEASE_EXPIRED.into());
+                self.stop(Stop { job_id: job_id.clone(), fencing_token, result });
+            } else if let Some(result) = result {
+                self.ledger.record(result.clone());
+                self.send(AgentEvent::Status(result));
             }
             return;
         }
@@ -415,12 +475,15 @@ impl EventLoop {
                 }
             }
             Err(error) => {
-                tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, %error, "submit failed");
-                if live && !error.is_transient() {
-                    self.refuse_for_good(&job_id, fencing_token, format!("the local scheduler failed: {error}"));
-                } else if live {
-                    self.reply(&job_id, fencing_token, false, format!("the local scheduler failed: {error}"));
-                }
+                // A failed submit may still have left something behind (an `sbatch` that timed
+                // out after queueing the job, a pod created before the error): it is stopped
+                // first, and the gateway hears of the failure only once it is — failed for
+                // requeue when the error was transient, failed for good otherwise — so the job
+                // cannot start elsewhere while a copy could run here.
+                tracing::warn!(cluster = %self.cluster, job = %job_id, fencing_token, %error, "submit failed; stopping whatever it may have started before answering");
+                let message = format!("the local scheduler on {} failed: {error}", self.cluster);
+                let result = ledger::result(&job_id, fencing_token, JobState::Failed, message, error.is_transient());
+                self.stop(Stop { job_id: job_id.clone(), fencing_token, result: Some(result) });
             }
         }
         for phase in submitting.early_events {
@@ -436,6 +499,13 @@ impl EventLoop {
                 self.send(AgentEvent::Status(report));
                 self.report_wanted = true;
             }
+            EventOutcome::Reworded(report) => {
+                // A queue that moves rewords every job in it: the heartbeat carries the words,
+                // and pressure the queue's length.
+                tracing::debug!(cluster = %self.cluster, job = %report.job_id, message = %report.message, "job reworded");
+                self.report_wanted = true;
+            }
+            EventOutcome::Unchanged => {}
             EventOutcome::Finished(result) => {
                 tracing::info!(cluster = %self.cluster, job = %result.job_id, state = %result.state, message = %result.message, "job finished");
                 self.send(AgentEvent::Status(result));
@@ -449,6 +519,10 @@ impl EventLoop {
     // ------------------------------------------------------------ timers
 
     fn on_heartbeat_tick(&mut self) {
+        for stop in self.ledger.stops_to_retry() {
+            tracing::info!(cluster = %self.cluster, job = %stop.job_id, fencing_token = stop.fencing_token, "trying again to stop a job");
+            self.stop(stop);
+        }
         if self.link.welcomed_session().is_some() {
             self.send_heartbeat();
             self.report_wanted = true;
@@ -460,7 +534,8 @@ impl EventLoop {
         let seq = self.heartbeat_seq;
         // Recorded before the send: the real send is no earlier, so the lease errs short.
         let now = Instant::now();
-        self.lease.heartbeat_sent(seq, now);
+        let session = self.link.welcomed_session().unwrap_or_default();
+        self.lease.heartbeat_sent(seq, now, session);
         let mut jobs = self.ledger.heartbeat();
         for report in jobs.iter_mut().filter(|r| r.state == JobState::Running) {
             report.usage = self.usage.usage(&report.job_id, report.fencing_token, now);
@@ -510,15 +585,16 @@ impl EventLoop {
             self.cluster,
             HumanDuration(length)
         );
-        let stop = self.ledger.expire(&message);
+        let stops = self.ledger.expire(&message);
         tracing::warn!(
             cluster = %self.cluster,
-            jobs = stop.len(),
+            jobs = stops.len(),
             lease = %HumanDuration(length),
             "lease expired without renewal from the gateway: stopping every job it placed here; offers are refused until the gateway welcomes this agent again"
         );
-        for (job_id, fencing_token) in stop {
-            self.stop(job_id, fencing_token);
+        self.lease_changed();
+        for stop in stops {
+            self.stop(stop);
         }
         // A stream that carries no renewals is of no use; a new one brings a new welcome (the
         // gateway lets the same instance replace its own stream). The results go out after it.
@@ -538,11 +614,38 @@ impl EventLoop {
         self.labels.insert(handle.id(), label);
     }
 
-    /// Stops a binding in the backend (as a task).
-    fn stop(&mut self, job_id: String, fencing_token: u64) {
-        self.ledger.stopping(&job_id, fencing_token);
+    /// Stops a binding in the backend (as a task); its result, if any, is published when the
+    /// backend confirms.
+    fn stop(&mut self, stop: Stop) {
+        self.ledger.stopping(&stop);
+        let Stop { job_id, fencing_token, .. } = stop;
         let label = TaskLabel::Cancel { job_id: job_id.clone(), fencing_token };
         self.spawn(label, tasks::cancel(Arc::clone(&self.backend), job_id, fencing_token));
+    }
+
+    /// Runs the lease's expiry now if its deadline has passed (its timer may not have fired
+    /// yet). Returns whether the stream was given up with it.
+    fn enforce_lease(&mut self) -> bool {
+        if !self.lease.is_past(Instant::now()) {
+            return false;
+        }
+        self.on_lease_expired();
+        !matches!(self.link, Link::Up { .. })
+    }
+
+    /// Tells the backend when the gateway's jobs must be stopped, for enforcement outside this
+    /// process (the process runner's watchdog keeps working while the agent is frozen).
+    fn lease_changed(&self) {
+        let deadline = if self.lease.is_expired() {
+            Some(std::time::SystemTime::now())
+        } else {
+            self.lease.deadline().map(|deadline| {
+                let now = Instant::now();
+                let wall = std::time::SystemTime::now();
+                if deadline >= now { wall + (deadline - now) } else { wall - (now - deadline) }
+            })
+        };
+        self.backend.lease_changed(deadline);
     }
 
     fn maybe_report(&mut self) {
@@ -597,7 +700,14 @@ impl EventLoop {
         let Link::Up { connection, welcomed: true, .. } = &self.link else { return };
         match connection.outbound.try_send(event) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.link_lost(LinkError::Stuck),
+            // The gateway reads slower than this agent writes: dropping the stream would cost
+            // a reconnect and a reconcile. The message is dropped instead; the next heartbeat
+            // lists every binding's state and result, and the lease bounds a gateway that has
+            // stopped reading altogether.
+            Err(TrySendError::Full(_)) => {
+                tracing::debug!(cluster = %self.cluster, "the gateway stream's outbound queue is full; message dropped");
+                self.metrics.message_dropped();
+            }
             Err(TrySendError::Closed(_)) => self.link_lost(LinkError::Closed),
         }
     }

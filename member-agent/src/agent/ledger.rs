@@ -3,6 +3,12 @@
 //!
 //! Pure bookkeeping, no I/O: each method says what changed and the event loop does the sending
 //! and the backend calls. A job is identified by (job id, fencing token) everywhere.
+//!
+//! A binding is in exactly one place, and every place is listed in each heartbeat, so the
+//! gateway never takes a binding this member may still run for one it does not: held (`Bound`
+//! or `Running`), being submitted (`Offered`), being stopped (`Unknown`), or finished (its result
+//! in the outbox). A stop's result (cancelled, or failed for requeue) enters the outbox only once
+//! the backend has confirmed the stop: the gateway may place the job elsewhere on that result.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,8 +25,9 @@ pub(crate) struct Ledger {
     held: BTreeMap<String, JobReport>,
     /// Offers whose submit is under way, by job id.
     submitting: BTreeMap<String, Submitting>,
-    /// Bindings whose cancel is under way in the backend, by job id.
-    stopping: BTreeMap<String, u64>,
+    /// Bindings being stopped in the backend (or whose stop failed and waits for a retry), by
+    /// job id.
+    stopping: BTreeMap<String, Stopping>,
     /// Terminal results not yet acknowledged, by (job id, token).
     outbox: BTreeMap<(String, u64), JobReport>,
 }
@@ -36,6 +43,29 @@ pub(crate) struct Submitting {
     pub(crate) doomed: Option<Doom>,
     /// Backend events for this binding that arrived before the submit's answer.
     pub(crate) early_events: Vec<JobPhase>,
+}
+
+/// A binding whose stop is under way in the backend.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stopping {
+    /// The binding.
+    pub(crate) fencing_token: u64,
+    /// The result to publish once the backend confirms the stop; None for a binding nobody
+    /// expects a result of (the gateway no longer lists it).
+    pub(crate) result: Option<JobReport>,
+    /// A backend cancel is running; false after one failed (it is retried).
+    pub(crate) in_progress: bool,
+}
+
+/// A stop for the event loop to run in the backend.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stop {
+    /// The job.
+    pub(crate) job_id: String,
+    /// The binding.
+    pub(crate) fencing_token: u64,
+    /// The result to publish once it is stopped (see [`Stopping::result`]).
+    pub(crate) result: Option<JobReport>,
 }
 
 /// Why an offer being submitted must be stopped once the submit returns.
@@ -73,24 +103,26 @@ pub(crate) enum OfferPlan {
 /// What a cancel from the gateway does.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum CancelPlan {
-    /// A newer binding is held (or being submitted): the cancel is stale.
+    /// A newer binding is held (or being submitted), or this one is being stopped already.
     Ignore,
-    /// Stop binding `fencing_token` in the backend and report `report`.
-    Stop {
-        /// The binding to stop.
-        fencing_token: u64,
-        /// The terminal result now in the outbox.
-        report: JobReport,
-    },
-    /// Nothing to stop now (not held, or stopped when its submit returns); report `report`.
+    /// Stop it in the backend; its cancelled result follows once the stop is confirmed.
+    Stop(Stop),
+    /// Its submit is under way: it is stopped when the submit returns, and reported then.
+    Deferred,
+    /// Nothing of it runs here (or it already finished); report `report`.
     Report(JobReport),
 }
 
 /// What a backend event did.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum EventOutcome {
-    /// A held binding changed state (now queued with a new reason, or running).
+    /// A held binding changed state (queued to running, new nodes): send it now.
     Changed(JobReport),
+    /// Only the words changed (a local queue position, a new pending reason): the next
+    /// heartbeat carries them. Sending each at once floods the stream when a queue moves.
+    Reworded(JobReport),
+    /// Nothing changed.
+    Unchanged,
     /// A held binding ended; its result is in the outbox.
     Finished(JobReport),
     /// The binding's submit has not returned yet; the event is applied when it does.
@@ -103,7 +135,7 @@ pub(crate) enum EventOutcome {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Reconciled {
     /// Held bindings the gateway does not expect here: stop them in the backend.
-    pub(crate) stop: Vec<(String, u64)>,
+    pub(crate) stop: Vec<Stop>,
     /// Bindings the gateway expects that the member does not hold: reported lost (in the outbox).
     pub(crate) lost: Vec<JobReport>,
     /// Results dropped because the gateway no longer expects their binding.
@@ -113,9 +145,30 @@ pub(crate) struct Reconciled {
 }
 
 impl Ledger {
-    /// Every binding to list in a heartbeat: held ones, then unacknowledged results.
+    /// Every binding to list in a heartbeat: held ones, offers being submitted (`Offered`),
+    /// bindings being stopped (`Unknown`), then unacknowledged results.
     pub(crate) fn heartbeat(&self) -> Vec<JobReport> {
-        self.held.values().chain(self.outbox.values()).cloned().collect()
+        let submitting = self.submitting.iter().map(|(job_id, s)| JobReport {
+            job_id: job_id.clone(),
+            fencing_token: s.fencing_token,
+            state: JobState::Offered,
+            message: "being submitted to the local scheduler".into(),
+            nodes: Vec::new(),
+            requeue: false,
+            preempted: false,
+            usage: None,
+        });
+        let stopping = self.stopping.iter().map(|(job_id, s)| JobReport {
+            job_id: job_id.clone(),
+            fencing_token: s.fencing_token,
+            state: JobState::Unknown,
+            message: "being stopped".into(),
+            nodes: Vec::new(),
+            requeue: false,
+            preempted: false,
+            usage: None,
+        });
+        self.held.values().cloned().chain(submitting).chain(stopping).chain(self.outbox.values().cloned()).collect()
     }
 
     /// The bindings running now (with their nodes).
@@ -155,7 +208,7 @@ impl Ledger {
             Some(held) if held.fencing_token > token => OfferPlan::RefuseNewerHeld(held.fencing_token),
             Some(held) => OfferPlan::Submit { replace: Some(held.fencing_token) },
             // A cancel still under way is harmless to repeat before the new submit.
-            None => OfferPlan::Submit { replace: self.stopping.get(&assignment.job_id).copied() },
+            None => OfferPlan::Submit { replace: self.stopping.get(&assignment.job_id).map(|s| s.fencing_token) },
         }
     }
 
@@ -193,16 +246,28 @@ impl Ledger {
             }
             let token = held.fencing_token;
             self.held.remove(job_id);
-            let report = self.finish(job_id, token, JobState::Cancelled, STOPPED.into(), false);
-            return CancelPlan::Stop { fencing_token: token, report };
+            let result = result(job_id, token, JobState::Cancelled, STOPPED.into(), false);
+            return CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token: token, result: Some(result) });
         }
         if let Some(submitting) = self.submitting.get_mut(job_id) {
             if submitting.fencing_token > fencing_token {
                 return CancelPlan::Ignore;
             }
             submitting.doomed = Some(Doom::Cancelled);
-            let token = submitting.fencing_token;
-            return CancelPlan::Report(self.finish(job_id, token, JobState::Cancelled, STOPPED.into(), false));
+            return CancelPlan::Deferred;
+        }
+        if let Some(stopping) = self.stopping.get(job_id)
+            && stopping.fencing_token >= fencing_token
+        {
+            if stopping.in_progress || stopping.fencing_token > fencing_token {
+                return CancelPlan::Ignore;
+            }
+            // Its last stop failed: try again, and report it cancelled once it works.
+            let result = stopping
+                .result
+                .clone()
+                .or_else(|| Some(result(job_id, fencing_token, JobState::Cancelled, STOPPED.into(), false)));
+            return CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token, result });
         }
         if let Some(result) = self.outbox.get(&(job_id.to_string(), fencing_token)) {
             return CancelPlan::Report(result.clone());
@@ -234,9 +299,14 @@ impl Ledger {
             self.held.remove(&event.job_id);
             self.outbox.insert((event.job_id, event.fencing_token), update.clone());
             EventOutcome::Finished(update)
-        } else {
+        } else if held.state != update.state || held.nodes != update.nodes {
             *held = update.clone();
             EventOutcome::Changed(update)
+        } else if held.message != update.message {
+            *held = update.clone();
+            EventOutcome::Reworded(update)
+        } else {
+            EventOutcome::Unchanged
         }
     }
 
@@ -249,18 +319,14 @@ impl Ledger {
         message: String,
         requeue: bool,
     ) -> JobReport {
-        let report = JobReport {
-            job_id: job_id.to_string(),
-            fencing_token,
-            state,
-            message,
-            nodes: Vec::new(),
-            requeue,
-            preempted: false,
-            usage: None,
-        };
-        self.outbox.insert((job_id.to_string(), fencing_token), report.clone());
+        let report = result(job_id, fencing_token, state, message, requeue);
+        self.record(report.clone());
         report
+    }
+
+    /// Puts a terminal result in the outbox.
+    pub(crate) fn record(&mut self, result: JobReport) {
+        self.outbox.insert((result.job_id.clone(), result.fencing_token), result);
     }
 
     /// The gateway recorded the result of (`job_id`, `fencing_token`): forget it. Returns
@@ -269,16 +335,54 @@ impl Ledger {
         self.outbox.remove(&(job_id.to_string(), fencing_token)).is_some()
     }
 
-    /// A cancel of (`job_id`, `fencing_token`) is under way in the backend.
-    pub(crate) fn stopping(&mut self, job_id: &str, fencing_token: u64) {
-        self.stopping.insert(job_id.to_string(), fencing_token);
+    /// A stop of `stop` is under way in the backend. A stop of the same binding already
+    /// recorded keeps its result unless this one brings one.
+    pub(crate) fn stopping(&mut self, stop: &Stop) {
+        let result = match self.stopping.get(&stop.job_id) {
+            Some(existing) if existing.fencing_token == stop.fencing_token && stop.result.is_none() => {
+                existing.result.clone()
+            }
+            _ => stop.result.clone(),
+        };
+        if self.held.get(&stop.job_id).is_some_and(|held| held.fencing_token <= stop.fencing_token) {
+            self.held.remove(&stop.job_id);
+        }
+        self.stopping
+            .insert(stop.job_id.clone(), Stopping { fencing_token: stop.fencing_token, result, in_progress: true });
     }
 
-    /// The cancel of (`job_id`, `fencing_token`) returned.
-    pub(crate) fn stopped(&mut self, job_id: &str, fencing_token: u64) {
-        if self.stopping.get(job_id) == Some(&fencing_token) {
-            self.stopping.remove(job_id);
+    /// The backend confirmed the stop of (`job_id`, `fencing_token`): the binding is gone, and
+    /// its result (if one is expected) enters the outbox. Returns that result, to send.
+    pub(crate) fn stopped(&mut self, job_id: &str, fencing_token: u64) -> Option<JobReport> {
+        if self.stopping.get(job_id).is_none_or(|s| s.fencing_token != fencing_token) {
+            return None;
         }
+        let result = self.stopping.remove(job_id)?.result?;
+        self.record(result.clone());
+        Some(result)
+    }
+
+    /// The stop of (`job_id`, `fencing_token`) failed: the binding may still run. It stays
+    /// listed (as being stopped) and is tried again.
+    pub(crate) fn stop_failed(&mut self, job_id: &str, fencing_token: u64) {
+        if let Some(stopping) = self.stopping.get_mut(job_id)
+            && stopping.fencing_token == fencing_token
+        {
+            stopping.in_progress = false;
+        }
+    }
+
+    /// Stops that failed, to try again.
+    pub(crate) fn stops_to_retry(&self) -> Vec<Stop> {
+        self.stopping
+            .iter()
+            .filter(|(_, s)| !s.in_progress)
+            .map(|(job_id, s)| Stop {
+                job_id: job_id.clone(),
+                fencing_token: s.fencing_token,
+                result: s.result.clone(),
+            })
+            .collect()
     }
 
     /// A welcome listing `bound` on `session`: keep exactly those bindings.
@@ -291,7 +395,13 @@ impl Ledger {
                 self.held.insert(job_id, report);
                 done.kept += 1;
             } else {
-                done.stop.push((job_id, report.fencing_token));
+                done.stop.push(Stop { job_id, fencing_token: report.fencing_token, result: None });
+            }
+        }
+        for (job_id, stopping) in &mut self.stopping {
+            if expected.get(job_id.as_str()) != Some(&stopping.fencing_token) {
+                // Still stopped, but nobody waits for its result any more.
+                stopping.result = None;
             }
         }
         for (job_id, submitting) in &mut self.submitting {
@@ -310,6 +420,7 @@ impl Ledger {
             .iter()
             .map(|(id, r)| (id.as_str(), r.fencing_token))
             .chain(self.submitting.iter().map(|(id, s)| (id.as_str(), s.fencing_token)))
+            .chain(self.stopping.iter().map(|(id, s)| (id.as_str(), s.fencing_token)))
             .chain(self.outbox.keys().map(|(id, token)| (id.as_str(), *token)))
             .collect();
         let lost: Vec<(String, u64)> = expected
@@ -326,19 +437,34 @@ impl Ledger {
         done
     }
 
-    /// The lease ran out: every held binding is stopped and reported `Failed` for requeue, and
-    /// every submit under way is stopped when it returns. Returns the bindings to stop.
-    pub(crate) fn expire(&mut self, message: &str) -> Vec<(String, u64)> {
+    /// The lease ran out: every held binding is stopped and, once stopped, reported `Failed`
+    /// for requeue; every submit under way is stopped when it returns; every failed stop is
+    /// tried again. Returns the stops to run.
+    pub(crate) fn expire(&mut self, message: &str) -> Vec<Stop> {
         let held = std::mem::take(&mut self.held);
-        let mut stop = Vec::new();
+        let mut stops = self.stops_to_retry();
         for (job_id, report) in held {
-            self.finish(&job_id, report.fencing_token, JobState::Failed, message.to_string(), true);
-            stop.push((job_id, report.fencing_token));
+            let result = result(&job_id, report.fencing_token, JobState::Failed, message.to_string(), true);
+            stops.push(Stop { job_id, fencing_token: report.fencing_token, result: Some(result) });
         }
         for submitting in self.submitting.values_mut() {
             submitting.doomed.get_or_insert(Doom::LeaseExpired);
         }
-        stop
+        stops
+    }
+}
+
+/// A terminal result of a binding.
+pub(crate) fn result(job_id: &str, fencing_token: u64, state: JobState, message: String, requeue: bool) -> JobReport {
+    JobReport {
+        job_id: job_id.to_string(),
+        fencing_token,
+        state,
+        message,
+        nodes: Vec::new(),
+        requeue,
+        preempted: false,
+        usage: None,
     }
 }
 
@@ -397,7 +523,9 @@ mod tests {
         assert_eq!(ledger.plan_offer(&assignment("j", 2)), OfferPlan::RefuseNewerHeld(3));
         assert_eq!(ledger.plan_offer(&assignment("j", 4)), OfferPlan::Submit { replace: Some(3) });
         ledger.start_submit(&assignment("j", 4), 1);
-        assert!(ledger.heartbeat().is_empty(), "the replaced binding is no longer held");
+        let listed: Vec<(String, u64, JobState)> =
+            ledger.heartbeat().into_iter().map(|r| (r.job_id, r.fencing_token, r.state)).collect();
+        assert_eq!(listed, [("j".to_string(), 4, JobState::Offered)], "the replaced binding is no longer held");
         assert_eq!(ledger.plan_offer(&assignment("j", 4)), OfferPlan::AlreadySubmitting { same_binding: true });
     }
 
@@ -427,22 +555,43 @@ mod tests {
         assert_eq!(submitting.early_events.len(), 1);
     }
 
-    #[test]
-    fn a_cancel_for_an_older_binding_is_ignored() {
-        let mut ledger = Ledger::default();
-        ledger.hold(running("j", 5));
-        assert_eq!(ledger.cancel("j", 4), CancelPlan::Ignore);
-        let CancelPlan::Stop { fencing_token, report } = ledger.cancel("j", 5) else { panic!() };
-        assert_eq!((fencing_token, report.state), (5, JobState::Cancelled));
-        assert_eq!(ledger.heartbeat(), vec![report]);
+    fn states(ledger: &Ledger) -> Vec<(String, u64, JobState)> {
+        ledger.heartbeat().into_iter().map(|r| (r.job_id, r.fencing_token, r.state)).collect()
     }
 
     #[test]
-    fn a_cancel_during_a_submit_dooms_it_and_reports_cancelled() {
+    fn a_cancelled_binding_is_listed_as_being_stopped_until_the_backend_confirms() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 5));
+        assert_eq!(ledger.cancel("j", 4), CancelPlan::Ignore);
+        let CancelPlan::Stop(stop) = ledger.cancel("j", 5) else { panic!() };
+        assert_eq!((stop.fencing_token, stop.result.as_ref().map(|r| r.state)), (5, Some(JobState::Cancelled)));
+        ledger.stopping(&stop);
+        assert_eq!(states(&ledger), [("j".to_string(), 5, JobState::Unknown)], "no result before the stop is done");
+        assert_eq!(ledger.cancel("j", 5), CancelPlan::Ignore, "a repeated cancel while it stops");
+        let result = ledger.stopped("j", 5).unwrap();
+        assert_eq!(result.state, JobState::Cancelled);
+        assert_eq!(ledger.heartbeat(), vec![result]);
+    }
+
+    #[test]
+    fn a_failed_stop_stays_listed_and_is_tried_again() {
+        let mut ledger = Ledger::default();
+        ledger.hold(running("j", 5));
+        let CancelPlan::Stop(stop) = ledger.cancel("j", 5) else { panic!() };
+        ledger.stopping(&stop);
+        ledger.stop_failed("j", 5);
+        assert_eq!(states(&ledger), [("j".to_string(), 5, JobState::Unknown)]);
+        assert_eq!(ledger.stops_to_retry(), vec![stop.clone()]);
+        assert!(matches!(ledger.cancel("j", 5), CancelPlan::Stop(again) if again == stop));
+    }
+
+    #[test]
+    fn a_cancel_during_a_submit_dooms_it_and_reports_nothing_yet() {
         let mut ledger = Ledger::default();
         ledger.start_submit(&assignment("j", 1), 1);
-        let CancelPlan::Report(report) = ledger.cancel("j", 1) else { panic!() };
-        assert_eq!(report.state, JobState::Cancelled);
+        assert_eq!(states(&ledger), [("j".to_string(), 1, JobState::Offered)], "a submit under way is listed");
+        assert_eq!(ledger.cancel("j", 1), CancelPlan::Deferred);
         assert_eq!(ledger.finish_submit("j", 1).unwrap().doomed, Some(Doom::Cancelled));
     }
 
@@ -465,7 +614,9 @@ mod tests {
         ];
         let done = ledger.reconcile(&bound, 2, "east");
         assert_eq!(done.kept, 1);
-        assert_eq!(done.stop, vec![("other-token".to_string(), 2), ("unlisted".to_string(), 3)]);
+        let stopped: Vec<(&str, u64, bool)> =
+            done.stop.iter().map(|s| (s.job_id.as_str(), s.fencing_token, s.result.is_some())).collect();
+        assert_eq!(stopped, [("other-token", 2, false), ("unlisted", 3, false)], "stale copies: stopped, no result");
         assert_eq!(done.dropped_results, 1);
         let lost: Vec<(&str, u64, bool)> =
             done.lost.iter().map(|r| (r.job_id.as_str(), r.fencing_token, r.requeue)).collect();
@@ -494,9 +645,18 @@ mod tests {
         ledger.hold(running("a", 1));
         ledger.hold(report("b", 2, JobPhase::Pending { reason: "busy".into() }));
         ledger.start_submit(&assignment("c", 3), 1);
-        let stop = ledger.expire("lease ran out");
-        assert_eq!(stop, vec![("a".to_string(), 1), ("b".to_string(), 2)]);
-        assert!(ledger.heartbeat().iter().all(|r| r.state == JobState::Failed && r.requeue));
+        let stops = ledger.expire("lease ran out");
+        let planned: Vec<(&str, u64)> = stops.iter().map(|s| (s.job_id.as_str(), s.fencing_token)).collect();
+        assert_eq!(planned, [("a", 1), ("b", 2)]);
+        assert!(stops.iter().all(|s| s.result.as_ref().is_some_and(|r| r.state == JobState::Failed && r.requeue)));
+        for stop in &stops {
+            ledger.stopping(stop);
+        }
+        assert!(
+            ledger.heartbeat().iter().all(|r| !r.state.is_terminal()),
+            "the requeue results wait for the stops: the gateway must not place the jobs elsewhere before"
+        );
+        assert!(ledger.stopped("a", 1).is_some_and(|r| r.requeue));
         assert_eq!(ledger.finish_submit("c", 3).unwrap().doomed, Some(Doom::LeaseExpired));
     }
 }

@@ -20,7 +20,8 @@ use tokio_stream::{Stream, StreamExt};
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Messages the agent may queue for the gateway before the stream counts as stuck.
+/// Messages the agent may queue for the gateway; beyond it messages are dropped (and counted),
+/// the stream kept: the next heartbeat repeats every binding's state.
 pub(crate) const OUTBOUND_CAPACITY: usize = 1024;
 
 /// Why a connection to the gateway failed or ended.
@@ -60,9 +61,6 @@ pub enum LinkError {
     /// The gateway closed the stream.
     #[error("the gateway closed the stream")]
     Closed,
-    /// The gateway stopped reading: the agent's outbound queue is full.
-    #[error("the gateway is not reading the stream ({OUTBOUND_CAPACITY} messages queued)")]
-    Stuck,
 }
 
 impl LinkError {

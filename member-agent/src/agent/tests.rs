@@ -49,6 +49,8 @@ struct FakeBackend {
     calls: mpsc::UnboundedSender<Call>,
     scripts: Mutex<BTreeMap<String, Script>>,
     adopt: Mutex<Vec<HeldJob>>,
+    /// When set, a cancel returns only once notified (a stop that takes its time).
+    cancel_gate: Mutex<Option<Arc<Notify>>>,
 }
 
 impl FakeBackend {
@@ -79,7 +81,13 @@ impl LocalBackend for FakeBackend {
 
     fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()> {
         let _ = self.calls.send(Call::Cancel(job_id.into(), fencing_token));
-        Box::pin(std::future::ready(Ok(())))
+        let gate = self.cancel_gate.lock().unwrap().clone();
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
+            Ok(())
+        })
     }
 
     fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {
@@ -212,7 +220,12 @@ impl Harness {
         let (dials_tx, dials) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
         let backend =
-            Arc::new(FakeBackend { calls: calls_tx, scripts: Mutex::new(BTreeMap::new()), adopt: Mutex::new(adopt) });
+            Arc::new(FakeBackend {
+            calls: calls_tx,
+            scripts: Mutex::new(BTreeMap::new()),
+            adopt: Mutex::new(adopt),
+            cancel_gate: Mutex::new(None),
+        });
         let settings = Settings {
             info: ClusterInfo {
                 name: "east".into(),
@@ -452,7 +465,11 @@ async fn a_hanging_submit_does_not_stop_heartbeats() {
     for _ in 0..5 {
         let (seq, jobs) = stream.heartbeat().await;
         assert_eq!(seq, last + 1);
-        assert!(jobs.is_empty(), "not held before the backend answers: {jobs:?}");
+        assert_eq!(
+            summary(&jobs),
+            [("slow", 1, JobState::Offered)],
+            "listed as being submitted (not held) until the backend answers"
+        );
         last = seq;
     }
     release.notify_one();
@@ -535,6 +552,17 @@ async fn welcome_reconcile_cancels_jobs_not_listed_or_listed_with_another_token(
     let mut cancels = vec![h.call().await, h.call().await];
     cancels.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(cancels, [Call::Cancel("old-token".into(), 2), Call::Cancel("unlisted".into(), 3)]);
+    let (_, jobs) = stream.heartbeat().await;
+    assert_eq!(
+        summary(&jobs),
+        [
+            ("keep", 1, JobState::Running),
+            ("old-token", 2, JobState::Unknown),
+            ("unlisted", 3, JobState::Unknown),
+            ("old-token", 5, JobState::Failed)
+        ],
+        "stale copies are listed as being stopped until the backend confirms"
+    );
     let (_, jobs) = stream.heartbeat().await;
     assert_eq!(summary(&jobs), [("keep", 1, JobState::Running), ("old-token", 5, JobState::Failed)]);
     assert!(jobs[1].requeue, "a binding the member lost is placed again: {jobs:?}");
@@ -660,5 +688,61 @@ async fn heartbeats_carry_each_running_jobs_mean_utilisation_over_the_window() {
     // A finished job's result carries none.
     h.emit("j-1", 1, succeeded());
     assert_eq!(stream.result().await.usage, None);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_jobs_result_is_sent_only_once_the_backend_has_stopped_it() {
+    let mut h = Harness::start();
+    let mut stream = h.welcome(Vec::new(), None).await;
+    offer_and_accept(&mut stream, "j", 1).await;
+    assert_eq!(h.call().await, Call::Submit("j".into(), 1));
+    let gate = Arc::new(Notify::new());
+    *h.backend.cancel_gate.lock().unwrap() = Some(gate.clone());
+    stream.send(GatewayCommand::Cancel { job_id: "j".into(), fencing_token: 1 }).await;
+    assert_eq!(h.call().await, Call::Cancel("j".into(), 1));
+    for _ in 0..3 {
+        let (_, jobs) = stream.heartbeat().await;
+        assert_eq!(summary(&jobs), [("j", 1, JobState::Unknown)], "being stopped: listed, no result yet");
+    }
+    gate.notify_one();
+    let result = stream.result().await;
+    assert_eq!((result.job_id.as_str(), result.fencing_token, result.state), ("j", 1, JobState::Cancelled));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_welcome_that_arrives_after_the_lease_it_grants_would_end_is_ignored_and_the_agent_dials_again() {
+    let mut h = Harness::start();
+    let stream = h.accept().await;
+    // Held in the network longer than the lease it grants, counted from the hello.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    stream.send(GatewayCommand::Welcome { bound: vec![assignment("j", 1)], lease: Some(Duration::from_secs(20)) }).await;
+    let mut fresh = h.welcome(Vec::new(), Some(Duration::from_secs(20))).await;
+    let (_, jobs) = fresh.heartbeat().await;
+    assert!(jobs.is_empty(), "the stale welcome reconciled nothing: {jobs:?}");
+    assert!(h.calls.try_recv().is_err(), "and started or stopped nothing");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_pending_reason_rides_the_heartbeat_instead_of_a_status_message() {
+    let mut h = Harness::start();
+    h.backend.script("q", Script::Queue("waiting in local queue `default` (2 of 2)"));
+    let mut stream = h.welcome(Vec::new(), None).await;
+    stream.send(GatewayCommand::Offer(assignment("q", 1))).await;
+    assert!(stream.reply().await.2, "the queued job is accepted");
+    h.emit("q", 1, JobPhase::Pending { reason: "waiting in local queue `default` (1 of 2)".into() });
+    h.emit("q", 1, JobPhase::Running { nodes: vec!["n-0".into()] });
+    let status = stream.status().await;
+    assert_eq!(status.state, JobState::Running, "the reworded wait was not sent on its own: {status:?}");
+    h.emit("q", 1, JobPhase::Pending { reason: "requeued locally (1 of 1)".into() });
+    let (_, jobs) = stream.next_of(|e| match e {
+        AgentEvent::Heartbeat { seq, jobs } if jobs.iter().any(|r| r.state == JobState::Bound) => Some((seq, jobs)),
+        AgentEvent::Status(report) if report.state == JobState::Bound => Some((0, vec![report])),
+        _ => None,
+    })
+    .await;
+    assert_eq!(jobs[0].message, "requeued locally (1 of 1)", "a change of state is sent with its words");
     h.stop().await;
 }

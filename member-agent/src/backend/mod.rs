@@ -72,6 +72,14 @@ pub trait LocalBackend: Send + Sync {
     /// Which scheduler this is.
     fn kind(&self) -> BackendKind;
 
+    /// The agent's lease on the gateway's jobs changed: every job the gateway placed here must
+    /// be stopped by `deadline` (which may be in the past: the lease expired); None: no lease,
+    /// never stop on the agent's behalf. Backends that can enforce it outside the agent's
+    /// process (the process runner's watchdog) do; the others ignore it.
+    fn lease_changed(&self, deadline: Option<std::time::SystemTime>) {
+        let _ = deadline;
+    }
+
     /// Hands `job` to the local scheduler. It starts now, waits in a local queue, or is refused.
     fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission>;
 

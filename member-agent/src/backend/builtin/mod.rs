@@ -76,7 +76,8 @@ struct State {
 
 enum RunnerState {
     Simulated { time_scale: f64 },
-    Process(ProcessRunner),
+    /// Boxed: the runner is large and the simulated variant tiny.
+    Process(Box<ProcessRunner>),
 }
 
 /// One binding the scheduler holds.
@@ -122,7 +123,7 @@ impl BuiltinBackend {
             Runner::Simulated { time_scale } => (RunnerState::Simulated { time_scale }, None),
             Runner::Process(settings) => {
                 let (runner, exits) = ProcessRunner::new(settings, runtime.clone());
-                (RunnerState::Process(runner), Some(exits))
+                (RunnerState::Process(Box::new(runner)), Some(exits))
             }
         };
         let shared = Arc::new(Shared {
@@ -323,6 +324,14 @@ impl LocalBackend for BuiltinBackend {
         max_bytes: usize,
     ) -> BackendFuture<'a, LogChunk> {
         Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, from, max_bytes)))
+    }
+
+    /// Under the process runner, hands the deadline to its lease watchdog; nothing under the
+    /// simulated runner, which runs no processes.
+    fn lease_changed(&self, deadline: Option<std::time::SystemTime>) {
+        if let RunnerState::Process(runner) = &self.shared.lock().runner {
+            runner.lease_changed(deadline);
+        }
     }
 }
 

@@ -56,7 +56,7 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
 /// One 4-GPU node, the given kill grace, 1 MiB of output per job.
 fn backend_with(nodes: Vec<NodeSpec>, kill_grace: Duration, log_bytes: usize) -> (BuiltinBackend, JobEventReceiver) {
     let hosts = declared_host_nodes(nodes.clone());
-    let settings = ProcessSettings { kill_grace, log_bytes, devices: device_table(&hosts) };
+    let settings = ProcessSettings { kill_grace, log_bytes, devices: device_table(&hosts), lease_watchdog: None };
     let scheduler = BuiltinScheduler::new(nodes, vec![QueueSpec::new("a", 1.0)]).unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     (BuiltinBackend::with_runner(scheduler, Runner::Process(settings), tx).unwrap(), rx)

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 ///   logBytes: 1048576     # output kept per job (1 MiB)
 ///   gpuDiscovery: nvml    # or `none`: use the declared `nodes`
 ///   gpuTypes: {}          # NVML product name → Meridian GPU type, for products not built in
+///   leaseWatchdog: true   # a process apart from the agent kills the jobs of a frozen or dead agent
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -33,6 +34,12 @@ pub struct ProcessConfig {
     /// (`"NVIDIA RTX 6000 Ada Generation": rtx6000-ada`); also overrides the built-in names.
     #[serde(default)]
     pub gpu_types: BTreeMap<String, String>,
+    /// Run the lease watchdog ([`super::watchdog`]): a process apart from the agent that
+    /// SIGKILLs every job's processes `killGrace` after the agent's lease ran out while the agent
+    /// is frozen, and at once when the agent died without stopping them. Off: a frozen agent's
+    /// jobs run until it thaws, a killed agent's jobs until they end.
+    #[serde(default = "default_lease_watchdog")]
+    pub lease_watchdog: bool,
 }
 
 /// Where the process runner learns this host's GPUs.
@@ -54,6 +61,10 @@ fn default_log_bytes() -> usize {
     1 << 20
 }
 
+fn default_lease_watchdog() -> bool {
+    true
+}
+
 impl Default for ProcessConfig {
     fn default() -> Self {
         Self {
@@ -61,6 +72,7 @@ impl Default for ProcessConfig {
             log_bytes: default_log_bytes(),
             gpu_discovery: GpuDiscovery::default(),
             gpu_types: BTreeMap::new(),
+            lease_watchdog: default_lease_watchdog(),
         }
     }
 }

@@ -15,6 +15,11 @@ impl ProcessGroup {
         Pid::from_raw(raw).map(Self)
     }
 
+    /// The group's id (its leader's pid), as [`of`](Self::of) takes it.
+    pub fn id(self) -> u32 {
+        self.0.as_raw_nonzero().get().unsigned_abs()
+    }
+
     /// Asks the group to stop (SIGTERM).
     pub fn terminate(self) {
         self.signal(Signal::TERM);

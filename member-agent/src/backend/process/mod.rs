@@ -8,6 +8,9 @@
 //!   signal, and the others are stopped (gang). The runtime limit stops the job: Failed.
 //! - Stopping is SIGTERM to each process group, then SIGKILL after `killGrace`. Dropping the
 //!   runner kills every group at once, so no job outlives the agent.
+//! - A [`watchdog`] process, when the runner is given the agent binary to run it, kills the
+//!   groups when the agent cannot: `killGrace` after its lease ran out while it is frozen, and
+//!   at once when it died without dropping the runner (SIGKILL, a crash).
 //! - stdout and stderr go to a bounded ring per job ([`output`]); the terminal message repeats
 //!   the last lines.
 //!
@@ -16,8 +19,9 @@
 //! `killGrace` to exit.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use meridian_proto::spec::JobSpec;
 use tokio::sync::{mpsc, oneshot};
@@ -31,6 +35,7 @@ pub mod discovery;
 pub mod group;
 pub mod output;
 pub mod supervisor;
+pub mod watchdog;
 
 pub use config::{GpuDiscovery, ProcessConfig};
 pub use devices::{Allocation, DeviceTable};
@@ -38,6 +43,7 @@ use group::ProcessGroup;
 use output::LogStore;
 pub use supervisor::Outcome;
 use supervisor::{Launch, supervise};
+use watchdog::Watchdog;
 
 /// How the process runner runs jobs.
 #[derive(Debug, Clone)]
@@ -48,6 +54,10 @@ pub struct ProcessSettings {
     pub log_bytes: usize,
     /// This host's devices per scheduler node.
     pub devices: DeviceTable,
+    /// The agent binary, to run the [`watchdog`] (`meridian-agent lease-watchdog`) that enforces
+    /// the lease when the agent cannot. None: no watchdog (tests, agents embedded in another
+    /// program); jobs then stop only when the agent stops them.
+    pub lease_watchdog: Option<PathBuf>,
 }
 
 /// A run that ended, as the supervisor reports it to the backend's driver.
@@ -70,6 +80,7 @@ pub struct ProcessRunner {
     next_run: u64,
     exits: mpsc::UnboundedSender<Exit>,
     runtime: tokio::runtime::Handle,
+    watchdog: Option<Watchdog>,
 }
 
 /// One run of a job: its supervisor task and what it holds.
@@ -87,10 +98,42 @@ struct Run {
 impl ProcessRunner {
     /// A runner with nothing running, and the receiver of its run endings. Supervisor tasks are
     /// spawned on `runtime`.
+    ///
+    /// With `settings.lease_watchdog` it starts the watchdog process; when that fails it logs an
+    /// error and runs without one: the watchdog only narrows what a frozen or killed agent
+    /// leaves running, and a host that runs no jobs at all (for a full `TMPDIR`, say) would be
+    /// worse.
     pub fn new(settings: ProcessSettings, runtime: tokio::runtime::Handle) -> (Self, ExitReceiver) {
         let (exits, receiver) = mpsc::unbounded_channel();
-        let runner = Self { settings, logs: LogStore::default(), runs: BTreeMap::new(), next_run: 0, exits, runtime };
+        let watchdog = settings.lease_watchdog.as_deref().and_then(|exe| {
+            match Watchdog::start(exe, settings.kill_grace) {
+                Ok(watchdog) => {
+                    tracing::info!(state = %watchdog.state_file().display(), "lease watchdog started");
+                    Some(watchdog)
+                }
+                Err(error) => {
+                    tracing::error!(%error, "running without a lease watchdog: jobs of a frozen or killed agent keep running");
+                    None
+                }
+            }
+        });
+        let runner =
+            Self { settings, logs: LogStore::default(), runs: BTreeMap::new(), next_run: 0, exits, runtime, watchdog };
         (runner, receiver)
+    }
+
+    /// The agent's lease now runs until `deadline` (None: no lease); see
+    /// [`crate::backend::LocalBackend::lease_changed`]. Only the watchdog acts on it: it kills
+    /// every job's processes `killGrace` after the deadline unless they ended before.
+    pub fn lease_changed(&self, deadline: Option<SystemTime>) {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.set_deadline(deadline);
+        }
+    }
+
+    /// The watchdog's state file, when a watchdog runs (for diagnostics and tests).
+    pub fn watchdog_state(&self) -> Option<PathBuf> {
+        self.watchdog.as_ref().map(Watchdog::state_file)
     }
 
     /// Why this runner can never run `spec`, if it cannot.
@@ -140,6 +183,8 @@ impl ProcessRunner {
                     kill_grace: self.settings.kill_grace,
                     log,
                     groups: Arc::clone(&groups),
+                    watchdog: self.watchdog.clone(),
+                    run_id,
                 };
                 self.runtime.spawn(async move {
                     let outcome = supervise(launch, stopped).await;
@@ -200,6 +245,9 @@ impl ProcessRunner {
     /// cancelled), so the backend reports it.
     pub fn finished(&mut self, exit: Exit) -> Option<(String, u64, Outcome)> {
         let run = self.runs.remove(&exit.run_id)?;
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.remove_run(exit.run_id);
+        }
         self.settings.devices.release(&run.allocation);
         self.logs.ended(&run.job_id, run.fencing_token);
         run.stop.is_some().then_some((run.job_id, run.fencing_token, exit.outcome))
@@ -228,13 +276,17 @@ impl ProcessRunner {
 }
 
 impl Drop for ProcessRunner {
-    /// Kills every process group at once (no orphans) and stops the supervisors.
+    /// Kills every process group at once (no orphans), stops the supervisors, then the
+    /// watchdog (nothing is left for it to kill).
     fn drop(&mut self) {
         for run in self.runs.values() {
             for group in run.groups.lock().unwrap_or_else(PoisonError::into_inner).iter() {
                 group.kill();
             }
             run.task.abort();
+        }
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.stop();
         }
     }
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::group::{ProcessGroup, signal_name};
 use super::output::OutputLog;
+use super::watchdog::Watchdog;
 
 /// Lines of output a terminal event's message repeats.
 const MESSAGE_LINES: usize = 10;
@@ -41,6 +42,10 @@ pub struct Launch {
     /// The process groups started so far, shared with the runner so dropping the backend can
     /// kill them at once.
     pub groups: Arc<Mutex<Vec<ProcessGroup>>>,
+    /// The lease watchdog, told of each group as soon as it exists, as part of run `run_id`.
+    pub watchdog: Option<Watchdog>,
+    /// Which run this is, for the watchdog.
+    pub run_id: u64,
 }
 
 /// How a run ended.
@@ -95,6 +100,9 @@ pub async fn supervise(launch: Launch, mut stop: oneshot::Receiver<()>) -> Outco
         if let Some(group) = child.id().and_then(ProcessGroup::of) {
             groups.push(group);
             launch.groups.lock().unwrap_or_else(PoisonError::into_inner).push(group);
+            if let Some(watchdog) = &launch.watchdog {
+                watchdog.add(launch.run_id, group);
+            }
         }
         let prefix = (count > 1).then(|| format!("[{index}] "));
         if let Some(stdout) = child.stdout.take() {

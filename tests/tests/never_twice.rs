@@ -134,6 +134,20 @@ struct Rig {
 }
 
 impl Rig {
+    /// Submits a 600-second job per name and waits until each runs on `east` (the gateway says
+    /// so and its witness has started); returns the ids.
+    async fn long_jobs_running_on_east(&self, names: &[&str]) -> Vec<String> {
+        let mut ids = Vec::new();
+        for name in names {
+            ids.push(self.submit(&self.job(name, 600.0)).await);
+        }
+        for id in &ids {
+            self.wait_running_on(id, EAST).await;
+            self.wait_copy_on(id, EAST).await;
+        }
+        ids
+    }
+
     /// Starts everything and waits until both clusters are connected.
     async fn start(config: &str, east_behind_proxy: bool, east_gpus: u32, west_gpus: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -430,11 +444,7 @@ fn nanos(duration: Duration) -> u64 {
 /// heals.
 async fn cluster_lost_past_the_lease(row: &'static str, mode: ProxyMode) {
     let rig = Rig::start(GATEWAY, true, 4, 4).await;
-    let ids = vec![rig.submit(&rig.job("caught-1", 600.0)).await, rig.submit(&rig.job("caught-2", 600.0)).await];
-    for id in &ids {
-        rig.wait_running_on(id, EAST).await;
-        rig.wait_copy_on(id, EAST).await;
-    }
+    let ids = rig.long_jobs_running_on_east(&["caught-1", "caught-2"]).await;
 
     let welcomes = rig.east.welcomes();
     let fault_ns = now_ns();
@@ -637,11 +647,7 @@ async fn d_offers_in_flight_when_the_gateway_overflows_an_agents_send_buffer_eac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e_a_frozen_agent_past_its_lease_has_stopped_its_copies_before_they_run_elsewhere() {
     let rig = Rig::start(GATEWAY, false, 4, 4).await;
-    let ids = vec![rig.submit(&rig.job("frozen-1", 600.0)).await, rig.submit(&rig.job("frozen-2", 600.0)).await];
-    for id in &ids {
-        rig.wait_running_on(id, EAST).await;
-        rig.wait_copy_on(id, EAST).await;
-    }
+    let ids = rig.long_jobs_running_on_east(&["frozen-1", "frozen-2"]).await;
 
     let welcomes = rig.east.welcomes();
     let fault_ns = now_ns();

@@ -41,7 +41,11 @@ enum Op {
     Lose(usize),
     /// The agent's submit of its oldest offer returns: started (true) or declined; with
     /// `lost`, the answer is lost on the way.
-    Answer { agent: usize, accept: bool, lost: bool },
+    Answer {
+        agent: usize,
+        accept: bool,
+        lost: bool,
+    },
     Finish(usize, bool),
     Heartbeat(usize),
     Inventory(usize, u32),
@@ -175,7 +179,8 @@ fn run(ops: Vec<Op>, rules: AgentRules, mutate_core: bool) -> Result<(), TestCas
                 agent.welcomed = false;
                 agent.sent.clear();
                 agent.hello_sent = h.now_ms;
-                let hello = AgentHello { info: info(names[c]), instance_id: format!("i{c}"), agent_version: String::new() };
+                let hello =
+                    AgentHello { info: info(names[c]), instance_id: format!("i{c}"), agent_version: String::new() };
                 inputs.push(Input::AgentHello { conn, hello, reply: 2 });
             }
             Op::Break(c) => {
@@ -437,14 +442,8 @@ proptest! {
 
 /// East runs a job whose acceptance was lost with east's stream; west is then free to take it.
 fn offer_lost_with_its_stream() -> Vec<Op> {
-    vec![
-        Op::Connect(0),
-        Op::Deliver(0, true),
-        Op::Inventory(0, 8),
-        Op::Submit,
-        Op::Round,
-        Op::Deliver(0, true),
-        Op::Answer { agent: 0, accept: true, lost: true },
+    let mut ops = east_starts_a_job(true);
+    ops.extend([
         Op::Break(0),
         Op::Connect(1),
         Op::Deliver(1, true),
@@ -452,13 +451,13 @@ fn offer_lost_with_its_stream() -> Vec<Op> {
         Op::Round,
         Op::Deliver(1, true),
         Op::Answer { agent: 1, accept: true, lost: false },
-    ]
+    ]);
+    ops
 }
 
-/// East runs a job; the gateway's renewal of east's lease is held in the network while the
-/// gateway, hearing nothing more, closes east's stream; the renewal arrives 200 s late, then
-/// the gateway places the job on west once its lost-job timeout has passed.
-fn renewal_held_in_the_network() -> Vec<Op> {
+/// East connects, is welcomed with free GPUs, and starts the one job submitted; its acceptance
+/// is lost on the way with `lost`.
+fn east_starts_a_job(lost: bool) -> Vec<Op> {
     vec![
         Op::Connect(0),
         Op::Deliver(0, true),
@@ -466,7 +465,16 @@ fn renewal_held_in_the_network() -> Vec<Op> {
         Op::Submit,
         Op::Round,
         Op::Deliver(0, true),
-        Op::Answer { agent: 0, accept: true, lost: false },
+        Op::Answer { agent: 0, accept: true, lost },
+    ]
+}
+
+/// East runs a job; the gateway's renewal of east's lease is held in the network while the
+/// gateway, hearing nothing more, closes east's stream; the renewal arrives 200 s late, then
+/// the gateway places the job on west once its lost-job timeout has passed.
+fn renewal_held_in_the_network() -> Vec<Op> {
+    let mut ops = east_starts_a_job(false);
+    ops.extend([
         Op::Heartbeat(0),
         Op::Advance(200),
         Op::Tick,
@@ -480,7 +488,8 @@ fn renewal_held_in_the_network() -> Vec<Op> {
         Op::Round,
         Op::Deliver(1, true),
         Op::Answer { agent: 1, accept: true, lost: false },
-    ]
+    ]);
+    ops
 }
 
 #[test]

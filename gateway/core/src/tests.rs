@@ -86,6 +86,13 @@ impl Harness {
         }
     }
 
+    /// A new core built from what this one committed, as after a gateway restart.
+    fn restarted(&self, config: CoreConfig) -> Self {
+        let entries: Vec<(String, Vec<u8>)> =
+            self.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
+        Self::from_loaded(config, Loaded::decode(entries).unwrap())
+    }
+
     pub(crate) fn step(&mut self, input: Input) -> Effects {
         let mut fx = Effects::default();
         self.core.step(input, self.now_ms, &mut fx);
@@ -569,13 +576,12 @@ fn a_returning_cluster_that_never_saw_the_offer_reports_it_lost_and_the_job_is_p
 fn an_offer_in_flight_at_a_restart_is_adopted_when_its_member_runs_it() {
     let mut h = Harness::new(CoreConfig::default());
     let (id, _) = h.offered();
-    let entries: Vec<(String, Vec<u8>)> =
-        h.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
-    let loaded = Loaded::decode(entries).unwrap();
-    let mut restarted = Harness::from_loaded(CoreConfig::default(), loaded);
+    let mut restarted = h.restarted(CoreConfig::default());
     assert_eq!(restarted.state(&id), JobState::Unknown, "an offer in flight may have started");
     let (conn, fx) = restarted.connect("east", "a1");
-    assert!(matches!(sends_to(&fx, conn)[..], [GatewayCommand::Welcome { bound, .. }] if bound.len() == 1 && bound[0].job_id == id));
+    assert!(
+        matches!(sends_to(&fx, conn)[..], [GatewayCommand::Welcome { bound, .. }] if bound.len() == 1 && bound[0].job_id == id)
+    );
     restarted.event(conn, inventory(&[0]));
     let fx = restarted.step(Input::Round);
     assert!(sends_to(&fx, conn).is_empty(), "not offered again");
@@ -710,10 +716,7 @@ fn finished_jobs_are_forgotten_after_retention_with_their_decisions_and_keys() {
 fn explain_works_after_a_restart_from_what_was_stored() {
     let mut h = Harness::new(CoreConfig::default());
     let (id, _) = h.running();
-    let entries: Vec<(String, Vec<u8>)> =
-        h.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
-    let loaded = Loaded::decode(entries).unwrap();
-    let mut restarted = Harness::from_loaded(CoreConfig::default(), loaded);
+    let mut restarted = h.restarted(CoreConfig::default());
     assert_eq!(restarted.state(&id), JobState::Unknown, "running until its cluster says otherwise");
     let explained = restarted.core.view().explain(&id).unwrap();
     assert_eq!(explained.candidates.len(), 1);
@@ -1266,9 +1269,7 @@ fn a_restarted_core_counts_the_gpus_its_tenants_held() {
     let running = run_on(&mut h, conn, &job_of("nlp", 8));
     let waiting = h.submit(&job_of("nlp", 8));
     h.step(Input::Round);
-    let entries: Vec<(String, Vec<u8>)> =
-        h.durable.values().map(|r| r.encode().unwrap()).filter_map(|e| e.value.map(|v| (e.key, v))).collect();
-    let mut restarted = Harness::from_loaded(config, Loaded::decode(entries).unwrap());
+    let mut restarted = h.restarted(config);
     let (conn, _) = restarted.connect("east", "a2");
     restarted.event(conn, inventory(&[0, 8]));
     let fx = restarted.step(Input::Round);

@@ -219,8 +219,7 @@ impl Harness {
         let (calls_tx, calls) = mpsc::unbounded_channel();
         let (dials_tx, dials) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
-        let backend =
-            Arc::new(FakeBackend {
+        let backend = Arc::new(FakeBackend {
             calls: calls_tx,
             scripts: Mutex::new(BTreeMap::new()),
             adopt: Mutex::new(adopt),
@@ -717,7 +716,9 @@ async fn a_welcome_that_arrives_after_the_lease_it_grants_would_end_is_ignored_a
     let stream = h.accept().await;
     // Held in the network longer than the lease it grants, counted from the hello.
     tokio::time::advance(Duration::from_secs(30)).await;
-    stream.send(GatewayCommand::Welcome { bound: vec![assignment("j", 1)], lease: Some(Duration::from_secs(20)) }).await;
+    stream
+        .send(GatewayCommand::Welcome { bound: vec![assignment("j", 1)], lease: Some(Duration::from_secs(20)) })
+        .await;
     let mut fresh = h.welcome(Vec::new(), Some(Duration::from_secs(20))).await;
     let (_, jobs) = fresh.heartbeat().await;
     assert!(jobs.is_empty(), "the stale welcome reconciled nothing: {jobs:?}");
@@ -737,12 +738,13 @@ async fn a_new_pending_reason_rides_the_heartbeat_instead_of_a_status_message() 
     let status = stream.status().await;
     assert_eq!(status.state, JobState::Running, "the reworded wait was not sent on its own: {status:?}");
     h.emit("q", 1, JobPhase::Pending { reason: "requeued locally (1 of 1)".into() });
-    let (_, jobs) = stream.next_of(|e| match e {
-        AgentEvent::Heartbeat { seq, jobs } if jobs.iter().any(|r| r.state == JobState::Bound) => Some((seq, jobs)),
-        AgentEvent::Status(report) if report.state == JobState::Bound => Some((0, vec![report])),
-        _ => None,
-    })
-    .await;
+    let (_, jobs) = stream
+        .next_of(|e| match e {
+            AgentEvent::Heartbeat { seq, jobs } if jobs.iter().any(|r| r.state == JobState::Bound) => Some((seq, jobs)),
+            AgentEvent::Status(report) if report.state == JobState::Bound => Some((0, vec![report])),
+            _ => None,
+        })
+        .await;
     assert_eq!(jobs[0].message, "requeued locally (1 of 1)", "a change of state is sent with its words");
     h.stop().await;
 }

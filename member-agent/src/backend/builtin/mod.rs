@@ -75,7 +75,9 @@ struct State {
 }
 
 enum RunnerState {
-    Simulated { time_scale: f64 },
+    Simulated {
+        time_scale: f64,
+    },
     /// Boxed: the runner is large and the simulated variant tiny.
     Process(Box<ProcessRunner>),
 }
@@ -213,19 +215,23 @@ impl BuiltinBackend {
         admission
     }
 
-    fn cancel_now(&self, job_id: &str, fencing_token: u64) {
+    /// Cancels a binding; returns what turns true once its processes have exited (process
+    /// runner), None when nothing of it runs.
+    fn cancel_now(&self, job_id: &str, fencing_token: u64) -> Option<tokio::sync::watch::Receiver<bool>> {
         let mut state = self.shared.lock();
         if state.bindings.get(job_id).is_none_or(|b| b.fencing_token != fencing_token) {
-            return;
+            return None;
         }
         state.bindings.remove(job_id);
         state.scheduler.cancel(job_id);
-        if let RunnerState::Process(runner) = &mut state.runner {
-            runner.cancel(job_id, fencing_token);
-        }
+        let ended = match &mut state.runner {
+            RunnerState::Process(runner) => runner.cancel(job_id, fencing_token),
+            _ => None,
+        };
         drop(state);
         // Freed GPUs may let a waiting job start.
         self.shared.wake.notify_one();
+        ended
     }
 
     fn list_now(&self) -> Vec<HeldJob> {
@@ -308,8 +314,15 @@ impl LocalBackend for BuiltinBackend {
     }
 
     fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()> {
-        self.cancel_now(job_id, fencing_token);
-        Box::pin(std::future::ready(Ok(())))
+        let ended = self.cancel_now(job_id, fencing_token);
+        Box::pin(async move {
+            // Returns once the processes are gone (at most `killGrace` and the output's drain):
+            // the agent reports the job stopped on this, and the gateway may start it elsewhere.
+            if let Some(mut ended) = ended {
+                let _ = ended.wait_for(|ended| *ended).await;
+            }
+            Ok(())
+        })
     }
 
     fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {

@@ -235,10 +235,15 @@ async fn a_job_that_ignores_sigterm_is_killed_after_the_grace() {
     let (backend, _events) = backend_with(vec![node("n-0", 4)], Duration::from_secs(2), 1 << 20);
     backend.submit(&job("stubborn", 1, 1, "trap '' TERM; echo $$; sleep 600")).await.unwrap();
     let pid = printed_pid(&backend, "stubborn").await;
-    backend.cancel("stubborn", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancel = backend.cancel("stubborn", 1);
+    tokio::pin!(cancel);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut cancel).await.is_err(),
+        "SIGTERM is ignored: the cancel has not returned while the job lives on"
+    );
     assert!(!is_dead(pid), "SIGTERM is ignored, so the job lives on until the grace is over");
-    wait_dead(pid).await;
+    cancel.await.unwrap();
+    assert!(is_dead(pid), "a cancel returns only once the job's processes are gone (SIGKILL after the grace)");
     output_until(&backend, "stubborn", |c| c.complete).await;
 }
 

@@ -3,7 +3,7 @@
 //!
 //! - Each replica runs `payload.command` directly (no shell) in a process group of its own, with
 //!   the agent's environment, the payload's `env`, and `CUDA_VISIBLE_DEVICES` (the devices
-//!   [`DeviceTable`] gave it), `MERIDIAN_JOB_ID`, `MERIDIAN_REPLICA`, `MERIDIAN_REPLICAS`.
+//!   [`DeviceTable`] gave it), `MERIDIAN_JOB_ID`, `MERIDIAN_FENCING_TOKEN`, `MERIDIAN_REPLICA`, `MERIDIAN_REPLICAS`.
 //! - All replicas exit 0: Succeeded. One exits non-zero or is killed: Failed with the code or
 //!   signal, and the others are stopped (gang). The runtime limit stops the job: Failed.
 //! - Stopping is SIGTERM to each process group, then SIGKILL after `killGrace`. Dropping the
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use meridian_proto::spec::JobSpec;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::backend::{BackendError, LogChunk};
@@ -93,6 +93,8 @@ struct Run {
     stop: Option<oneshot::Sender<()>>,
     groups: Arc<Mutex<Vec<ProcessGroup>>>,
     task: JoinHandle<()>,
+    /// True once the run's supervisor has returned: every process of the run has exited.
+    ended: watch::Receiver<bool>,
 }
 
 impl ProcessRunner {
@@ -160,6 +162,7 @@ impl ProcessRunner {
         let replicas = nodes.len();
         let allocation = self.settings.devices.allocate(nodes, spec.gang.resources.gpus);
         let exits = self.exits.clone();
+        let (ended_tx, ended) = watch::channel(false);
         let task = match &allocation {
             Ok(allocation) => {
                 let envs = allocation
@@ -171,6 +174,7 @@ impl ProcessRunner {
                             spec.payload.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                         env.push(("CUDA_VISIBLE_DEVICES".into(), devices.join(",")));
                         env.push(("MERIDIAN_JOB_ID".into(), job_id.to_string()));
+                        env.push(("MERIDIAN_FENCING_TOKEN".into(), fencing_token.to_string()));
                         env.push(("MERIDIAN_REPLICA".into(), index.to_string()));
                         env.push(("MERIDIAN_REPLICAS".into(), replicas.to_string()));
                         env
@@ -188,6 +192,7 @@ impl ProcessRunner {
                 };
                 self.runtime.spawn(async move {
                     let outcome = supervise(launch, stopped).await;
+                    let _ = ended_tx.send(true);
                     let _ = exits.send(Exit { run_id, outcome });
                 })
             }
@@ -195,6 +200,7 @@ impl ProcessRunner {
                 let message = format!("could not assign GPUs: {reason}");
                 log.append(format!("{message}\n").as_bytes());
                 log.end();
+                let _ = ended_tx.send(true);
                 self.runtime.spawn(async move {
                     let _ = exits.send(Exit { run_id, outcome: Outcome::Failed(message) });
                 })
@@ -207,24 +213,27 @@ impl ProcessRunner {
             stop: Some(stop),
             groups,
             task,
+            ended,
         };
         self.runs.insert(run_id, run);
         run_id
     }
 
     /// Stops the live run of a binding: SIGTERM now, SIGKILL after the grace; its devices are
-    /// free at once. Its ending is not reported.
-    pub fn cancel(&mut self, job_id: &str, fencing_token: u64) {
-        let Some(run) =
-            self.runs.values_mut().find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some())
-        else {
-            return;
-        };
+    /// free at once. Its ending is not reported. Returns what turns true once every process of
+    /// the run has exited (None: no run of that binding was live): the agent reports a stopped
+    /// job only then, since the gateway may start it elsewhere on that report.
+    pub fn cancel(&mut self, job_id: &str, fencing_token: u64) -> Option<watch::Receiver<bool>> {
+        let run = self
+            .runs
+            .values_mut()
+            .find(|r| r.job_id == job_id && r.fencing_token == fencing_token && r.stop.is_some())?;
         if let Some(stop) = run.stop.take() {
             let _ = stop.send(());
         }
         self.settings.devices.release(&std::mem::take(&mut run.allocation));
         self.logs.ended(job_id, fencing_token);
+        Some(run.ended.clone())
     }
 
     /// Asks the live run of a binding to stop (SIGTERM to every replica's process group) without

@@ -286,6 +286,34 @@ async fn wait_for_file(path: &Path, proc: &mut Proc) -> Result<String> {
     }
 }
 
+/// A gateway and one agent, `gpu-host`: the builtin backend with the process runner on one
+/// node of two L4s (no GPU discovery), in a temporary directory that the tests may use too.
+pub struct ProcessHost {
+    /// The gateway.
+    pub gateway: Gateway,
+    /// The agent.
+    pub agent: Agent,
+    /// Where both keep their files.
+    pub dir: tempfile::TempDir,
+}
+
+impl ProcessHost {
+    /// Starts the gateway with `gateway_config` and the agent with `killGrace: kill_grace`, and
+    /// waits until the cluster is connected.
+    pub async fn start(gateway_config: &str, kill_grace: &str) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let host = format!(
+            "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
+             process: {{gpuDiscovery: none, killGrace: {kill_grace}}}\nreportInterval: 300ms\n\
+             nodes:\n  - {{shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}}\n"
+        );
+        let gateway = Gateway::start(dir.path(), gateway_config).await?;
+        let agent = Agent::start(dir.path(), "gpu-host", &host, &gateway)?;
+        gateway.wait_for_clusters(1).await?;
+        Ok(Self { gateway, agent, dir })
+    }
+}
+
 /// An agent config for a builtin cluster with the simulated runner. `nodes` is YAML list items (without the `nodes:` key).
 pub fn agent_config(cluster: &str, region: &str, tier: &str, prices: &str, nodes: &str, time_scale: f64) -> String {
     format!(

@@ -7,26 +7,12 @@
 
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway};
+use meridian_e2e::{GATEWAY_CONFIG, Gateway, ProcessHost};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-const HOST: &str = "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
-                    process: {gpuDiscovery: none, killGrace: 2s}\nreportInterval: 300ms\n\
-                    nodes:\n  - {shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}\n";
-
-struct Host {
-    gateway: Gateway,
-    _agent: Agent,
-    dir: tempfile::TempDir,
-}
-
-async fn host() -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
-    let agent = Agent::start(dir.path(), "gpu-host", HOST, &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    Host { gateway, _agent: agent, dir }
+async fn host() -> ProcessHost {
+    ProcessHost::start(GATEWAY_CONFIG, "2s").await.unwrap()
 }
 
 fn job(name: &str, gpus: u32, script: &str) -> String {

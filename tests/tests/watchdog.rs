@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use meridian_e2e::{Agent, Gateway, poll};
+use meridian_e2e::{ProcessHost, poll};
 
 /// Lease = `lostJobTimeout - leaseMargin` = 3 s; the gateway places lost jobs again after 6 s.
 const GATEWAY: &str =
@@ -21,46 +21,26 @@ const KILL_GRACE: Duration = Duration::from_millis(500);
 const SLACK: Duration = Duration::from_secs(1);
 const WAIT: Duration = Duration::from_secs(30);
 
-const HOST: &str = "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
-                    process: {gpuDiscovery: none, killGrace: 500ms}\nreportInterval: 300ms\n\
-                    nodes:\n  - {shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}\n";
-
-struct Host {
-    gateway: Gateway,
-    agent: Agent,
-    dir: tempfile::TempDir,
+async fn host() -> ProcessHost {
+    ProcessHost::start(GATEWAY, "500ms").await.unwrap()
 }
 
-async fn host() -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY).await.unwrap();
-    let agent = Agent::start(dir.path(), "gpu-host", HOST, &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    Host { gateway, agent, dir }
-}
-
-impl Host {
-    /// Submits a job whose shell starts a child and waits; returns both pids once it runs.
-    async fn running_job(&self) -> Vec<u32> {
-        let (shell, child) = (self.dir.path().join("shell.pid"), self.dir.path().join("child.pid"));
-        let script = format!("sleep 1000 & echo $! > {}; echo $$ > {}; wait", child.display(), shell.display());
-        let spec = format!(
-            "name: long\ntenant: t\ngang: {{replicas: 1, resources: {{gpus: 1}}}}\nruntime: {{estimate: 1h}}\n\
-             payload: {{command: [sh, -c, {}]}}\n",
-            serde_json::to_string(&script).unwrap()
-        );
-        let (job, created) = self.gateway.client().submit(&spec).await.unwrap();
-        assert!(created);
-        let id = job["id"].as_str().unwrap().to_string();
-        self.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
-        let pids = poll(WAIT, || async { Some(vec![read_pid(&shell)?, read_pid(&child)?]) }).await.unwrap();
-        assert!(pids.iter().all(|&pid| !gone(pid)), "the job runs: {pids:?}");
-        pids
-    }
-
-    fn agent_log(&self) -> String {
-        self.agent.proc.log()
-    }
+/// Submits a job whose shell starts a child and waits; returns both pids once it runs.
+async fn running_job(h: &ProcessHost) -> Vec<u32> {
+    let (shell, child) = (h.dir.path().join("shell.pid"), h.dir.path().join("child.pid"));
+    let script = format!("sleep 1000 & echo $! > {}; echo $$ > {}; wait", child.display(), shell.display());
+    let spec = format!(
+        "name: long\ntenant: t\ngang: {{replicas: 1, resources: {{gpus: 1}}}}\nruntime: {{estimate: 1h}}\n\
+         payload: {{command: [sh, -c, {}]}}\n",
+        serde_json::to_string(&script).unwrap()
+    );
+    let (job, created) = h.gateway.client().submit(&spec).await.unwrap();
+    assert!(created);
+    let id = job["id"].as_str().unwrap().to_string();
+    h.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    let pids = poll(WAIT, || async { Some(vec![read_pid(&shell)?, read_pid(&child)?]) }).await.unwrap();
+    assert!(pids.iter().all(|&pid| !gone(pid)), "the job runs: {pids:?}");
+    pids
 }
 
 fn read_pid(path: &Path) -> Option<u32> {
@@ -110,7 +90,7 @@ fn watchdog_kills(log: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_agents_job_is_killed_when_its_lease_runs_out() {
     let h = host().await;
-    let pids = h.running_job().await;
+    let pids = running_job(&h).await;
     let agent_pid = h.agent.proc.pid();
     let (watchdog_pid, _) = watchdog(agent_pid).await;
 
@@ -120,7 +100,7 @@ async fn a_frozen_agents_job_is_killed_when_its_lease_runs_out() {
     let frozen = Instant::now();
     let bound = LEASE + KILL_GRACE + SLACK;
     let outcome = poll(bound, || async { pids.iter().all(|&pid| gone(pid)).then(|| frozen.elapsed()) }).await;
-    let log = h.agent_log();
+    let log = h.agent.proc.log();
     let killed_after = outcome.unwrap_or_else(|e| {
         panic!("{e}: the job {pids:?} still runs {bound:?} after the agent froze; agent log:\n{log}")
     });
@@ -139,14 +119,14 @@ async fn a_frozen_agents_job_is_killed_when_its_lease_runs_out() {
 #[tokio::test(flavor = "multi_thread")]
 async fn killing_the_agent_with_sigkill_kills_its_job_and_the_watchdog_exits() {
     let mut h = host().await;
-    let pids = h.running_job().await;
+    let pids = running_job(&h).await;
     let (watchdog_pid, state_file) = watchdog(h.agent.proc.pid()).await;
     assert!(state_file.exists());
 
     h.agent.proc.kill();
     let killed = Instant::now();
     let outcome = poll(SLACK, || async { pids.iter().all(|&pid| gone(pid)).then(|| killed.elapsed()) }).await;
-    let log = h.agent_log();
+    let log = h.agent.proc.log();
     let gone_after = outcome.unwrap_or_else(|e| {
         panic!("{e}: the job {pids:?} outlived its SIGKILLed agent by {SLACK:?}; agent log:\n{log}")
     });
@@ -158,14 +138,14 @@ async fn killing_the_agent_with_sigkill_kills_its_job_and_the_watchdog_exits() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clean_shutdown_stops_the_job_and_the_watchdog_and_removes_the_state_file() {
     let h = host().await;
-    let pids = h.running_job().await;
+    let pids = running_job(&h).await;
     let agent_pid = h.agent.proc.pid();
     let (watchdog_pid, state_file) = watchdog(agent_pid).await;
 
     signal("TERM", agent_pid);
     // The test is the agent's parent and has not reaped it: a zombie once it exits.
     poll(WAIT, || async { gone(agent_pid).then_some(()) }).await.expect("the agent exits on SIGTERM");
-    let log = h.agent_log();
+    let log = h.agent.proc.log();
     assert!(pids.iter().all(|&pid| gone(pid)), "the job stops with the agent; log:\n{log}");
     poll(SLACK, || async { gone(watchdog_pid).then_some(()) }).await.expect("the watchdog exits with the agent");
     assert!(!state_file.exists(), "the state file goes at a clean shutdown");

@@ -513,15 +513,20 @@ fn a_declined_withdrawal_places_the_job_again_at_once() {
     assert_eq!(h.state(&id), JobState::Queued);
 }
 
-#[test]
-fn an_offer_in_flight_when_the_stream_drops_stays_reserved_until_the_lease_rule_places_it_again() {
-    let config = CoreConfig {
+/// Clusters silent for 10 s are lost; their jobs are placed again a minute after last contact
+/// (agents hold a 55 s lease).
+fn lost_after_a_minute() -> CoreConfig {
+    CoreConfig {
         lost_job_timeout: Duration::from_secs(60),
         cluster_timeout: Duration::from_secs(10),
         lease_margin: Duration::from_secs(5),
         ..Default::default()
-    };
-    let mut h = Harness::new(config);
+    }
+}
+
+#[test]
+fn an_offer_in_flight_when_the_stream_drops_stays_reserved_until_the_lease_rule_places_it_again() {
+    let mut h = Harness::new(lost_after_a_minute());
     let (id, east) = h.offered();
     let (west, _) = h.connect("west", "b1");
     h.event(west, inventory(&[8]));
@@ -600,13 +605,7 @@ fn a_binding_being_stopped_is_neither_missing_nor_changed() {
 
 #[test]
 fn a_job_lost_with_its_cluster_is_placed_again_only_after_the_timeout_counted_from_last_contact() {
-    let config = CoreConfig {
-        lost_job_timeout: Duration::from_secs(60),
-        cluster_timeout: Duration::from_secs(10),
-        lease_margin: Duration::from_secs(5),
-        ..Default::default()
-    };
-    let mut h = Harness::new(config);
+    let mut h = Harness::new(lost_after_a_minute());
     let (id, east) = h.running();
     let (west, _) = h.connect("west", "b1");
     h.advance(Duration::from_secs(11));

@@ -115,3 +115,9 @@ fi
 
 echo "== unit, property and end-to-end tests"
 cargo test --workspace --locked "$@"
+
+# Every benchmark, built (debug, sharing the tests' build) and run for one short pass: without
+# `--bench` each bench binary shrinks itself to small sizes (criterion's own test mode does the
+# same), so a bench that stops running as docs/benchmarks.md says fails here instead of rotting.
+echo "== benchmarks: one short pass each"
+cargo test --workspace --locked --bench '*' "$@"

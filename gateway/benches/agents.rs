@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p meridian-gateway --bench agents` (release). `MERIDIAN_BENCH_DIR` picks the
 //! directory of the store (default: cargo's target tmpdir). `MERIDIAN_BENCH_AGENTS`,
-//! `MERIDIAN_BENCH_QUEUED` and `MERIDIAN_BENCH_WINDOW_SECS` shrink the run for a quick check.
+//! `MERIDIAN_BENCH_QUEUED` and `MERIDIAN_BENCH_WINDOW_SECS` shrink the run for a quick check;
+//! `cargo test --benches` makes a short pass (see `common::quick`).
 //!
 //! How it is built:
 //! - The gateway (`server::serve`, a `RedbStore`, ports 0) runs on its own tokio runtime whose
@@ -34,10 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
-use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::runtime::Handle;
 use meridian_gateway::server;
-use meridian_gateway::store::{RedbStore, Store};
 use meridian_placement::{ClusterSnapshot, FederationSnapshot, Holds, NetworkTable, PlacementConfig};
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::inventory::{
@@ -47,13 +46,15 @@ use meridian_proto::job::JobState;
 use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
 use meridian_proto::validate::parse_job_spec;
+use meridian_store::{RedbStore, Store};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
+#[allow(dead_code)]
 mod common;
-use common::{Conn, ms, percentile};
+use common::{Conn, bench_config, ms, percentile};
 
 /// A gang that fits every cluster's node shapes but no cluster's free nodes (see the module doc).
 const GANG_SPEC: &str = "name: wide\ntenant: batch\ngang: {replicas: 2, resources: {gpus: 8, gpuTypes: [h100]}}\n\
@@ -88,7 +89,9 @@ fn main() -> Result<()> {
         // `cargo bench` passes `--bench`; `--list` asks for tests, of which there are none.
         return Ok(());
     }
-    let scale = Scale::from_env()?;
+    let quick = common::quick();
+    common::announce(quick);
+    let scale = Scale::from_env(quick)?;
     let gateway_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name(GATEWAY_THREAD)
@@ -113,14 +116,17 @@ struct Scale {
 }
 
 impl Scale {
-    fn from_env() -> Result<Self> {
+    /// The sizes from `MERIDIAN_BENCH_*`, defaulting to the full run, or to a short pass of 20
+    /// agents, 200 gangs and 3 s under `cargo test --benches`.
+    fn from_env(quick: bool) -> Result<Self> {
+        let (agents, queued, window) = if quick { (20, 200, 3) } else { (1_000, 10_000, 30) };
         let read = |name: &str, default: u64| -> Result<u64> {
             std::env::var(name).map_or(Ok(default), |v| v.parse().map_err(|e| format!("{name}: {e}").into()))
         };
         Ok(Self {
-            agents: usize::try_from(read("MERIDIAN_BENCH_AGENTS", 1_000)?)?,
-            queued: usize::try_from(read("MERIDIAN_BENCH_QUEUED", 10_000)?)?,
-            window: Duration::from_secs(read("MERIDIAN_BENCH_WINDOW_SECS", 30)?),
+            agents: usize::try_from(read("MERIDIAN_BENCH_AGENTS", agents)?)?,
+            queued: usize::try_from(read("MERIDIAN_BENCH_QUEUED", queued)?)?,
+            window: Duration::from_secs(read("MERIDIAN_BENCH_WINDOW_SECS", window)?),
         })
     }
 }
@@ -148,11 +154,7 @@ async fn run(scale: &Scale, gateway_runtime: tokio::runtime::Handle) -> Result<M
     let dir = tempfile::tempdir_in(&base)?;
     println!("store: {}", dir.path().display());
 
-    let config = GatewayConfig {
-        listen: "127.0.0.1:0".parse()?,
-        grpc_listen: "127.0.0.1:0".parse()?,
-        ..GatewayConfig::default()
-    };
+    let config = bench_config();
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path())?);
     let (stop_gateway, stop_rx) = watch::channel(false);
     let (bound_tx, bound_rx) = oneshot::channel();

@@ -15,52 +15,46 @@ use meridian_gateway::auth::Authenticator;
 use meridian_gateway::metrics::{Metrics, MetricsAccess, MetricsConfig, ScrapeAccess};
 use meridian_gateway::runtime::{Runtime, RuntimeConfig, now_ms};
 use meridian_proto::gpu::GpuCatalog;
-use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
+use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
 use meridian_proto::job::JobState;
+use meridian_proto::testing;
 use meridian_proto::validate::parse_job_spec;
+
+#[allow(dead_code)]
+mod common;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const JOBS: usize = 100_000;
 const TENANTS: usize = 20;
 const CLUSTERS: usize = 20;
-const SCRAPES: usize = 20;
 
 fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(run())
+    let quick = common::quick();
+    common::announce(quick);
+    // (jobs stored, scrapes timed): the full run, or the short pass of `cargo test --benches`.
+    let (jobs, scrapes) = if quick { (2_000, 2) } else { (100_000, 20) };
+    runtime.block_on(run(jobs, scrapes))
 }
 
-fn loaded() -> Result<Loaded> {
+fn loaded(jobs: usize) -> Result<Loaded> {
     let now = now_ms();
     let mut loaded = Loaded::default();
     for c in 0..CLUSTERS {
         let info = ClusterInfo {
-            name: format!("cluster-{c:02}"),
             region: format!("region-{}", c % 4),
             tier: if c % 5 == 0 { Tier::Cloud } else { Tier::Owned },
-            backend: BackendKind::Builtin,
             prices: BTreeMap::from([("h100".to_string(), 2.5)]),
-            supports_containers: true,
-            supports_bare_commands: true,
-            labels: BTreeMap::new(),
+            ..testing::cluster_info(&format!("cluster-{c:02}"))
         };
-        let shape = NodeShape {
-            name: "dgx".into(),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus_per_node: 8,
-            cpu_per_node: 96,
-            memory_gib_per_node: 1024,
-            free: vec![NodeFree { gpus: 4, cpu: 48, memory_gib: 512 }; 64],
-            labels: BTreeMap::new(),
-        };
+        let shape =
+            NodeShape { free: vec![NodeFree { gpus: 4, cpu: 48, memory_gib: 512 }; 64], ..testing::dgx_shape(&[]) };
         loaded.clusters.push(KnownCluster { info, inventory: Inventory { shapes: vec![shape] } });
     }
-    for i in 0..JOBS {
+    for i in 0..jobs {
         let text = format!(
             "name: j{i}\ntenant: tenant-{:02}\npriority: {}\ngang: {{replicas: 1, resources: {{gpus: 8}}}}\n\
              payload: {{command: [x]}}\n",
@@ -86,16 +80,16 @@ fn loaded() -> Result<Loaded> {
     Ok(loaded)
 }
 
-async fn run() -> Result<()> {
-    let core = Core::new(CoreConfig::default(), loaded()?, now_ms(), 1);
+async fn run(jobs: usize, scrapes: usize) -> Result<()> {
+    let core = Core::new(CoreConfig::default(), loaded(jobs)?, now_ms(), 1);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let (runtime, handle) =
-        Runtime::start(core, Arc::new(meridian_gateway::store::MemoryStore::new()), RuntimeConfig::default(), stop_rx);
+        Runtime::start(core, Arc::new(meridian_store::MemoryStore::new()), RuntimeConfig::default(), stop_rx);
     let config = MetricsConfig { access: Some(MetricsAccess::Open), token_file: None };
     let metrics = Metrics::new(handle, ScrapeAccess::load(&config, Arc::new(Authenticator::off()))?);
-    let mut times = Vec::with_capacity(SCRAPES);
+    let mut times = Vec::with_capacity(scrapes);
     let mut bytes = 0;
-    for _ in 0..SCRAPES {
+    for _ in 0..scrapes {
         let started = Instant::now();
         let text = metrics.render()?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
@@ -103,10 +97,10 @@ async fn run() -> Result<()> {
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "{JOBS} jobs, {TENANTS} tenants, {CLUSTERS} clusters: one scrape renders {bytes} bytes in {:.1} ms median, \
-         {:.1} ms max ({SCRAPES} scrapes)",
-        times[SCRAPES / 2],
-        times[SCRAPES - 1]
+        "{jobs} jobs, {TENANTS} tenants, {CLUSTERS} clusters: one scrape renders {bytes} bytes in {:.1} ms median, \
+         {:.1} ms max ({scrapes} scrapes)",
+        times[scrapes / 2],
+        times[scrapes - 1]
     );
     let _ = stop.send(true);
     runtime.join().await;

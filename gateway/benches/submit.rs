@@ -4,7 +4,8 @@
 //! the gateway's memory with 100,000 finished jobs before and after retention removes them.
 //!
 //! `cargo bench -p meridian-gateway --bench submit` (release). `MERIDIAN_BENCH_DIR` picks the
-//! directory (default: cargo's target tmpdir, on the same disk as the build).
+//! directory (default: cargo's target tmpdir, on the same disk as the build). Under
+//! `cargo test --benches` it makes one short pass at small sizes (see `common::quick`).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -16,19 +17,38 @@ use hyper::{Method, StatusCode};
 use meridian_core::record::{JobRecord, Record};
 use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::server;
-use meridian_gateway::store::{RedbStore, Store, Write};
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::job::JobState;
 use meridian_proto::validate::parse_job_spec;
+use meridian_store::{RedbStore, Store, Write};
 use tokio::sync::{oneshot, watch};
 
+#[allow(dead_code)]
 mod common;
-use common::{Conn, Result, ms, percentile};
+use common::{Conn, Result, bench_config, ms, percentile};
 
 const SPEC: &str = "name: bench\ntenant: t\nlabels: {project: bench}\ngang: {replicas: 2, resources: {gpus: 8}}\n\
                     runtime: {estimate: 2h}\npayload: {image: registry.local/train:1, command: [python, train.py]}\n";
-const RUN: Duration = Duration::from_secs(5);
-const STORED: usize = 100_000;
+/// The sizes of one run: the full bench, or the short pass.
+#[derive(Clone, Copy)]
+struct Scale {
+    /// How long each load runs.
+    run: Duration,
+    /// Jobs stored for the list and memory measurements.
+    stored: usize,
+    /// The concurrent clients of the submit table.
+    clients: &'static [usize],
+}
+
+impl Scale {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self { run: Duration::from_millis(300), stored: 2_000, clients: &[1, 4] }
+        } else {
+            Self { run: Duration::from_secs(5), stored: 100_000, clients: &[1, 16, 64] }
+        }
+    }
+}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -42,28 +62,31 @@ fn main() -> Result<()> {
         // `cargo bench` passes `--bench`; nothing to list.
         return Ok(());
     }
-    runtime.block_on(run())
+    let quick = common::quick();
+    common::announce(quick);
+    runtime.block_on(run(Scale::new(quick)))
 }
 
 fn base_dir() -> PathBuf {
     std::env::var_os("MERIDIAN_BENCH_DIR").map_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")), PathBuf::from)
 }
 
-async fn run() -> Result<()> {
+async fn run(scale: Scale) -> Result<()> {
+    let Scale { run: run_for, stored: job_count, .. } = scale;
     let base = base_dir();
     std::fs::create_dir_all(&base)?;
     let dir = tempfile::tempdir_in(&base)?;
     println!("directory: {}", dir.path().display());
-    let fsyncs = fsync_rate(dir.path(), Duration::from_secs(2))?;
+    let fsyncs = fsync_rate(dir.path(), run_for.min(Duration::from_secs(2)))?;
     println!("raw fdatasync rate (600-byte appends): {fsyncs:.0}/s\n");
 
-    let gateway = Gateway::start(&dir.path().join("submit"), GatewayConfig::default()).await?;
+    let gateway = Gateway::start(&dir.path().join("submit"), bench_config()).await?;
     println!("| clients | submits/s | p50 ms | p99 ms | submits/s ÷ fsyncs/s |");
     println!("| ---: | ---: | ---: | ---: | ---: |");
-    for clients in [1usize, 16, 64] {
-        let (count, mut latencies) = load(gateway.rest, clients, RUN).await?;
+    for &clients in scale.clients {
+        let (count, mut latencies) = load(gateway.rest, clients, run_for).await?;
         latencies.sort();
-        let rate = count as f64 / RUN.as_secs_f64();
+        let rate = count as f64 / run_for.as_secs_f64();
         println!(
             "| {clients} | {rate:.0} | {:.1} | {:.1} | {:.2} |",
             ms(percentile(&latencies, 0.50)),
@@ -75,17 +98,17 @@ async fn run() -> Result<()> {
 
     // 100,000 stored jobs, then lists during a 16-client submit load.
     let stored = dir.path().join("stored");
-    preload(&stored, STORED, false).await?;
-    let gateway = Gateway::start(&stored, GatewayConfig::default()).await?;
-    // The submitters run for the same window as the lists (both stop after `RUN`).
+    preload(&stored, job_count, false).await?;
+    let gateway = Gateway::start(&stored, bench_config()).await?;
+    // The submitters run for the same window as the lists (both stop after `run_for`).
     let submitters = tokio::spawn({
         let rest = gateway.rest;
-        async move { load(rest, 16, RUN).await.map(|(n, _)| n).unwrap_or(0) }
+        async move { load(rest, 16, run_for).await.map(|(n, _)| n).unwrap_or(0) }
     });
     let mut client = Conn::open(gateway.rest).await?;
     let mut latencies = Vec::new();
     let started = Instant::now();
-    while started.elapsed() < RUN {
+    while started.elapsed() < run_for {
         let at = Instant::now();
         let (status, body) = client.send(Method::GET, "/v1/jobs?limit=100", None).await?;
         latencies.push(at.elapsed());
@@ -96,7 +119,7 @@ async fn run() -> Result<()> {
     let submitted = submitters.await?;
     latencies.sort();
     println!(
-        "\nGET /v1/jobs?limit=100 with {STORED} jobs stored, during 16-client submit load ({submitted} submits): \
+        "\nGET /v1/jobs?limit=100 with {job_count} jobs stored, during 16-client submit load ({submitted} submits): \
          {} lists, p50 {:.2} ms, p99 {:.2} ms",
         latencies.len(),
         ms(percentile(&latencies, 0.50)),
@@ -107,7 +130,7 @@ async fn run() -> Result<()> {
     // Memory with 100,000 finished jobs, before and after retention (separate processes, so the
     // second does not inherit the first one's heap).
     let finished = dir.path().join("finished");
-    preload(&finished, STORED, true).await?;
+    preload(&finished, job_count, true).await?;
     let exe = std::env::current_exe()?;
     for (label, retention) in [("kept (retention 7d)", 7 * 24 * 3600u64), ("after retention (1h)", 3600)] {
         let output = std::process::Command::new(&exe)
@@ -116,15 +139,14 @@ async fn run() -> Result<()> {
             .arg(retention.to_string())
             .output()?;
         let text = String::from_utf8_lossy(&output.stdout);
-        println!("memory with {STORED} finished jobs, {label}: {}", text.trim());
+        println!("memory with {job_count} finished jobs, {label}: {}", text.trim());
     }
     Ok(())
 }
 
 /// Loads the gateway on `dir` with the given retention, waits for the first tick, prints RSS.
 async fn memory_phase(dir: &Path, retention: Duration) -> Result<()> {
-    let config =
-        GatewayConfig { retention: meridian_proto::duration::HumanDuration(retention), ..GatewayConfig::default() };
+    let config = GatewayConfig { retention: meridian_proto::duration::HumanDuration(retention), ..bench_config() };
     let gateway = Gateway::start(dir, config).await?;
     // Retention runs on the tick (every 500 ms) and commits the deletions.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -215,9 +237,7 @@ struct Gateway {
 }
 
 impl Gateway {
-    async fn start(dir: &Path, mut config: GatewayConfig) -> Result<Self> {
-        config.listen = "127.0.0.1:0".parse()?;
-        config.grpc_listen = "127.0.0.1:0".parse()?;
+    async fn start(dir: &Path, config: GatewayConfig) -> Result<Self> {
         let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir)?);
         let (stop, stop_rx) = watch::channel(false);
         let (bound_tx, bound_rx) = oneshot::channel();

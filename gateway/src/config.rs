@@ -10,7 +10,7 @@ use meridian_proto::gpu::GpuCatalog;
 use serde::{Deserialize, Serialize};
 
 use crate::api::limits::LimitsConfig;
-use crate::placement::{NetworkTable, PlacementConfig};
+use meridian_placement::{NetworkTable, PlacementConfig};
 
 pub use meridian_proto::config_file::ConfigError as Error;
 

@@ -20,6 +20,9 @@ pub mod metrics;
 pub mod preemption;
 pub mod usage;
 
+#[cfg(test)]
+mod test_jobs;
+
 pub use meridian_scheduler as builtin;
 
 /// Why an agent could not be built from its configuration.

@@ -1,6 +1,9 @@
 //! Harness for end-to-end tests: builds and starts the real `meridian gateway` and
 //! `meridian-agent` processes on `127.0.0.1:0` ports, talks to them over REST, gRPC and the CLI,
 //! and stops them when dropped.
+//!
+//! Most tests start a whole [`Federation`] (a gateway and its clusters, each described by
+//! [`ClusterOptions`]); [`Gateway`] and [`Agent`] remain for set-ups it does not cover.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,13 +12,22 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub mod browser;
+pub mod cluster;
+pub mod federation;
 pub mod fuzzing;
 pub mod manifests;
+pub mod pki;
+pub mod proxy;
 pub mod witness;
 
 use anyhow::{Context, Result, anyhow, bail};
-use meridian_gateway::client::Client;
+use meridian_cli::client::Client;
 use serde_json::Value;
+
+pub use cluster::{ClusterOptions, H100_NODE, L4_HOST, Runner, agent_config};
+pub use federation::{Federation, FederationBuilder, ProcessHost};
+pub use pki::Pki;
+pub use proxy::{ProxyMode, TcpProxy};
 
 /// Paths of the two binaries under test.
 #[derive(Debug, Clone)]
@@ -35,7 +47,7 @@ pub fn binaries() -> &'static Binaries {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(&workspace)
-            .args(["build", "--quiet", "-p", "meridian-gateway", "-p", "meridian-agent", "--bins"])
+            .args(["build", "--quiet", "-p", "meridian", "-p", "meridian-agent", "--bins"])
             .status();
         match status {
             Ok(s) if s.success() => {}
@@ -74,6 +86,16 @@ impl Proc {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` (a name such as `STOP`, `CONT` or `TERM`) to the process with `kill(1)`.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let pid = self.child.id();
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status()?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed: {status}");
+        }
+        Ok(())
     }
 
     /// Stops the process (SIGKILL) and waits for it.
@@ -171,7 +193,13 @@ impl Gateway {
 
     /// Waits until `count` clusters are connected and have reported GPUs.
     pub async fn wait_for_clusters(&self, count: usize) -> Result<Value> {
-        let client = self.client();
+        self.wait_for_clusters_as(None, count).await
+    }
+
+    /// [`Gateway::wait_for_clusters`], asking with `token` (a gateway with `auth:` answers only
+    /// callers with a token).
+    pub async fn wait_for_clusters_as(&self, token: Option<&str>, count: usize) -> Result<Value> {
+        let client = self.client().with_token(token.map(str::to_string));
         poll(Duration::from_secs(20), || async {
             let clusters = client.clusters().await.ok()?;
             let ready = clusters["clusters"]
@@ -220,11 +248,24 @@ impl Agent {
     /// Starts an agent that dials `grpc` (a proxy in front of the gateway, say): over TLS when
     /// `config` has a `tls:` section, else in plain text with `insecure: true` added.
     pub fn start_via(dir: &Path, name: &str, config: &str, grpc: SocketAddr) -> Result<Self> {
+        Self::start_with_env(dir, name, config, grpc, &[])
+    }
+
+    /// [`Agent::start_via`] with `env` added to the agent's environment (the jobs of the
+    /// process runner inherit it).
+    pub fn start_with_env(
+        dir: &Path,
+        name: &str,
+        config: &str,
+        grpc: SocketAddr,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let path = dir.join(format!("{name}.yaml"));
         std::fs::write(&path, plain_unless_tls(config))?;
         let scheme = if has_tls(config) { "https" } else { "http" };
         let mut command = Command::new(&binaries().agent);
         command.arg("--config").arg(&path).arg("--gateway").arg(format!("{scheme}://{grpc}"));
+        command.envs(env.iter().map(|(key, value)| (key, value)));
         Ok(Self { proc: Proc::spawn(command, dir.join(format!("{name}.log")))? })
     }
 }
@@ -286,166 +327,8 @@ async fn wait_for_file(path: &Path, proc: &mut Proc) -> Result<String> {
     }
 }
 
-/// A gateway and one agent, `gpu-host`: the builtin backend with the process runner on one
-/// node of two L4s (no GPU discovery), in a temporary directory that the tests may use too.
-pub struct ProcessHost {
-    /// The gateway.
-    pub gateway: Gateway,
-    /// The agent.
-    pub agent: Agent,
-    /// Where both keep their files.
-    pub dir: tempfile::TempDir,
-}
-
-impl ProcessHost {
-    /// Starts the gateway with `gateway_config` and the agent with `killGrace: kill_grace`, and
-    /// waits until the cluster is connected.
-    pub async fn start(gateway_config: &str, kill_grace: &str) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let host = format!(
-            "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
-             process: {{gpuDiscovery: none, killGrace: {kill_grace}}}\nreportInterval: 300ms\n\
-             nodes:\n  - {{shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}}\n"
-        );
-        let gateway = Gateway::start(dir.path(), gateway_config).await?;
-        let agent = Agent::start(dir.path(), "gpu-host", &host, &gateway)?;
-        gateway.wait_for_clusters(1).await?;
-        Ok(Self { gateway, agent, dir })
-    }
-}
-
-/// An agent config for a builtin cluster with the simulated runner. `nodes` is YAML list items (without the `nodes:` key).
-pub fn agent_config(cluster: &str, region: &str, tier: &str, prices: &str, nodes: &str, time_scale: f64) -> String {
-    format!(
-        "cluster: {cluster}\nregion: {region}\ntier: {tier}\nprices: {prices}\nbackend: builtin\nrunner: simulated\n\
-         queues: [{{name: default, weight: 1}}]\nnodes:\n{nodes}\ntimeScale: {time_scale}\nreportInterval: 300ms\n"
-    )
-}
-
 /// A gateway config with quick placement rounds.
 pub const GATEWAY_CONFIG: &str = "placementInterval: 200ms\nofferTimeout: 10s\nclusterTimeout: 10s\n";
-
-/// What a [`TcpProxy`] does with the traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProxyMode {
-    /// Forwards bytes both ways.
-    Pass,
-    /// Keeps connections open but forwards nothing (a partition that sends no RST: both ends
-    /// see only silence). Held bytes flow again on `Pass`.
-    Blackhole,
-    /// Holds what the client sends (agent → gateway) while the other direction flows: the
-    /// upstream hears nothing, the client hears everything. Held bytes flow again on `Pass`.
-    CutToUpstream,
-    /// Holds what the upstream sends (gateway → agent) while the other direction flows: the
-    /// client hears nothing, the upstream hears everything. Held bytes flow again on `Pass`.
-    CutToClient,
-    /// Closes every connection and closes new ones at once (a link that is down).
-    Down,
-}
-
-impl ProxyMode {
-    /// Whether bytes going `direction` are held in this mode.
-    fn holds(self, direction: Direction) -> bool {
-        match self {
-            ProxyMode::Blackhole => true,
-            ProxyMode::CutToUpstream => direction == Direction::ToUpstream,
-            ProxyMode::CutToClient => direction == Direction::ToClient,
-            ProxyMode::Pass | ProxyMode::Down => false,
-        }
-    }
-}
-
-/// Which way a [`TcpProxy`] pump copies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    /// Client → upstream (agent → gateway).
-    ToUpstream,
-    /// Upstream → client (gateway → agent).
-    ToClient,
-}
-
-/// A TCP proxy on `127.0.0.1:0` in front of `upstream` that a test can cut or blackhole.
-pub struct TcpProxy {
-    /// Where clients connect.
-    pub addr: SocketAddr,
-    mode: tokio::sync::watch::Sender<ProxyMode>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TcpProxy {
-    /// Starts forwarding to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (mode, _) = tokio::sync::watch::channel(ProxyMode::Pass);
-        let modes = mode.clone();
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                if *modes.borrow() == ProxyMode::Down {
-                    drop(client);
-                    continue;
-                }
-                let modes = modes.subscribe();
-                connections.spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
-                    let (client_read, client_write) = client.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    // Each side learns that the other closed only through its own direction,
-                    // so a held direction hides the close too (as a real one-way partition
-                    // would); the connection ends once both directions have ended.
-                    let to_upstream = pump(client_read, server_write, Direction::ToUpstream, modes.clone());
-                    let to_client = pump(server_read, client_write, Direction::ToClient, modes.clone());
-                    let both = async { tokio::join!(to_upstream, to_client) };
-                    tokio::select! {
-                        _ = both => {}
-                        () = wait_down(modes) => {}
-                    }
-                });
-            }
-        });
-        Ok(Self { addr, mode, task })
-    }
-
-    /// Changes what the proxy does from now on.
-    pub fn set(&self, mode: ProxyMode) {
-        self.mode.send_replace(mode);
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn wait_down(mut modes: tokio::sync::watch::Receiver<ProxyMode>) {
-    let _ = modes.wait_for(|m| *m == ProxyMode::Down).await;
-}
-
-/// Copies bytes one way, holding them (and the end of the stream) while the mode holds
-/// `direction`; returning drops `to`, which closes that side's writing half.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    direction: Direction,
-    mut modes: tokio::sync::watch::Receiver<ProxyMode>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        // A read error ends the stream as the end of the stream does.
-        let read = from.read(&mut buffer).await.unwrap_or(0);
-        if modes.wait_for(|m| !m.holds(direction)).await.map(|m| *m).unwrap_or(ProxyMode::Down) == ProxyMode::Down
-            || read == 0
-        {
-            return;
-        }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
-        }
-    }
-}
 
 /// The UTC timestamp that starts each line of a process log (tracing's default format), for
 /// the first line that contains every one of `needles`.

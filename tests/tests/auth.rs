@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config, poll};
-use meridian_gateway::client::Client;
+use meridian_cli::client::{Client, ClientError};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, Gateway, poll};
 use meridian_proto::pb;
 use meridian_proto::pb::jobs_client::JobsClient;
 use ring::rand::SystemRandom;
@@ -98,14 +98,14 @@ fn spec(name: &str, tenant: &str) -> String {
 struct Seen(Vec<String>);
 
 impl Seen {
-    fn ok(&mut self, answer: Result<Value, meridian_gateway::client::ClientError>) -> Value {
+    fn ok(&mut self, answer: Result<Value, ClientError>) -> Value {
         let value = answer.unwrap();
         self.0.push(value.to_string());
         value
     }
 
     /// The error status of `answer` (which must be an error), keeping its message.
-    fn status(&mut self, answer: Result<Value, meridian_gateway::client::ClientError>) -> (u16, String) {
+    fn status(&mut self, answer: Result<Value, ClientError>) -> (u16, String) {
         let error = answer.expect_err("expected an error answer");
         self.0.push(error.to_string());
         (error.status().unwrap_or(0), error.to_string())
@@ -132,24 +132,19 @@ async fn tenants_see_and_change_only_their_own_jobs_and_secrets_never_leave_the_
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new();
     let config = write_auth_files(dir.path(), &issuer);
-    let gateway = Gateway::start(dir.path(), &config).await.unwrap();
+    // The harness asks as the admin whether `east` is connected.
+    let f = Federation::builder()
+        .in_dir(dir)
+        .gateway_config(config)
+        .token(ROOT)
+        .cluster("east", ClusterOptions::default().prices("{a100-80g: 1.5}").nodes(NODES))
+        .start()
+        .await
+        .unwrap();
+    let (gateway, dir) = (&f.gateway, f.dir());
     assert!(!gateway.proc.log().contains("authentication is off"), "{}", gateway.proc.log());
-    let _agent = Agent::start(
-        dir.path(),
-        "east",
-        &agent_config("east", "us-east", "owned", "{a100-80g: 1.5}", NODES, 1.0),
-        &gateway,
-    )
-    .unwrap();
     let as_user = |token: &str| gateway.client().with_token(Some(token.to_owned()));
     let (alice, bob, vic, root) = (as_user(ALICE), as_user(BOB), as_user(VIC), as_user(ROOT));
-    poll(Duration::from_secs(20), || async {
-        let clusters = root.clusters().await.ok()?;
-        let east = &clusters["clusters"][0];
-        (east["connected"] == true && east["gpusTotal"].as_u64().unwrap_or(0) > 0).then_some(())
-    })
-    .await
-    .unwrap();
     let mut seen = Seen::default();
 
     // --- REST: submit in one's own tenant; a job's answer hides the secret.
@@ -300,8 +295,8 @@ async fn tenants_see_and_change_only_their_own_jobs_and_secrets_never_leave_the_
     let out = cli(&["jobs"], None);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("authentication required"));
-    std::fs::write(dir.path().join("alice.token"), format!("{ALICE}\n")).unwrap();
-    let token_file = dir.path().join("alice.token");
+    std::fs::write(dir.join("alice.token"), format!("{ALICE}\n")).unwrap();
+    let token_file = dir.join("alice.token");
     for args in
         [vec!["job", a.as_str(), "-o", "json"], vec!["job", a.as_str()], vec!["jobs"], vec!["explain", a.as_str()]]
     {

@@ -3,19 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config};
-use meridian_gateway::client::ClientError;
+use meridian_cli::client::ClientError;
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, Gateway, agent_config};
 
 const GOOD: &str = "name: ok\ntenant: t\ngang: {replicas: 1, resources: {gpus: 4, cpu: 4, memoryGiB: 16}}\n\
                     payload: {command: [python, train.py]}\n";
 
-async fn gateway_with_one_cluster(dir: &std::path::Path) -> (Gateway, Agent) {
-    let gateway = Gateway::start(dir, GATEWAY_CONFIG).await.unwrap();
+/// A gateway with one cluster, `solo`: two 8-GPU A100 nodes.
+async fn gateway_with_one_cluster() -> Federation {
     let nodes = "  - {shape: a100-node, count: 2, gpuType: a100-80g, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
-    let config = agent_config("solo", "us-east", "owned", "{a100-80g: 1.5}", nodes, 1.0);
-    let agent = Agent::start(dir, "solo", &config, &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    (gateway, agent)
+    let solo = ClusterOptions::default().prices("{a100-80g: 1.5}").nodes(nodes);
+    Federation::builder().cluster("solo", solo).start().await.unwrap()
 }
 
 fn api_error(result: Result<(serde_json::Value, bool), ClientError>) -> (u16, String, Vec<String>, String) {
@@ -29,8 +27,8 @@ fn api_error(result: Result<(serde_json::Value, bool), ClientError>) -> (u16, St
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_specs_are_refused_with_the_field_and_nothing_is_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let (gateway, _agent) = gateway_with_one_cluster(dir.path()).await;
+    let f = gateway_with_one_cluster().await;
+    let gateway = &f.gateway;
     let client = gateway.client();
 
     let cases: Vec<(&str, String, u16, &str)> = vec![

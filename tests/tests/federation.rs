@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config};
+use meridian_e2e::{ClusterOptions, Federation, Gateway};
 use serde_json::Value;
 
 const EAST_NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n  \
@@ -20,23 +20,11 @@ const FAST: f64 = 0.001;
 const SLOW: f64 = 1.0;
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Federation {
-    gateway: Gateway,
-    _agents: Vec<Agent>,
-    _dir: tempfile::TempDir,
-}
-
 async fn federation(time_scale: f64) -> Federation {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
-    let east = agent_config("east", "us-east", "owned", "{h100: 2.0, l4: 0.4}", EAST_NODES, time_scale);
-    let west = agent_config("west", "eu-west", "owned", "{a100-80g: 1.5}", WEST_NODES, time_scale);
-    let agents = vec![
-        Agent::start(dir.path(), "east", &east, &gateway).unwrap(),
-        Agent::start(dir.path(), "west", &west, &gateway).unwrap(),
-    ];
-    gateway.wait_for_clusters(2).await.unwrap();
-    Federation { gateway, _agents: agents, _dir: dir }
+    let east = ClusterOptions::default().prices("{h100: 2.0, l4: 0.4}").nodes(EAST_NODES).time_scale(time_scale);
+    let west =
+        ClusterOptions::default().region("eu-west").prices("{a100-80g: 1.5}").nodes(WEST_NODES).time_scale(time_scale);
+    Federation::builder().cluster("east", east).cluster("west", west).start().await.unwrap()
 }
 
 fn job(name: &str, replicas: u32, gpus: u32, extra: &str) -> String {

@@ -8,15 +8,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use meridian::certs::{Ca, Validity};
 use meridian_e2e::fuzzing::{self, TARGETS, Target};
-use meridian_gateway::certs::{Ca, Validity};
 use meridian_proto::gpu::GpuCatalog;
-use meridian_proto::inventory::{
-    BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
-};
+use meridian_proto::inventory::{BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, QueueLoad, QueuePressure};
 use meridian_proto::job::JobState;
 use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport, LogChunk};
+use meridian_proto::testing::{self, cluster_info, dgx_shape, hello};
 use meridian_proto::validate::parse_job_spec;
 use prost::Message;
 
@@ -116,47 +115,26 @@ fn write_binary_seeds() {
     };
 
     let report = |state| JobReport {
-        job_id: "j-1".into(),
-        fencing_token: 3,
-        state,
         message: "done".into(),
         nodes: vec!["n-0".into(), "n-1".into()],
-        requeue: false,
-        preempted: false,
-        usage: None,
+        ..testing::report("j-1", 3, state)
     };
     let info = ClusterInfo {
-        name: "gpu-east".into(),
-        region: "us-east".into(),
-        tier: Tier::Owned,
         backend: BackendKind::Slurm,
         prices: BTreeMap::from([("h100".into(), 2.5), ("a100-80g".into(), 1.25)]),
-        supports_containers: true,
         supports_bare_commands: false,
         labels: BTreeMap::from([("gpu-fabric".into(), "ib".into())]),
+        ..cluster_info("gpu-east")
     };
-    let hello = AgentHello { info, instance_id: "i-7f3a".into(), agent_version: "0.1.0".into() };
+    let hello = AgentHello { info, agent_version: "0.1.0".into(), ..hello("gpu-east", "i-7f3a") };
     let hello = pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(pb::Hello::from(&hello))) };
     write("agent_message", "hello.pb", hello.encode_to_vec());
+    // One DGX node all free and one with 2 GPUs, 10 CPUs and 64 GiB free, in rack r1.
+    let mut shape = dgx_shape(&[8, 2]);
+    shape.free[1] = NodeFree { gpus: 2, cpu: 10, memory_gib: 64 };
+    shape.labels = BTreeMap::from([("rack".into(), "r1".into())]);
     let events = [
-        (
-            "inventory",
-            AgentEvent::Inventory(Inventory {
-                shapes: vec![NodeShape {
-                    name: "dgx".into(),
-                    gpu_type: "h100".into(),
-                    gpu_memory_gib: 80,
-                    gpus_per_node: 8,
-                    cpu_per_node: 96,
-                    memory_gib_per_node: 1024,
-                    free: vec![
-                        NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 },
-                        NodeFree { gpus: 2, cpu: 10, memory_gib: 64 },
-                    ],
-                    labels: BTreeMap::from([("rack".into(), "r1".into())]),
-                }],
-            }),
-        ),
+        ("inventory", AgentEvent::Inventory(Inventory { shapes: vec![shape] })),
         (
             "pressure",
             AgentEvent::Pressure(QueuePressure {

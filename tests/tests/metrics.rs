@@ -11,11 +11,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config, free_port, poll};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, Gateway, free_port, poll};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const EAST_NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 const WEST_NODES: &str = "  - {shape: a100-node, count: 1, gpuType: a100-80g, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -23,36 +22,25 @@ fn repo_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
 }
 
-/// A gateway with `east` (owned) and `west` (cloud) connected; jobs last an hour of real time.
-/// The agents serve their own `/metrics` once the agent part is merged.
-struct Federation {
-    gateway: Gateway,
-    agent_metrics: Option<SocketAddr>,
-    _agents: Vec<Agent>,
-    _dir: tempfile::TempDir,
-}
-
-async fn federation(gateway_config: &str) -> Federation {
+/// A gateway with `east` (owned, one 8-GPU H100 node) and `west` (cloud) connected; jobs last
+/// an hour of real time. The agents serve their own `/metrics` (the address returned) once the
+/// agent part is merged.
+async fn federation() -> (Federation, Option<SocketAddr>) {
     let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), gateway_config).await.unwrap();
     let agent_metrics = Some(SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())));
-    let mut east = agent_config("east", "us-east", "owned", "{h100: 2.0}", EAST_NODES, 1.0);
+    let mut east = ClusterOptions::default();
     if let Some(addr) = agent_metrics {
         // The agent's metrics, with a utilisation source so its GPU samples are there too.
         let samples = dir.path().join("gpu.prom");
         std::fs::write(&samples, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 50\n").unwrap();
-        east.push_str(&format!(
+        east = east.extra(format!(
             "metrics: {{listen: '{addr}'}}\nutilization: {{file: '{}', interval: 200ms}}\n",
             samples.display()
         ));
     }
-    let west = agent_config("west", "eu-west", "cloud", "{a100-80g: 3.5}", WEST_NODES, 1.0);
-    let agents = vec![
-        Agent::start(dir.path(), "east", &east, &gateway).unwrap(),
-        Agent::start(dir.path(), "west", &west, &gateway).unwrap(),
-    ];
-    gateway.wait_for_clusters(2).await.unwrap();
-    Federation { gateway, agent_metrics, _agents: agents, _dir: dir }
+    let west = ClusterOptions::default().region("eu-west").tier("cloud").prices("{a100-80g: 3.5}").nodes(WEST_NODES);
+    let federation = Federation::builder().in_dir(dir).cluster("east", east).cluster("west", west).start().await;
+    (federation.unwrap(), agent_metrics)
 }
 
 fn h100_job(name: &str) -> String {
@@ -359,7 +347,7 @@ fn the_exposition_parser_reads_labels_with_escapes_and_refuses_junk() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_show_the_job_that_runs_the_job_that_waits_and_every_name_the_dashboard_and_rules_use() {
-    let f = federation(GATEWAY_CONFIG).await;
+    let (f, agent_metrics) = federation().await;
     let client = f.gateway.client();
     let (first, _) = client.submit(&h100_job("first")).await.unwrap();
     let first = first["id"].as_str().unwrap().to_string();
@@ -413,7 +401,7 @@ async fn metrics_show_the_job_that_runs_the_job_that_waits_and_every_name_the_da
     // (b) Every metric the dashboard and the rules use exists (declared by the gateway or an
     // agent, or recorded by a rule), but for the names of the part not merged yet.
     let mut available = exposition.names();
-    if let Some(addr) = f.agent_metrics {
+    if let Some(addr) = agent_metrics {
         // Once the agent has counted the running job and sampled its GPUs.
         let (status, _, text) = poll(WAIT, || async {
             tokio::net::TcpStream::connect(addr).await.ok()?;

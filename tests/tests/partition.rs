@@ -7,10 +7,9 @@
 
 use std::time::Duration;
 
-use meridian_e2e::{Agent, Gateway, ProxyMode, TcpProxy, agent_config, log_time, seconds_between};
+use meridian_e2e::{ClusterOptions, Federation, Gateway, ProxyMode, log_time, seconds_between};
 use serde_json::Value;
 
-const NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 const WAIT: Duration = Duration::from_secs(40);
 
 fn job(name: &str, estimate: &str) -> String {
@@ -18,6 +17,13 @@ fn job(name: &str, estimate: &str) -> String {
         "name: {name}\ntenant: team-a\ngang: {{replicas: 1, resources: {{gpus: 8}}}}\n\
          runtime: {{estimate: {estimate}}}\npayload: {{command: [train]}}\n"
     )
+}
+
+/// A gateway with `config` and cluster `east` (one 8-GPU H100 node, jobs at `time_scale`)
+/// behind a proxy the test controls.
+async fn east_behind_a_proxy(config: &str, time_scale: f64) -> Federation {
+    let east = ClusterOptions::default().time_scale(time_scale).behind_proxy();
+    Federation::builder().gateway_config(config).cluster("east", east).start().await.unwrap()
 }
 
 async fn submit(gateway: &Gateway, spec: &str) -> String {
@@ -38,36 +44,20 @@ async fn wait_running_on(gateway: &Gateway, id: &str, cluster: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_cluster_stops_its_copy_before_the_gateway_starts_another() {
-    let dir = tempfile::tempdir().unwrap();
     // Lease 3 s (6 s - 3 s margin); the gateway re-places 6 s after it last heard the agent.
     let config = "placementInterval: 200ms\nclusterTimeout: 2s\nlostJobTimeout: 6s\nleaseMargin: 3s\n";
-    let gateway = Gateway::start(dir.path(), config).await.unwrap();
-    let proxy = TcpProxy::start(gateway.grpc).await.unwrap();
-    let east = Agent::start_via(
-        dir.path(),
-        "east",
-        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
-        proxy.addr,
-    )
-    .unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    let id = submit(&gateway, &job("long", "10h")).await;
-    wait_running_on(&gateway, &id, "east").await;
-    let west = Agent::start(
-        dir.path(),
-        "west",
-        &agent_config("west", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
-        &gateway,
-    )
-    .unwrap();
-    gateway.wait_for_clusters(2).await.unwrap();
+    let mut f = east_behind_a_proxy(config, 1.0).await;
+    let id = submit(&f.gateway, &job("long", "10h")).await;
+    wait_running_on(&f.gateway, &id, "east").await;
+    f.join("west", ClusterOptions::default()).await.unwrap();
+    let (gateway, proxy) = (&f.gateway, f.proxy("east"));
 
     proxy.set(ProxyMode::Blackhole);
-    let moved = wait_running_on(&gateway, &id, "west").await;
+    let moved = wait_running_on(gateway, &id, "west").await;
     assert_eq!(moved["fencingToken"], 2, "the new copy runs under a new token");
 
-    let east_log = east.proc.log();
-    let west_log = west.proc.log();
+    let east_log = f.agent("east").proc.log();
+    let west_log = f.agent("west").proc.log();
     let stopped =
         log_time(&east_log, &["lease expired"]).unwrap_or_else(|| panic!("east never stopped its copy:\n{east_log}"));
     let started = log_time(&west_log, &["gang started", &id])
@@ -92,20 +82,11 @@ async fn a_blackholed_cluster_stops_its_copy_before_the_gateway_starts_another()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_that_finishes_while_the_link_is_down_ends_succeeded() {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), "placementInterval: 200ms\n").await.unwrap();
-    let proxy = TcpProxy::start(gateway.grpc).await.unwrap();
     // One hour of job time lasts 3.6 s.
-    let east = Agent::start_via(
-        dir.path(),
-        "east",
-        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 0.001),
-        proxy.addr,
-    )
-    .unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    let id = submit(&gateway, &job("short", "1h")).await;
-    wait_running_on(&gateway, &id, "east").await;
+    let f = east_behind_a_proxy("placementInterval: 200ms\n", 0.001).await;
+    let (gateway, proxy, east) = (&f.gateway, f.proxy("east"), f.agent("east"));
+    let id = submit(gateway, &job("short", "1h")).await;
+    wait_running_on(gateway, &id, "east").await;
 
     proxy.set(ProxyMode::Down);
     gateway.wait_for_state(&id, "Unknown", WAIT).await.unwrap();
@@ -121,24 +102,19 @@ async fn a_job_that_finishes_while_the_link_is_down_ends_succeeded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_claiming_a_connected_cluster_is_refused_and_the_first_keeps_its_jobs() {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), "placementInterval: 200ms\n").await.unwrap();
-    let _east = Agent::start(
-        dir.path(),
-        "east",
-        &agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 1.0),
-        &gateway,
-    )
-    .unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    let id = submit(&gateway, &job("long", "10h")).await;
-    wait_running_on(&gateway, &id, "east").await;
+    let f = Federation::builder()
+        .gateway_config("placementInterval: 200ms\n")
+        .cluster("east", ClusterOptions::default())
+        .start()
+        .await
+        .unwrap();
+    let gateway = &f.gateway;
+    let id = submit(gateway, &job("long", "10h")).await;
+    wait_running_on(gateway, &id, "east").await;
 
     // Another process says it is `east`, with one small node: it must not take over.
     let tiny = "  - {shape: l4-node, count: 1, gpuType: l4, gpus: 1, cpu: 8, memoryGiB: 64}\n";
-    let rogue =
-        Agent::start(dir.path(), "rogue", &agent_config("east", "us-east", "owned", "{l4: 0.4}", tiny, 1.0), &gateway)
-            .unwrap();
+    let rogue = f.start_agent("rogue", "east", &ClusterOptions::default().prices("{l4: 0.4}").nodes(tiny)).unwrap();
     meridian_e2e::poll(WAIT, || async { log_time(&rogue.proc.log(), &["the gateway refused this agent"]) })
         .await
         .unwrap_or_else(|_| panic!("the second agent was not refused:\n{}", rogue.proc.log()));

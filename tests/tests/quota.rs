@@ -8,8 +8,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config, poll};
-use meridian_gateway::client::ClientError;
+use meridian_cli::client::ClientError;
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, poll};
 use meridian_proto::pb;
 use meridian_proto::pb::jobs_client::JobsClient;
 use serde_json::Value;
@@ -27,12 +27,14 @@ fn job(tenant: &str, replicas: u32, gpus: u32) -> String {
 }
 
 /// A gateway with `extra` config and one 16-GPU cluster whose jobs run for an hour.
-async fn federation(dir: &std::path::Path, extra: &str) -> (Gateway, Agent) {
-    let gateway = Gateway::start(dir, &format!("{GATEWAY_CONFIG}{extra}")).await.unwrap();
-    let config = agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 1.0);
-    let agent = Agent::start(dir, "east", &config, &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
-    (gateway, agent)
+async fn federation(extra: &str) -> Federation {
+    let east = ClusterOptions::default().nodes(NODES);
+    Federation::builder()
+        .gateway_config(format!("{GATEWAY_CONFIG}{extra}"))
+        .cluster("east", east)
+        .start()
+        .await
+        .unwrap()
 }
 
 fn id(job: &Value) -> String {
@@ -41,8 +43,8 @@ fn id(job: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_over_the_gpu_quota_waits_with_an_explanation_and_runs_once_the_tenant_frees_gpus() {
-    let dir = tempfile::tempdir().unwrap();
-    let (gateway, _agent) = federation(dir.path(), "tenants: {nlp: {quota: {maxGpus: 8}}}\n").await;
+    let f = federation("tenants: {nlp: {quota: {maxGpus: 8}}}\n").await;
+    let gateway = &f.gateway;
     let client = gateway.client();
 
     let (first, _) = client.submit(&job("nlp", 1, 8)).await.unwrap();
@@ -115,10 +117,10 @@ async fn raw_submit(rest: SocketAddr, spec: &str) -> (u16, Option<String>, Value
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_over_its_submit_rate_gets_429_with_retry_after_and_nothing_is_stored() {
-    let dir = tempfile::tempdir().unwrap();
     // Two submits at once, then one every 100 s: the test cannot refill the bucket by accident.
     let quota = "tenants: {nlp: {quota: {submitsPerSecond: 0.01, submitBurst: 2}}}\n";
-    let (gateway, _agent) = federation(dir.path(), quota).await;
+    let f = federation(quota).await;
+    let gateway = &f.gateway;
     let client = gateway.client();
     for _ in 0..2 {
         let (status, _, body) = raw_submit(gateway.rest, &job("nlp", 1, 1)).await;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config};
+use meridian_e2e::{ClusterOptions, Federation};
 use serde_json::Value;
 
 const ROCE_NODES: &str = "  - {shape: h100-node, count: 2, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
@@ -20,24 +20,14 @@ const IB_NODES: &str = "  - {shape: h100-r1, count: 1, gpuType: h100, gpus: 8, c
 const SLOW: f64 = 1.0;
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Federation {
-    gateway: Gateway,
-    _agents: Vec<Agent>,
-    _dir: tempfile::TempDir,
-}
-
 async fn federation() -> Federation {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
-    let roce =
-        agent_config("roce", "us-east", "owned", "{h100: 2.0}", ROCE_NODES, SLOW) + "labels: {gpu-fabric: roce}\n";
-    let ib = agent_config("ib", "eu-west", "owned", "{h100: 2.0}", IB_NODES, SLOW) + "labels: {gpu-fabric: ib}\n";
-    let agents = vec![
-        Agent::start(dir.path(), "roce", &roce, &gateway).unwrap(),
-        Agent::start(dir.path(), "ib", &ib, &gateway).unwrap(),
-    ];
-    gateway.wait_for_clusters(2).await.unwrap();
-    Federation { gateway, _agents: agents, _dir: dir }
+    let roce = ClusterOptions::default().nodes(ROCE_NODES).time_scale(SLOW).extra("labels: {gpu-fabric: roce}\n");
+    let ib = ClusterOptions::default()
+        .region("eu-west")
+        .nodes(IB_NODES)
+        .time_scale(SLOW)
+        .extra("labels: {gpu-fabric: ib}\n");
+    Federation::builder().cluster("roce", roce).cluster("ib", ib).start().await.unwrap()
 }
 
 fn job(name: &str, placement: &str) -> String {

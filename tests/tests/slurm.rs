@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway};
+use meridian_e2e::{ClusterOptions, Federation, Gateway};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const WAIT: Duration = Duration::from_secs(90);
@@ -41,29 +41,11 @@ struct Setup {
     env: BTreeMap<String, String>,
     tag: String,
     work: PathBuf,
-    gateway: Gateway,
-    agent: Option<Agent>,
-    dir: tempfile::TempDir,
+    /// The gateway and cluster `hpc`.
+    federation: Federation,
 }
 
 impl Setup {
-    fn agent_config(&self) -> String {
-        let bin = self.env.get("MERIDIAN_SLURM_BIN_DIR").cloned().unwrap_or_else(|| "/usr/bin".into());
-        format!(
-            "cluster: hpc\nregion: us-east\nbackend: slurm\nsupportsContainers: false\nreportInterval: 300ms\n\
-             slurm:\n  partition: gpu\n  gpuTypes: {{a100: a100-80g}}\n  workDir: {}\n  binDir: {bin}\n  \
-             slurmConf: {}\n  pollInterval: 1s\n  jobTag: {}\n",
-            self.work.display(),
-            self.env["SLURM_CONF"],
-            self.tag
-        )
-    }
-
-    fn start_agent(&mut self) {
-        let config = self.agent_config();
-        self.agent = Some(Agent::start(self.dir.path(), "hpc", &config, &self.gateway).unwrap());
-    }
-
     /// squeue lines (`id|state|comment`) of this test's jobs.
     fn squeue(&self) -> Vec<String> {
         let out = slurm(&self.env, "squeue", &["-h", "-a", "-t", "all", "-o", "%i|%T|%k"]);
@@ -77,17 +59,27 @@ fn slurm(env: &BTreeMap<String, String>, tool: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `hpc`'s agent config: `backend: slurm` in front of the test cluster, adopting only the jobs
+/// tagged `tag`.
+fn agent_config(env: &BTreeMap<String, String>, work: &Path, tag: &str) -> String {
+    let bin = env.get("MERIDIAN_SLURM_BIN_DIR").cloned().unwrap_or_else(|| "/usr/bin".into());
+    format!(
+        "cluster: hpc\nregion: us-east\nbackend: slurm\nsupportsContainers: false\nreportInterval: 300ms\n\
+         slurm:\n  partition: gpu\n  gpuTypes: {{a100: a100-80g}}\n  workDir: {}\n  binDir: {bin}\n  \
+         slurmConf: {}\n  pollInterval: 1s\n  jobTag: {tag}\n",
+        work.display(),
+        env["SLURM_CONF"],
+    )
+}
+
 async fn setup(env: BTreeMap<String, String>) -> Setup {
     slurm(&env, "scancel", &["--user=root"]);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let tag = format!("e2e{nanos}");
     let work = PathBuf::from(&env["MERIDIAN_SLURM_DIR"]).join("work-e2e");
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
-    let mut setup = Setup { env, tag, work, gateway, agent: None, dir };
-    setup.start_agent();
-    setup.gateway.wait_for_clusters(1).await.unwrap();
-    setup
+    let hpc = ClusterOptions::whole_config(agent_config(&env, &work, &tag));
+    let federation = Federation::builder().cluster("hpc", hpc).start().await.unwrap();
+    Setup { env, tag, work, federation }
 }
 
 fn job(name: &str, replicas: u32, gpus: u32, command: &str) -> String {
@@ -110,8 +102,9 @@ async fn a_two_node_gang_runs_on_slurm_and_succeeds() {
     let _one = ONE_AT_A_TIME.lock().await;
     let s = setup(env).await;
     let out = s.work.join(format!("{}-gang.txt", s.tag));
-    let id = submit(&s.gateway, &job("gang", 2, 2, &format!("echo $SLURMD_NODENAME >> {}", out.display()))).await;
-    let done = s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    let id =
+        submit(&s.federation.gateway, &job("gang", 2, 2, &format!("echo $SLURMD_NODENAME >> {}", out.display()))).await;
+    let done = s.federation.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
     assert_eq!(done["cluster"], "hpc");
     let mut nodes: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(String::from).collect();
     nodes.sort();
@@ -124,11 +117,11 @@ async fn a_failing_command_ends_failed_with_its_exit_code() {
     let Some(env) = cluster() else { return };
     let _one = ONE_AT_A_TIME.lock().await;
     let s = setup(env).await;
-    let id = submit(&s.gateway, &job("fails", 1, 1, "echo oops >&2; exit 3")).await;
-    let failed = s.gateway.wait_for_state(&id, "Failed", WAIT).await.unwrap();
+    let id = submit(&s.federation.gateway, &job("fails", 1, 1, "echo oops >&2; exit 3")).await;
+    let failed = s.federation.gateway.wait_for_state(&id, "Failed", WAIT).await.unwrap();
     assert!(failed.to_string().contains("exit code 3"), "{failed}");
     // The job's output file, read by the agent and passed through the gateway.
-    let logs = s.gateway.cli(&["logs", &id]);
+    let logs = s.federation.gateway.cli(&["logs", &id]);
     assert!(logs.status.success(), "{}", String::from_utf8_lossy(&logs.stderr));
     assert!(String::from_utf8_lossy(&logs.stdout).contains("oops"), "{}", String::from_utf8_lossy(&logs.stdout));
 }
@@ -151,10 +144,10 @@ async fn slurms_pending_reason_shows_in_explain_until_the_job_starts() {
     // sees free GPUs and offers the job), but Slurm holds it with its own reason.
     let _up = PartitionUp(&s.env);
     slurm(&s.env, "scontrol", &["update", "PartitionName=gpu", "State=DOWN"]);
-    let id = submit(&s.gateway, &job("waits", 1, 1, "echo started")).await;
-    s.gateway.wait_for_state(&id, "Bound", WAIT).await.unwrap();
+    let id = submit(&s.federation.gateway, &job("waits", 1, 1, "echo started")).await;
+    s.federation.gateway.wait_for_state(&id, "Bound", WAIT).await.unwrap();
     let explained = meridian_e2e::poll(WAIT, || async {
-        let out = s.gateway.cli(&["explain", &id]);
+        let out = s.federation.gateway.cli(&["explain", &id]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.contains("PartitionDown").then_some(text)
     })
@@ -162,12 +155,12 @@ async fn slurms_pending_reason_shows_in_explain_until_the_job_starts() {
     .unwrap_or_else(|_| {
         panic!(
             "explain never showed Slurm's reason: {}",
-            String::from_utf8_lossy(&s.gateway.cli(&["explain", &id]).stdout)
+            String::from_utf8_lossy(&s.federation.gateway.cli(&["explain", &id]).stdout)
         )
     });
     assert!(explained.contains("now: queued on hpc: Slurm"), "{explained}");
     slurm(&s.env, "scontrol", &["update", "PartitionName=gpu", "State=UP"]);
-    s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    s.federation.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,11 +168,11 @@ async fn cancelling_a_job_stops_it_in_slurm() {
     let Some(env) = cluster() else { return };
     let _one = ONE_AT_A_TIME.lock().await;
     let s = setup(env).await;
-    let id = submit(&s.gateway, &job("long", 1, 1, "sleep 600")).await;
-    s.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    let id = submit(&s.federation.gateway, &job("long", 1, 1, "sleep 600")).await;
+    s.federation.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
     assert!(s.squeue().iter().any(|l| l.contains("|RUNNING|")), "{:?}", s.squeue());
-    s.gateway.client().cancel(&id).await.unwrap();
-    s.gateway.wait_for_state(&id, "Cancelled", WAIT).await.unwrap();
+    s.federation.gateway.client().cancel(&id).await.unwrap();
+    s.federation.gateway.wait_for_state(&id, "Cancelled", WAIT).await.unwrap();
     let stopped = meridian_e2e::poll(WAIT, || async {
         let slurm = slurm(&s.env, "squeue", &["-h", "-t", "PENDING,RUNNING", "-o", "%k"]);
         (!slurm.lines().any(|l| l.contains(&s.tag))).then_some(())
@@ -194,8 +187,8 @@ async fn a_job_bigger_than_any_slurm_node_is_refused_at_submit_with_the_reason()
     let _one = ONE_AT_A_TIME.lock().await;
     let s = setup(env).await;
     // The Slurm inventory (4 GPUs per node) already tells the gateway: it never offers the job.
-    match s.gateway.client().submit(&job("huge", 1, 5, "true")).await {
-        Err(meridian_gateway::client::ClientError::Api { status, code, message, .. }) => {
+    match s.federation.gateway.client().submit(&job("huge", 1, 5, "true")).await {
+        Err(meridian_cli::client::ClientError::Api { status, code, message, .. }) => {
             assert_eq!((status, code.as_str()), (422, "never_fits"), "{message}");
             assert!(message.contains("hpc") && message.contains("largest node: 4 GPUs"), "{message}");
         }
@@ -211,16 +204,13 @@ async fn a_restarted_agent_adopts_the_running_slurm_job_which_then_succeeds() {
     let mut s = setup(env).await;
     let marker = s.work.join(format!("{}-go", s.tag));
     let command = format!("while [ ! -e {} ]; do sleep 0.2; done", marker.display());
-    let id = submit(&s.gateway, &job("adopt", 1, 1, &command)).await;
-    s.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
-    if let Some(mut agent) = s.agent.take() {
-        agent.proc.kill();
-    }
+    let id = submit(&s.federation.gateway, &job("adopt", 1, 1, &command)).await;
+    s.federation.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    s.federation.agent_mut("hpc").proc.kill();
     assert!(s.squeue().iter().any(|l| l.contains("|RUNNING|")), "the job outlives its agent: {:?}", s.squeue());
-    s.start_agent();
-    s.gateway.wait_for_clusters(1).await.unwrap();
+    s.federation.restart_agent("hpc").await.unwrap();
     std::fs::write(&marker, "go").unwrap();
-    let done = s.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
+    let done = s.federation.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap();
     assert_eq!(done["cluster"], "hpc");
     assert_eq!(s.squeue().len(), 1, "one Slurm job, not resubmitted: {:?}", s.squeue());
 }

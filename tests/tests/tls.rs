@@ -9,81 +9,30 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use meridian_e2e::{Agent, Gateway, agent_config, poll};
-use meridian_gateway::certs::{Ca, Pair, Validity};
+use meridian::certs::{Ca, Pair, Validity};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, Gateway, poll};
 use meridian_gateway::tls::identity::cluster_uri;
-use meridian_proto::inventory::{BackendKind, ClusterInfo, Tier};
 use meridian_proto::pb;
-use meridian_proto::protocol::AgentHello;
+use meridian_proto::testing::hello;
 use time::OffsetDateTime;
 use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-const NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
-/// Jobs that must not end during a test: one hour of job time lasts an hour.
-const SLOW: f64 = 1.0;
 const WAIT: Duration = Duration::from_secs(30);
 const JOB: &str = "name: long\ntenant: team-a\ngang: {replicas: 1, resources: {gpus: 4, cpu: 8, memoryGiB: 64}}\n\
                    runtime: {estimate: 1h}\npayload: {image: registry.local/train:1, command: [python, train.py]}\n";
 
-/// A directory with a CA, the gateway's certificate, and agents' certificates.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: Ca,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::generate(Validity::days(1)).unwrap();
-        std::fs::write(dir.path().join("ca.pem"), &ca.pair.cert_pem).unwrap();
-        let server = ca.server(&[], Validity::days(1)).unwrap();
-        write_pair(dir.path(), "gateway", &server);
-        Self { dir, ca }
+/// A gateway over TLS (certificates in its directory, see [`meridian_e2e::Pki`]) and `clusters`
+/// (one 8-GPU H100 node each; jobs last an hour), each agent with its cluster's certificate.
+async fn federation(clusters: &[&str]) -> Federation {
+    let mut builder = Federation::builder().tls();
+    for cluster in clusters {
+        builder = builder.cluster(*cluster, ClusterOptions::default());
     }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
-    }
-
-    fn gateway_config(&self) -> String {
-        format!(
-            "tls: {{cert: {}, key: {}, clientCa: {}, reloadInterval: 100ms}}\nplacementInterval: 200ms\nofferTimeout: 10s\nclusterTimeout: 10s\n",
-            self.path("gateway.pem").display(),
-            self.path("gateway.key").display(),
-            self.path("ca.pem").display()
-        )
-    }
-
-    /// Writes `file.pem`/`file.key` for an agent certificate naming `cluster`.
-    fn agent(&self, file: &str, cluster: &str) -> Pair {
-        let pair = self.ca.agent(cluster, Validity::days(1)).unwrap();
-        write_pair(self.dir.path(), file, &pair);
-        pair
-    }
-
-    /// An agent config for `cluster` presenting the certificate in `file`.
-    fn agent_config(&self, cluster: &str, file: &str) -> String {
-        let config = agent_config(cluster, "us-east", "owned", "{h100: 2.0}", NODES, SLOW);
-        format!(
-            "{config}tls: {{ca: {}, cert: {}, key: {}}}\n",
-            self.path("ca.pem").display(),
-            self.path(&format!("{file}.pem")).display(),
-            self.path(&format!("{file}.key")).display()
-        )
-    }
-
-    async fn gateway(&self) -> Gateway {
-        Gateway::start_tls(self.dir.path(), &self.gateway_config(), &self.path("ca.pem")).await.unwrap()
-    }
-}
-
-fn write_pair(dir: &Path, name: &str, pair: &Pair) {
-    std::fs::write(dir.join(format!("{name}.pem")), &pair.cert_pem).unwrap();
-    std::fs::write(dir.join(format!("{name}.key")), &pair.key_pem).unwrap();
+    builder.start().await.unwrap()
 }
 
 /// Replaces a file in one step, as a careful operator (or Kubernetes) does.
@@ -108,20 +57,9 @@ async fn attach(gateway: &Gateway, ca_pem: &str, identity: Option<&Pair>, cluste
         .connect()
         .await
         .map_err(unavailable)?;
-    let hello = AgentHello {
-        info: ClusterInfo {
-            name: cluster.into(),
-            region: "us-east".into(),
-            tier: Tier::Owned,
-            backend: BackendKind::Builtin,
-            prices: Default::default(),
-            supports_containers: true,
-            supports_bare_commands: true,
-            labels: Default::default(),
-        },
-        instance_id: "test-client".into(),
-        agent_version: "0".into(),
-    };
+    let mut hello = hello(cluster, "test-client");
+    hello.info.prices = Default::default();
+    hello.agent_version = "0".into();
     let hello = pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(pb::Hello::from(&hello))) };
     // Keep the stream open after the hello so the gateway answers rather than seeing an end.
     let outbound = tokio_stream::once(hello).chain(tokio_stream::pending());
@@ -144,9 +82,8 @@ async fn wait_for_log(gateway: &Gateway, needles: &[&str]) -> String {
     .unwrap_or_else(|_| panic!("no gateway log line with {needles:?}:\n{}", gateway.proc.log()))
 }
 
-/// The connected cluster `name` and the job `id` running there.
+/// The id of a job submitted to and running on the connected cluster `east`.
 async fn east_running_a_job(gateway: &Gateway) -> String {
-    gateway.wait_for_clusters(1).await.unwrap();
     let (job, _) = gateway.client().submit(JOB).await.unwrap();
     let id = job["id"].as_str().unwrap().to_string();
     let running = gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
@@ -156,17 +93,14 @@ async fn east_running_a_job(gateway: &Gateway) -> String {
 
 #[tokio::test]
 async fn an_agent_certified_for_one_cluster_cannot_speak_for_another() {
-    let pki = Pki::new();
-    pki.agent("east", "east");
-    pki.agent("west", "west");
-    let gateway = pki.gateway().await;
-    let _east = Agent::start(pki.dir.path(), "east", &pki.agent_config("east", "east"), &gateway).unwrap();
-    let id = east_running_a_job(&gateway).await;
+    let f = federation(&["east"]).await;
+    let (gateway, pki) = (&f.gateway, f.pki());
+    let id = east_running_a_job(gateway).await;
     let before = gateway.client().clusters().await.unwrap();
 
     // A real agent process holding west's certificate, configured to speak for east.
-    let rogue = Agent::start(pki.dir.path(), "rogue", &pki.agent_config("east", "west"), &gateway).unwrap();
-    let line = wait_for_log(&gateway, &["refused an agent whose certificate names another cluster"]).await;
+    let rogue = f.start_agent("rogue", "east", &ClusterOptions::default().certificate("west")).unwrap();
+    let line = wait_for_log(gateway, &["refused an agent whose certificate names another cluster"]).await;
     assert!(line.contains("WARN") && line.contains("hello=east") && line.contains("certificate=west"), "{line}");
     let rogue_log = poll(WAIT, || async {
         let log = rogue.proc.log();
@@ -190,28 +124,28 @@ async fn an_agent_certified_for_one_cluster_cannot_speak_for_another() {
         cert_pem: std::fs::read_to_string(pki.path("west.pem")).unwrap(),
         key_pem: std::fs::read_to_string(pki.path("west.key")).unwrap(),
     };
-    attach(&gateway, &ca, Some(&west), "west").await.unwrap();
+    attach(gateway, &ca, Some(&west), "west").await.unwrap();
 }
 
 #[tokio::test]
 async fn no_certificate_an_expired_one_or_one_from_another_ca_is_refused() {
-    let pki = Pki::new();
-    let gateway = pki.gateway().await;
+    let f = federation(&[]).await;
+    let (gateway, pki) = (&f.gateway, f.pki());
     let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
 
-    let none = attach(&gateway, &ca, None, "east").await.unwrap_err();
+    let none = attach(gateway, &ca, None, "east").await.unwrap_err();
     assert_eq!(none.code(), tonic::Code::Unauthenticated, "{none:?}");
     assert!(none.message().contains("client certificate"), "{none:?}");
 
     let now = OffsetDateTime::now_utc();
     let past = Validity { from: now - time::Duration::days(30), until: now - time::Duration::days(1) };
     let expired = pki.ca.agent("east", past).unwrap();
-    let refused = attach(&gateway, &ca, Some(&expired), "east").await.unwrap_err();
+    let refused = attach(gateway, &ca, Some(&expired), "east").await.unwrap_err();
     assert_ne!(refused.code(), tonic::Code::Ok);
-    wait_for_log(&gateway, &["TLS handshake failed", "certificate expired"]).await;
+    wait_for_log(gateway, &["TLS handshake failed", "certificate expired"]).await;
 
     let stranger = Ca::generate(Validity::days(1)).unwrap().agent("east", Validity::days(1)).unwrap();
-    let refused = attach(&gateway, &ca, Some(&stranger), "east").await.unwrap_err();
+    let refused = attach(gateway, &ca, Some(&stranger), "east").await.unwrap_err();
     assert_ne!(refused.code(), tonic::Code::Ok);
     // Development CAs share their name, so the stranger's certificate finds our CA by name and
     // fails on its signature; a differently named CA would be an unknown issuer.
@@ -243,15 +177,15 @@ async fn no_certificate_an_expired_one_or_one_from_another_ca_is_refused() {
 
 #[tokio::test]
 async fn a_cluster_name_outside_the_grammar_is_refused_in_a_certificate_and_in_a_hello() {
-    let pki = Pki::new();
-    let gateway = pki.gateway().await;
+    let f = federation(&[]).await;
+    let (gateway, pki) = (&f.gateway, f.pki());
     let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
 
     // Our CA signed it, but the name is a path: the certificate is refused with the reason,
     // whatever cluster the hello names.
     let traversal = pki.ca.client(&[cluster_uri("west/../east")], "rogue", Validity::days(1)).unwrap();
     for hello in ["east", "west/../east"] {
-        let refused = attach(&gateway, &ca, Some(&traversal), hello).await.unwrap_err();
+        let refused = attach(gateway, &ca, Some(&traversal), hello).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{hello}: {refused:?}");
         assert!(
             refused.message().contains("urn:meridian:cluster:west/../east")
@@ -259,34 +193,32 @@ async fn a_cluster_name_outside_the_grammar_is_refused_in_a_certificate_and_in_a
             "{hello}: {refused:?}"
         );
     }
-    let line = wait_for_log(&gateway, &["refused an agent certificate that names an invalid cluster"]).await;
+    let line = wait_for_log(gateway, &["refused an agent certificate that names an invalid cluster"]).await;
     assert!(line.contains("WARN"), "{line}");
 
     // A valid certificate, and a hello whose name would forge a log line.
     let east = pki.ca.agent("east", Validity::days(1)).unwrap();
-    let refused = attach(&gateway, &ca, Some(&east), "east\nFAKE line").await.unwrap_err();
+    let refused = attach(gateway, &ca, Some(&east), "east\nFAKE line").await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().starts_with("hello.cluster: has U+000A at character 5;"), "{refused:?}");
-    wait_for_log(&gateway, &["refused an agent hello whose cluster name is invalid"]).await;
+    wait_for_log(gateway, &["refused an agent hello whose cluster name is invalid"]).await;
     assert!(!gateway.proc.log().lines().any(|line| line.starts_with("FAKE")), "{}", gateway.proc.log());
 
     let clusters = gateway.client().clusters().await.unwrap();
     assert_eq!(clusters["clusters"].as_array().map(Vec::len), Some(0), "nobody attached: {clusters}");
     // The same certificate with its own, valid name is welcome.
-    attach(&gateway, &ca, Some(&east), "east").await.unwrap();
+    attach(gateway, &ca, Some(&east), "east").await.unwrap();
 }
 
 #[tokio::test]
 async fn a_second_agent_for_a_live_cluster_is_refused_and_the_first_keeps_its_jobs() {
-    let pki = Pki::new();
-    pki.agent("east", "east");
-    let gateway = pki.gateway().await;
-    let _east = Agent::start(pki.dir.path(), "east", &pki.agent_config("east", "east"), &gateway).unwrap();
-    let id = east_running_a_job(&gateway).await;
+    let f = federation(&["east"]).await;
+    let gateway = &f.gateway;
+    let id = east_running_a_job(gateway).await;
 
     // Same certificate, another process: a valid identity, but east already has a live agent.
-    let second = Agent::start(pki.dir.path(), "east-2", &pki.agent_config("east", "east"), &gateway).unwrap();
-    wait_for_log(&gateway, &["refused a second agent for a connected cluster"]).await;
+    let second = f.start_agent("east-2", "east", &ClusterOptions::default()).unwrap();
+    wait_for_log(gateway, &["refused a second agent for a connected cluster"]).await;
     poll(WAIT, || async { second.proc.log().contains("the gateway refused this agent").then_some(()) })
         .await
         .unwrap_or_else(|_| panic!("the second agent was not told:\n{}", second.proc.log()));
@@ -297,8 +229,8 @@ async fn a_second_agent_for_a_live_cluster_is_refused_and_the_first_keeps_its_jo
 
 #[tokio::test]
 async fn a_certificate_rotated_on_disk_serves_the_next_connection_without_a_restart() {
-    let pki = Pki::new();
-    let gateway = pki.gateway().await;
+    let f = federation(&[]).await;
+    let (gateway, pki) = (&f.gateway, f.pki());
     let pid = gateway.proc.pid();
     gateway.client().clusters().await.unwrap();
 
@@ -308,7 +240,7 @@ async fn a_certificate_rotated_on_disk_serves_the_next_connection_without_a_rest
     let new_server = new_ca.server(&[], Validity::days(1)).unwrap();
     std::fs::write(pki.path("new-ca.pem"), &new_ca.pair.cert_pem).unwrap();
     let new_client = || {
-        meridian_gateway::client::Client::new(&format!("https://{}", gateway.rest))
+        meridian_cli::client::Client::new(&format!("https://{}", gateway.rest))
             .unwrap()
             .with_ca_file(&pki.path("new-ca.pem"))
             .unwrap()
@@ -327,29 +259,28 @@ async fn a_certificate_rotated_on_disk_serves_the_next_connection_without_a_rest
 
 #[tokio::test]
 async fn rest_over_https_works_with_the_cli_and_plain_http_to_the_tls_port_fails_clearly() {
-    let pki = Pki::new();
-    let gateway = pki.gateway().await;
+    let f = federation(&[]).await;
+    let gateway = &f.gateway;
 
     let output = gateway.cli(&["clusters", "-o", "json"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(String::from_utf8_lossy(&output.stdout).contains("\"clusters\""));
 
-    let plain = std::process::Command::new(&meridian_e2e::binaries().meridian)
-        .args(["clusters"])
-        .env("MERIDIAN_GATEWAY", format!("http://{}", gateway.rest))
-        .env_remove("MERIDIAN_CA")
-        .output()
-        .unwrap();
+    // `meridian clusters` at `url`, trusting no CA of its own.
+    let clusters_without_ca = |url: String| {
+        std::process::Command::new(&meridian_e2e::binaries().meridian)
+            .args(["clusters"])
+            .env("MERIDIAN_GATEWAY", url)
+            .env_remove("MERIDIAN_CA")
+            .output()
+            .unwrap()
+    };
+    let plain = clusters_without_ca(format!("http://{}", gateway.rest));
     assert!(!plain.status.success());
     let stderr = String::from_utf8_lossy(&plain.stderr);
     assert!(stderr.contains("HTTPS only") && stderr.contains("https://"), "{stderr}");
 
-    let no_ca = std::process::Command::new(&meridian_e2e::binaries().meridian)
-        .args(["clusters"])
-        .env("MERIDIAN_GATEWAY", format!("https://{}", gateway.rest))
-        .env_remove("MERIDIAN_CA")
-        .output()
-        .unwrap();
+    let no_ca = clusters_without_ca(format!("https://{}", gateway.rest));
     assert!(!no_ca.status.success());
     let stderr = String::from_utf8_lossy(&no_ca.stderr);
     assert!(stderr.contains("--ca") && stderr.contains("MERIDIAN_CA"), "{stderr}");
@@ -376,14 +307,13 @@ async fn a_gateway_without_tls_or_insecure_refuses_to_start_and_says_what_to_do(
 #[tokio::test]
 async fn users_authenticate_with_bearer_tokens_over_https() {
     const TOKEN: &str = "viewer-token-0123456789abcdef";
-    let pki = Pki::new();
-    std::fs::write(
-        pki.path("tokens.yaml"),
-        format!("tokens:\n- {{subject: vera, role: viewer, tenants: [nlp], token: {TOKEN}}}\n"),
-    )
-    .unwrap();
-    let config = format!("{}auth: {{tokensFile: {}}}\n", pki.gateway_config(), pki.path("tokens.yaml").display());
-    let gateway = Gateway::start_tls(pki.dir.path(), &config, &pki.path("ca.pem")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, format!("tokens:\n- {{subject: vera, role: viewer, tenants: [nlp], token: {TOKEN}}}\n"))
+        .unwrap();
+    let config = format!("{GATEWAY_CONFIG}auth: {{tokensFile: {}}}\n", tokens.display());
+    let f = Federation::builder().in_dir(dir).tls().gateway_config(config).start().await.unwrap();
+    let (gateway, pki) = (&f.gateway, f.pki());
     let cli = |token: Option<&str>, args: &[&str]| {
         let mut command = std::process::Command::new(&meridian_e2e::binaries().meridian);
         command

@@ -12,21 +12,19 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, free_port, poll};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, free_port, poll};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn agent_config(utilization_file: &Path, metrics_port: u16) -> String {
-    format!(
-        "cluster: gpu-host\nregion: us-east\nbackend: builtin\nrunner: process\n\
-         process: {{gpuDiscovery: none, killGrace: 1s}}\nreportInterval: 200ms\n\
-         nodes:\n  - {{shape: l4-host, count: 1, gpuType: l4, gpus: 2, cpu: 8, memoryGiB: 32}}\n\
-         utilization: {{file: {}, interval: 100ms, window: 300ms}}\n\
-         metrics: {{listen: 127.0.0.1:{metrics_port}}}\n",
+/// The GPU host (two declared L4s, process runner) with a file utilisation source and its own
+/// `/metrics` on `metrics_port`.
+fn gpu_host(utilization_file: &Path, metrics_port: u16) -> ClusterOptions {
+    ClusterOptions::process_host("1s").report_interval("200ms").extra(format!(
+        "utilization: {{file: {}, interval: 100ms, window: 300ms}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n",
         utilization_file.display()
-    )
+    ))
 }
 
 /// Writes a DCGM-style textfile (percent per GPU) the way an exporter does: whole, by rename.
@@ -60,13 +58,17 @@ fn stdout(output: &std::process::Output) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_whose_gpus_sit_at_two_percent_is_flagged_idle_everywhere_until_they_get_busy() {
     let dir = tempfile::tempdir().unwrap();
-    let gateway_config = format!("{GATEWAY_CONFIG}idleGpu: {{threshold: 0.05, after: 1s}}\n");
-    let gateway = Gateway::start(dir.path(), &gateway_config).await.unwrap();
     let file = dir.path().join("gpu.prom");
     write_utilization(&file, [2, 2]);
     let metrics_port = free_port().unwrap();
-    let agent = Agent::start(dir.path(), "gpu-host", &agent_config(&file, metrics_port), &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
+    let f = Federation::builder()
+        .in_dir(dir)
+        .gateway_config(format!("{GATEWAY_CONFIG}idleGpu: {{threshold: 0.05, after: 1s}}\n"))
+        .cluster("gpu-host", gpu_host(&file, metrics_port))
+        .start()
+        .await
+        .unwrap();
+    let (gateway, agent) = (&f.gateway, f.agent("gpu-host"));
 
     let spec = "name: idle\ntenant: t\ngang: {replicas: 1, resources: {gpus: 1}}\nruntime: {estimate: 1h}\n\
                 payload: {command: [sleep, '600']}\n";

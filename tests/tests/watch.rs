@@ -9,14 +9,13 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meridian_e2e::{Agent, GATEWAY_CONFIG, Gateway, agent_config, binaries};
-use meridian_gateway::cli::sse::{EventStream, SseMessage};
+use meridian_cli::sse::{EventStream, SseMessage};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, Gateway, binaries};
 use meridian_proto::pb;
 use meridian_proto::pb::jobs_client::JobsClient;
 use serde_json::Value;
 use tokio_stream::StreamExt;
 
-const NODES: &str = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn spec(name: &str, estimate: &str) -> String {
@@ -93,12 +92,10 @@ impl Drop for Watching {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_is_followed_from_submit_to_success_on_every_watch_api_and_resumes_lose_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = Gateway::start(dir.path(), GATEWAY_CONFIG).await.unwrap();
     // One hour of job time lasts 3.6 s.
-    let east = agent_config("east", "us-east", "owned", "{h100: 2.0}", NODES, 0.001);
-    let _agent = Agent::start(dir.path(), "east", &east, &gateway).unwrap();
-    gateway.wait_for_clusters(1).await.unwrap();
+    let east = ClusterOptions::default().time_scale(0.001);
+    let f = Federation::builder().cluster("east", east).start().await.unwrap();
+    let gateway = &f.gateway;
     let client = gateway.client();
 
     // Every watcher is open before the submit.
@@ -112,12 +109,12 @@ async fn a_job_is_followed_from_submit_to_success_on_every_watch_api_and_resumes
         grpc.watch(pb::WatchRequest { kinds: vec!["job".into()], ..Default::default() }).await.unwrap().into_inner();
     let first = tokio::time::timeout(WAIT, grpc_events.next()).await.unwrap().unwrap().unwrap();
     assert!(matches!(first.body, Some(pb::watch_event::Body::Ready(_))), "{first:?}");
-    let list_watch = Watching::start(&gateway, &["jobs", "--watch", "--tenant", "team-a"]);
+    let list_watch = Watching::start(gateway, &["jobs", "--watch", "--tenant", "team-a"]);
     list_watch.wait_for_line("no jobs").await;
 
     let (job, _) = client.submit(&spec("watched", "1h")).await.unwrap();
     let id = job["id"].as_str().unwrap().to_string();
-    let one_job = Watching::start(&gateway, &["job", &id, "--watch"]);
+    let one_job = Watching::start(gateway, &["job", &id, "--watch"]);
 
     // REST: every state in order, each event's previous state the one before it.
     let seen = job_events_until(&mut sse, &id, "Succeeded").await;

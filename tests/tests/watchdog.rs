@@ -77,11 +77,6 @@ async fn watchdog(agent_pid: u32) -> (u32, PathBuf) {
     poll(WAIT, || async { watchdog_of(agent_pid) }).await.expect("the agent runs a lease watchdog")
 }
 
-fn signal(name: &str, pid: u32) {
-    let status = std::process::Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
-}
-
 /// What the watchdog says it killed (its log goes to the agent's stderr).
 fn watchdog_kills(log: &str) -> String {
     log.lines().filter(|line| line.contains("lease watchdog") && line.contains("killed")).collect::<Vec<_>>().join("\n")
@@ -94,7 +89,7 @@ async fn a_frozen_agents_job_is_killed_when_its_lease_runs_out() {
     let agent_pid = h.agent.proc.pid();
     let (watchdog_pid, _) = watchdog(agent_pid).await;
 
-    signal("STOP", agent_pid);
+    h.agent.proc.signal("STOP").unwrap();
     // The last renewal answered a heartbeat sent before this instant, so the lease runs out at
     // most LEASE after it, and the watchdog kills KILL_GRACE after that.
     let frozen = Instant::now();
@@ -109,7 +104,7 @@ async fn a_frozen_agents_job_is_killed_when_its_lease_runs_out() {
     assert!(killed_after >= LEASE / 2, "killed {killed_after:?} after the freeze, while the lease held; log:\n{log}");
     assert!(!gone(watchdog_pid), "the watchdog keeps watching a frozen agent");
 
-    signal("CONT", agent_pid);
+    h.agent.proc.signal("CONT").unwrap();
     // Thawed, the agent finds its lease expired and its job gone, and connects again (the
     // gateway marked it disconnected after `clusterTimeout`).
     h.gateway.wait_for_clusters(1).await.unwrap();
@@ -142,7 +137,7 @@ async fn a_clean_shutdown_stops_the_job_and_the_watchdog_and_removes_the_state_f
     let agent_pid = h.agent.proc.pid();
     let (watchdog_pid, state_file) = watchdog(agent_pid).await;
 
-    signal("TERM", agent_pid);
+    h.agent.proc.signal("TERM").unwrap();
     // The test is the agent's parent and has not reaped it: a zombie once it exits.
     poll(WAIT, || async { gone(agent_pid).then_some(()) }).await.expect("the agent exits on SIGTERM");
     let log = h.agent.proc.log();

@@ -2,63 +2,45 @@
 //! 8-GPU jobs of one tenant, driven through `Core::step` as the runtime drives it.
 //!
 //! `cargo bench -p meridian-core --bench quota_round` (release). Prints the first round (which
-//! writes every job's explanation) and the median of the next 20 (steady state) per case.
+//! writes every job's explanation) and the median of the next 50 (steady state) per case. Under
+//! `cargo test --bench '*'` (the test suite) it makes one short pass: 200 jobs, 3 steady rounds.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use meridian_core::{Core, CoreConfig, Effects, Input, Loaded, TenantQuota};
-use meridian_proto::gpu::GpuCatalog;
-use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
-use meridian_proto::protocol::{AgentEvent, AgentHello};
-use meridian_proto::validate::parse_job_spec;
+use meridian_proto::protocol::AgentHello;
+use meridian_proto::testing::{JOB, hello, inventory_event, spec};
 
-const QUEUED: usize = 10_000;
 const NODES: usize = 64;
-const JOB: &str = "name: j\ntenant: nlp\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
 
-fn cluster(free_gpus: u32) -> (AgentHello, AgentEvent) {
-    let info = ClusterInfo {
-        name: "east".into(),
-        region: "us-east".into(),
-        tier: Tier::Owned,
-        backend: BackendKind::Builtin,
-        prices: BTreeMap::from([("h100".to_string(), 2.0)]),
-        supports_containers: true,
-        supports_bare_commands: true,
-        labels: Default::default(),
-    };
-    let hello = AgentHello { info, instance_id: "a1".into(), agent_version: "bench".into() };
-    let inventory = AgentEvent::Inventory(Inventory {
-        shapes: vec![NodeShape {
-            name: "dgx".into(),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus_per_node: 8,
-            cpu_per_node: 96,
-            memory_gib_per_node: 1024,
-            free: vec![NodeFree { gpus: free_gpus, cpu: 96, memory_gib: 1024 }; NODES],
-            labels: Default::default(),
-        }],
-    });
-    (hello, inventory)
+/// The sizes of one run: the full bench (`cargo bench` passes `--bench`) or the short pass.
+#[derive(Clone, Copy)]
+struct Scale {
+    /// Jobs queued before the measured rounds.
+    queued: usize,
+    /// Steady rounds measured after the first.
+    steady_rounds: i64,
 }
 
-/// Builds a core with `QUEUED` queued jobs (plus `held` jobs offered first), runs rounds, and
-/// returns the first round, the fastest and the median of the next 50 (ms), and the offers made.
-fn measure(config: CoreConfig, free_gpus: u32, held: usize) -> (f64, f64, f64, usize) {
+/// Builds a core with `scale.queued` queued jobs (plus `held` jobs offered first), runs rounds,
+/// and returns the first round, the fastest and the median of the steady ones (ms), and the
+/// offers made.
+fn measure(scale: Scale, config: CoreConfig, free_gpus: u32, held: usize) -> (f64, f64, f64, usize) {
     let mut now_ms = 1_800_000_000_000;
     let mut core = Core::new(config, Loaded::default(), now_ms, 1);
     let mut fx = Effects::default();
-    let (hello, inventory) = cluster(free_gpus);
-    core.step(Input::AgentHello { conn: 1, hello, reply: 0 }, now_ms, &mut fx);
-    core.step(Input::Agent { conn: 1, event: inventory }, now_ms, &mut fx);
-    let spec = parse_job_spec(JOB, &GpuCatalog::default()).unwrap_or_else(|e| panic!("{e}"));
+    // One owned cluster `east` of `NODES` 8-GPU nodes, each with `free_gpus` free.
+    let agent = AgentHello { agent_version: "bench".into(), ..hello("east", "a1") };
+    core.step(Input::AgentHello { conn: 1, hello: agent, reply: 0 }, now_ms, &mut fx);
+    core.step(Input::Agent { conn: 1, event: inventory_event(&[free_gpus; NODES]) }, now_ms, &mut fx);
+    // The fixture's 8-GPU job, in tenant `nlp`.
+    let spec = spec(&JOB.replace("tenant: t", "tenant: nlp"));
     for reply in 0..held {
         core.step(Input::Submit { spec: spec.clone(), reply: reply as u64 }, now_ms, &mut fx);
     }
     core.step(Input::Round, now_ms, &mut fx);
-    for reply in 0..QUEUED {
+    for reply in 0..scale.queued {
         now_ms += 1;
         core.step(Input::Submit { spec: spec.clone(), reply: reply as u64 }, now_ms, &mut fx);
     }
@@ -70,7 +52,7 @@ fn measure(config: CoreConfig, free_gpus: u32, held: usize) -> (f64, f64, f64, u
         (took, fx.sends.len())
     };
     let (first, offers) = round(now_ms);
-    let mut steady: Vec<f64> = (0..50).map(|i| round(now_ms + 1 + i).0).collect();
+    let mut steady: Vec<f64> = (0..scale.steady_rounds).map(|i| round(now_ms + 1 + i).0).collect();
     steady.sort_by(f64::total_cmp);
     (first, steady[0], steady[steady.len() / 2], offers)
 }
@@ -80,7 +62,13 @@ fn with(quota: TenantQuota) -> CoreConfig {
 }
 
 fn main() {
-    println!("{QUEUED} queued 8-GPU jobs of one tenant, one cluster of {NODES} 8-GPU nodes");
+    let scale = if std::env::args().any(|a| a == "--bench") {
+        Scale { queued: 10_000, steady_rounds: 50 }
+    } else {
+        println!("(short pass: `cargo bench` runs the full bench; these figures are no result)\n");
+        Scale { queued: 200, steady_rounds: 3 }
+    };
+    println!("{} queued 8-GPU jobs of one tenant, one cluster of {NODES} 8-GPU nodes", scale.queued);
     println!("{:<62} {:>9} {:>11} {:>13} {:>7}", "case", "first ms", "fastest ms", "median ms", "offers");
     let cases: Vec<(&str, CoreConfig, u32, usize)> = vec![
         ("no quota, cluster full", CoreConfig::default(), 0, 0),
@@ -111,7 +99,7 @@ fn main() {
         ),
     ];
     for (name, config, free, held) in cases {
-        let (first, fastest, median, offers) = measure(config, free, held);
+        let (first, fastest, median, offers) = measure(scale, config, free, held);
         println!("{name:<62} {first:>9.2} {fastest:>11.3} {median:>13.3} {offers:>7}");
     }
 }

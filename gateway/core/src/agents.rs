@@ -6,18 +6,47 @@
 //! applied, so a job never runs twice knowingly.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
+use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::Inventory;
 use meridian_proto::job::JobState;
-use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
+use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, GpuUsage, JobReport};
 
-use crate::Core;
+use crate::config::CoreConfig;
 use crate::io::{ConnId, Effects, Error, Reply};
-use crate::record::{JobRecord, KnownCluster, Record};
-use crate::registry::Link;
+use crate::ledger::Ledger;
+use crate::record::{KnownCluster, Record};
+use crate::registry::{Link, Registry};
+use crate::snapshots::Snapshots;
+use crate::timers::millis;
+use crate::usage::UsageBook;
 
-/// The assignment of a job's current binding, its spec pinned to the GPU type placement chose so
-/// the member cannot pick another type than the one that was costed.
+/// The parts an agent's words (and its silence) change, borrowed from the core for one step.
+pub(crate) struct Agents<'a> {
+    /// Timeouts and the lease.
+    pub(crate) config: &'a CoreConfig,
+    /// The member clusters and their streams.
+    pub(crate) registry: &'a mut Registry,
+    /// What placement reads (a cluster's new shape invalidates the never-fits snapshot).
+    pub(crate) snapshots: &'a mut Snapshots,
+    /// Running jobs' GPU utilisation.
+    pub(crate) usage: &'a mut UsageBook,
+    /// The jobs.
+    pub(crate) ledger: Ledger<'a>,
+    /// Rules a test switched off.
+    #[cfg(test)]
+    pub(crate) mutations: Mutations,
+}
+
+/// Safety rules a test may switch off (see `never_twice_tests.rs`).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Mutations {
+    /// Rule 1 removed: a lost cluster's offers in flight go straight back to the queue.
+    pub(crate) requeue_offers_on_loss: bool,
+}
+
 /// How a member answered an offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OfferAnswer {
@@ -27,24 +56,6 @@ enum OfferAnswer {
     Declined,
     /// Never, as specified: the job fails with the member's words.
     Refused,
-}
-
-pub(crate) fn assignment(job: &JobRecord) -> Assignment {
-    let mut spec = job.spec.clone();
-    if let Some(gpu_type) = &job.gpu_type {
-        spec.gang.resources.gpu_types = vec![gpu_type.clone()];
-    }
-    Assignment {
-        job_id: job.id.clone(),
-        fencing_token: job.fencing_token,
-        spec,
-        last_preempted_at_ms: job.last_preempted_at_ms,
-    }
-}
-
-/// Whether `job` is currently bound to `cluster` under `token`.
-fn is_current(job: &JobRecord, cluster: &str, token: u64) -> bool {
-    job.cluster.as_deref() == Some(cluster) && job.fencing_token == token
 }
 
 /// Whether any node of `new` has more of something free than the same node of `old` (same
@@ -72,7 +83,9 @@ fn same_shapes(a: &Inventory, b: &Inventory) -> bool {
         })
 }
 
-impl Core {
+impl Agents<'_> {
+    /// Accepts an agent's stream for its cluster (unless another live agent holds the cluster)
+    /// and welcomes it with the jobs the gateway has bound to the cluster.
     pub(crate) fn hello(
         &mut self,
         conn: ConnId,
@@ -93,22 +106,23 @@ impl Core {
             return Err(Error::DuplicateAgent { cluster: name, instance: link.instance.clone() });
         }
         let link = Link { conn, instance: hello.instance_id.clone() };
-        self.never_fits_snapshot = None;
+        self.snapshots.shapes_changed();
         if let Some(old) = self.registry.connect(hello.info, link, now_ms) {
             // The same agent process reconnected before its old stream was noticed dead.
             effects.close.push(old);
         }
-        self.clusters_version += 1;
-        self.round_wanted = true;
+        self.ledger.signals.clusters_changed();
+        self.ledger.signals.want_round();
         // Offers in flight are listed too: the agent keeps one it is submitting or already runs
         // (its answer then comes on this stream), and reports one it never saw as lost.
         let bound: Vec<Assignment> =
-            self.jobs_on(&name).filter(|j| crate::jobs::holds_gpus(j.state)).map(|j| assignment(j)).collect();
+            self.ledger.table.on_cluster(&name).filter(|j| j.holds_gpus()).map(|j| j.assignment()).collect();
         effects.sends.push((conn, GatewayCommand::Welcome { bound, lease: self.config.agent_lease() }));
         tracing::info!(cluster = %name, conn, instance = %hello.instance_id, "agent connected");
         Ok(Reply::Attached)
     }
 
+    /// Applies what an agent said on an accepted stream.
     pub(crate) fn agent_event(&mut self, conn: ConnId, event: AgentEvent, now_ms: i64, effects: &mut Effects) {
         let Some(entry) = self.registry.entry_of_mut(conn) else {
             // A stream that was replaced or dropped; its successor is authoritative.
@@ -130,17 +144,19 @@ impl Core {
                 if shapes_changed {
                     let known = KnownCluster { info: entry.info.clone(), inventory: entry.inventory.clone() };
                     effects.persist.push(Record::Cluster(known));
-                    self.never_fits_snapshot = None;
+                    self.snapshots.shapes_changed();
                 }
-                self.clusters_version += 1;
-                self.round_wanted |= grew;
+                self.ledger.signals.clusters_changed();
+                if grew {
+                    self.ledger.signals.want_round();
+                }
             }
             AgentEvent::Pressure(pressure) => {
                 // Pressure moves expected waits, never what can start now: the periodic round
                 // refreshes decisions with it.
                 if *entry.pressure != pressure {
-                    entry.pressure = std::sync::Arc::new(pressure);
-                    self.clusters_version += 1;
+                    entry.pressure = Arc::new(pressure);
+                    self.ledger.signals.clusters_changed();
                 }
             }
             AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, permanent } => {
@@ -174,6 +190,7 @@ impl Core {
         }
     }
 
+    /// Applies a member's answer to an offer.
     #[allow(clippy::too_many_arguments)]
     fn offer_reply(
         &mut self,
@@ -187,8 +204,11 @@ impl Core {
         effects: &mut Effects,
     ) {
         let accepted = answer == OfferAnswer::Accepted;
-        let current =
-            self.jobs.get(job_id).is_some_and(|j| is_current(j, cluster, token) && j.state == JobState::Offered);
+        let current = self
+            .ledger
+            .table
+            .get(job_id)
+            .is_some_and(|j| j.is_bound_to(cluster, token) && j.state == JobState::Offered);
         if !current {
             if accepted {
                 // Accepted too late (cancelled, timed out, offered elsewhere): stop that copy.
@@ -196,8 +216,8 @@ impl Core {
             }
             return;
         }
-        let Some(mut job) = self.job_mut(job_id) else { return };
-        if accepted && self.withdrawing.contains(job_id) {
+        let Some(mut job) = self.ledger.copy_of(job_id) else { return };
+        if accepted && self.ledger.timers.is_withdrawing(job_id) {
             // Accepted before the agent saw the withdrawal that follows on the same stream: it
             // stops the job and confirms with a cancelled report, which requeues it.
             tracing::info!(job = %job.id, cluster, "a withdrawn offer was accepted; waiting for the member to stop it");
@@ -225,7 +245,7 @@ impl Core {
             job.message = format!("{cluster} declined the offer: {reason}");
             tracing::info!(job = %job.id, cluster, reason, "offer declined");
         }
-        self.save(job, effects);
+        self.ledger.save(job, self.registry, effects);
     }
 
     /// Applies what an agent says about one job (a status message or a heartbeat entry).
@@ -243,7 +263,8 @@ impl Core {
                 GatewayCommand::Cancel { job_id: report.job_id.clone(), fencing_token: report.fencing_token },
             ));
         };
-        let Some(mut job) = self.job_mut(&report.job_id).filter(|j| is_current(j, cluster, report.fencing_token))
+        let Some(mut job) =
+            self.ledger.copy_of(&report.job_id).filter(|j| j.is_bound_to(cluster, report.fencing_token))
         else {
             // A stale binding (or a job forgotten after retention): drop its result, stop its copy.
             if terminal {
@@ -264,7 +285,7 @@ impl Core {
                 let message = format!("cancelled by user; stopped on {cluster}");
                 if job.message != message {
                     job.message = message;
-                    self.save(job, effects);
+                    self.ledger.save(job, self.registry, effects);
                 }
             }
             ack(effects);
@@ -279,11 +300,7 @@ impl Core {
             if report.requeue || withdrawn {
                 // Back to the federation queue; `submitted_at_ms` is kept, so the time it
                 // already waited still counts for its place in line.
-                job.state = JobState::Queued;
-                job.cluster = None;
-                job.gpu_type = None;
-                job.nodes.clear();
-                job.started_at_ms = None;
+                job.back_to_queue();
                 job.message = if withdrawn {
                     format!("the offer to {cluster} was withdrawn and its copy there has stopped; placing it again")
                 } else if report.message.is_empty() {
@@ -306,12 +323,12 @@ impl Core {
                 };
             }
             tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
-            self.save(job, effects);
+            self.ledger.save(job, self.registry, effects);
             // Delivered after the record above is durable: only then may the agent forget it.
             ack(effects);
             return;
         }
-        if self.withdrawing.contains(&job.id) {
+        if self.ledger.timers.is_withdrawing(&job.id) {
             // Being withdrawn: only the member's word that its copy stopped changes the job.
             return;
         }
@@ -338,7 +355,7 @@ impl Core {
                 }
                 job.state = JobState::Offered;
                 job.message = format!("offered to {cluster}; its agent is still submitting it");
-                self.offered_at.insert(job.id.clone(), now_ms);
+                self.ledger.timers.offered(job.id.clone(), now_ms);
             }
             JobState::Bound => {
                 // Held by the member, waiting in its local queue.
@@ -364,7 +381,7 @@ impl Core {
         if job.state != previous {
             tracing::info!(job = %job.id, cluster, from = %previous, to = %job.state, "job state");
         }
-        self.save(job, effects);
+        self.ledger.save(job, self.registry, effects);
     }
 
     /// Jobs the gateway has bound to `cluster` that the agent's heartbeat does not list: the
@@ -372,32 +389,57 @@ impl Core {
     /// or the member lost them). Nothing runs them, so they are placed again.
     fn missing_from_heartbeat(&mut self, cluster: &str, held: &HashSet<String>, effects: &mut Effects) {
         let missing: Vec<String> = self
-            .jobs_on(cluster)
+            .ledger
+            .table
+            .on_cluster(cluster)
             .filter(|j| !held.contains(&j.id))
             .filter(|j| matches!(j.state, JobState::Bound | JobState::Running | JobState::Unknown))
             .map(|j| j.id.clone())
             .collect();
         for id in missing {
-            let Some(mut job) = self.job_mut(&id) else { continue };
+            let Some(mut job) = self.ledger.copy_of(&id) else { continue };
             tracing::warn!(job = %id, cluster, "member no longer holds the job; placing it again");
-            job.state = JobState::Queued;
-            job.cluster = None;
-            job.gpu_type = None;
-            job.nodes.clear();
-            job.started_at_ms = None;
+            job.back_to_queue();
             job.message = format!(
                 "{cluster} no longer holds the job (its agent restarted or the member lost it); placing it again"
             );
-            self.save(job, effects);
+            self.ledger.save(job, self.registry, effects);
         }
     }
 
+    /// Notes a job's GPU usage from a report just applied (see [`UsageBook::note`]).
+    fn note_usage(&mut self, job_id: &str, fencing_token: u64, usage: Option<GpuUsage>, now_ms: i64) {
+        let job = self.ledger.table.get(job_id).map(Arc::as_ref);
+        self.usage.note(job, job_id, fencing_token, usage, now_ms);
+    }
+
+    /// A stream ended (closed, broken, or dropped by the runtime).
     pub(crate) fn agent_gone(&mut self, conn: ConnId, now_ms: i64, effects: &mut Effects) {
         let last_seen = self.registry.entry_of_mut(conn).map(|e| e.last_seen_ms);
         if let Some(cluster) = self.registry.disconnect(conn) {
             tracing::warn!(cluster = %cluster, conn, "agent disconnected");
-            self.clusters_version += 1;
+            self.ledger.signals.clusters_changed();
             self.cluster_lost(&cluster, last_seen.unwrap_or(now_ms), effects);
+        }
+    }
+
+    /// Drops the streams of clusters silent past the cluster timeout; their jobs are lost
+    /// with them (see [`Self::cluster_lost`]).
+    pub(crate) fn expire_silent_clusters(&mut self, now_ms: i64, effects: &mut Effects) {
+        let timeout = millis(self.config.cluster_timeout);
+        let silent: Vec<(String, u64, i64)> = self
+            .registry
+            .iter()
+            .filter(|c| now_ms.saturating_sub(c.last_seen_ms) > timeout)
+            .filter_map(|c| c.link.as_ref().map(|l| (c.info.name.clone(), l.conn, c.last_seen_ms)))
+            .collect();
+        for (cluster, conn, last_seen_ms) in silent {
+            tracing::warn!(cluster = %cluster, "cluster silent past the timeout; dropping its stream");
+            if self.registry.disconnect(conn).is_some() {
+                effects.close.push(conn);
+                self.ledger.signals.clusters_changed();
+                self.cluster_lost(&cluster, last_seen_ms, effects);
+            }
         }
     }
 
@@ -409,11 +451,11 @@ impl Core {
     /// started it while its answer was lost with the stream. It is placed again only under the
     /// lease rule, like a bound job; if the cluster returns first, the welcome lists it and the
     /// agent either keeps it (and reports it) or reports it lost.
-    pub(crate) fn cluster_lost(&mut self, cluster: &str, last_seen_ms: i64, effects: &mut Effects) {
+    fn cluster_lost(&mut self, cluster: &str, last_seen_ms: i64, effects: &mut Effects) {
         let ids: Vec<String> =
-            self.jobs_on(cluster).filter(|j| crate::jobs::holds_gpus(j.state)).map(|j| j.id.clone()).collect();
+            self.ledger.table.on_cluster(cluster).filter(|j| j.holds_gpus()).map(|j| j.id.clone()).collect();
         for id in ids {
-            let Some(mut job) = self.job_mut(&id) else { continue };
+            let Some(mut job) = self.ledger.copy_of(&id) else { continue };
             match job.state {
                 JobState::Unknown => {}
                 #[cfg(test)]
@@ -421,28 +463,26 @@ impl Core {
                     job.state = JobState::Queued;
                     job.cluster = None;
                     job.gpu_type = None;
-                    self.save(job, effects);
+                    self.ledger.save(job, self.registry, effects);
                 }
-                JobState::Offered => {
+                state => {
+                    // An offer in flight may have been accepted and started: it is treated like
+                    // a bound job, and the message says so.
+                    let in_flight = if state == JobState::Offered {
+                        " with the offer in flight (it may have started the job)"
+                    } else {
+                        ""
+                    };
                     job.state = JobState::Unknown;
                     job.message = format!(
-                        "{cluster} stopped reporting with the offer in flight (it may have started the job); the job is placed again elsewhere if it stays away for {}",
-                        meridian_proto::duration::HumanDuration(self.config.lost_job_timeout)
+                        "{cluster} stopped reporting{in_flight}; the job is placed again elsewhere if it stays away for {}",
+                        HumanDuration(self.config.lost_job_timeout)
                     );
-                    self.save(job, effects);
-                    self.unknown_since.insert(id, last_seen_ms);
-                }
-                _ => {
-                    job.state = JobState::Unknown;
-                    job.message = format!(
-                        "{cluster} stopped reporting; the job is placed again elsewhere if it stays away for {}",
-                        meridian_proto::duration::HumanDuration(self.config.lost_job_timeout)
-                    );
-                    self.save(job, effects);
-                    self.unknown_since.insert(id, last_seen_ms);
+                    self.ledger.save(job, self.registry, effects);
+                    self.ledger.timers.unknown(id, last_seen_ms);
                 }
             }
         }
-        self.round_wanted = true;
+        self.ledger.signals.want_round();
     }
 }

@@ -1,11 +1,12 @@
-//! The policy the core runs with (the gateway's config file maps onto this).
+//! The policy the core runs with (the gateway's config file maps onto this), including each
+//! tenant's placement quota.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use meridian_placement::{NetworkTable, PlacementConfig};
 
-use crate::quota::TenantQuota;
+use crate::usage::IdleGpuConfig;
 
 /// Timeouts, weights and limits of the core. `Default` reads as the documented defaults.
 #[derive(Debug, Clone)]
@@ -35,7 +36,18 @@ pub struct CoreConfig {
     /// Placement quota of every other tenant (`defaultQuota`); the default sets no limit.
     pub default_quota: TenantQuota,
     /// When a running job's GPUs count as idle (`idleGpu`).
-    pub idle_gpu: crate::usage::IdleGpuConfig,
+    pub idle_gpu: IdleGpuConfig,
+}
+
+/// Limits placement enforces for one tenant; `None` sets no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantQuota {
+    /// GPUs the tenant may hold at once across the federation: its jobs that are offered, bound,
+    /// running, or `Unknown` (their cluster is away, so they may still hold their GPUs).
+    pub max_gpus: Option<u32>,
+    /// Only the tenant's first this many queued jobs (priority, then age) are placed; later ones
+    /// wait.
+    pub max_queued_jobs: Option<u32>,
 }
 
 impl Default for CoreConfig {
@@ -52,7 +64,7 @@ impl Default for CoreConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             quotas: BTreeMap::new(),
             default_quota: TenantQuota::default(),
-            idle_gpu: crate::usage::IdleGpuConfig::default(),
+            idle_gpu: IdleGpuConfig::default(),
         }
     }
 }
@@ -83,5 +95,12 @@ impl CoreConfig {
     /// on their own, and a partition can briefly run two copies).
     pub fn agent_lease(&self) -> Option<Duration> {
         self.lost_job_timeout.checked_sub(self.lease_margin).filter(|lease| !lease.is_zero())
+    }
+}
+
+impl TenantQuota {
+    /// Whether the quota sets any limit.
+    pub fn limits_anything(&self) -> bool {
+        self.max_gpus.is_some() || self.max_queued_jobs.is_some()
     }
 }

@@ -12,15 +12,55 @@
 //!
 //! Reads never go through `step`: [`Core::view`] returns a cheap, immutable [`ReadView`]
 //! (persistent maps shared with the core) that the runtime publishes after each commit.
+//!
+//! # Parts
+//!
+//! [`Core`] holds its state in parts, each a type that owns its fields:
+//!
+//! - the job table (`jobs.rs`: records, indexes, decisions, idempotency keys, ids),
+//! - the job timers (`timers.rs`: offers in flight and withdrawn, `Unknown` jobs),
+//! - the [`Registry`](registry::Registry) of member clusters and their streams (`registry.rs`),
+//! - the snapshots placement reads (`snapshots.rs`: the network table, the never-fits cache),
+//! - the demand keys rounds compare (`demand.rs`),
+//! - running jobs' GPU usage (`usage.rs`), the metrics counters ([`Tally`], `tally.rs`),
+//! - what changed since it was last looked at (`Signals` in `ledger.rs`), and the cached cluster
+//!   summaries of the read view (`view.rs`).
+//!
+//! `Core::step` lends the parts a step needs, as borrows of distinct fields, to the file that
+//! coordinates that step: `requests.rs` (submit, cancel, logs), `agents.rs` (hellos, reports,
+//! heartbeats, lost streams), `expiry.rs` (timers that came due) and `round.rs` (placement).
+//! Each changes jobs only through the `Ledger` (`ledger.rs`), which keeps the table, the timers,
+//! the counters and the flags in step and asks for every change to be persisted.
+//!
+//! # Import order
+//!
+//! No file imports one that imports it. From the leaves up (each file uses only files listed
+//! before it):
+//!
+//! 1. `record`, `demand` (no imports from this crate)
+//! 2. `io`, `usage`, `timers` (record); `config` (usage); `quota` (config, record); `decision`
+//!    (quota, record)
+//! 3. `registry` (io, record); `jobs` (decision, record); `snapshots` (registry)
+//! 4. `tally` (decision, record, registry); `view` (config, decision, jobs, record, registry,
+//!    tally, usage); `tenants` (view)
+//! 5. `ledger` (decision, io, jobs, record, registry, tally, timers)
+//! 6. `requests`, `agents`, `expiry`, `round` (the parts they coordinate, and `ledger`)
+//! 7. `lib` (all of them); the tests (`tests/`, `never_twice_tests.rs`) may use everything.
 
 mod agents;
 pub mod config;
+mod decision;
+mod demand;
+mod expiry;
 pub mod io;
 mod jobs;
+mod ledger;
 pub mod quota;
 pub mod record;
 pub mod registry;
+mod requests;
 mod round;
+mod snapshots;
 pub mod tally;
 pub mod tenants;
 mod timers;
@@ -32,181 +72,99 @@ mod never_twice_tests;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use meridian_placement::Decision;
+use agents::Agents;
+#[cfg(test)]
+use agents::Mutations;
+use demand::DemandBook;
+use expiry::Expiry;
+use jobs::JobTable;
+use ledger::{Ledger, Signals};
+use registry::Registry;
+use requests::Requests;
+use round::Round;
+use snapshots::Snapshots;
+use timers::Timers;
+use usage::UsageBook;
+use view::ClusterViewCache;
 
-pub use config::CoreConfig;
+pub use config::{CoreConfig, TenantQuota};
+pub use decision::Decided;
 pub use io::{ConnId, Effects, Error, Input, Reply, ReplyTo};
-pub use quota::{QuotaWait, TenantQuota};
+pub use quota::QuotaWait;
 pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
 pub use tally::Tally;
 pub use tenants::TenantSummary;
 pub use usage::{IdleGpuConfig, JobUsage};
 pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
 
-use registry::Registry;
-
-/// The latest placement decision of a job: made this run (full detail) or read back from the
-/// store (as stored).
-#[derive(Debug, Clone)]
-pub enum Decided {
-    /// Made by a round of this process.
-    Live {
-        /// When (Unix ms).
-        at_ms: i64,
-        /// The decision with every cluster's verdict.
-        decision: Decision,
-    },
-    /// Read from the store (the decision that placed the job).
-    Stored(StoredDecision),
-    /// A round held the job back for its tenant's quota before placing it. Not stored: rounds
-    /// work it out again after a restart.
-    Quota {
-        /// When the job began waiting for this (Unix ms).
-        at_ms: i64,
-        /// Which limit, with the numbers.
-        wait: QuotaWait,
-    },
-}
-
-/// An active job as rounds read it: its record, and what rounds keep about it between rounds.
-struct ActiveJob {
-    record: Arc<JobRecord>,
-    /// Its demand key (see `round.rs`) and the key's number, computed at its first round.
-    demand: Option<(Arc<str>, u32)>,
-    /// Its latest decision: the one `decisions` holds for it.
-    decided: Option<Arc<Decided>>,
-}
-
 /// The state machine. See the crate documentation.
 pub struct Core {
     /// Shared with every view (readers need the tenants' weights and quotas).
     config: Arc<CoreConfig>,
-    /// Every job the gateway remembers: active ones and finished ones within retention.
-    jobs: imbl::OrdMap<String, Arc<JobRecord>>,
-    /// Jobs not in a terminal state, with their current records, by id: what rounds and the
-    /// cluster summaries read, without looking every active job up in `jobs`.
-    active: BTreeMap<String, ActiveJob>,
-    /// Active jobs by the cluster they are offered to, bound to or ran on: what heartbeats,
-    /// welcomes and lost clusters look at, without scanning every active job.
-    by_cluster: HashMap<String, BTreeSet<String>>,
-    /// Finished jobs by finish time, for retention.
-    finished: BTreeSet<(i64, String)>,
-    /// (tenant, idempotency key) → job id.
-    idempotency: HashMap<(String, String), String>,
-    decisions: imbl::HashMap<String, Arc<Decided>>,
+    /// Every job the gateway remembers, with its indexes and latest decision.
+    jobs: JobTable,
+    /// Offers in flight and `Unknown` jobs, by when they started.
+    timers: Timers,
+    /// The member clusters and their streams.
     registry: Registry,
-    /// The snapshot submits are checked against ("could this ever run anywhere?"); rebuilt
-    /// only when a cluster joins or changes shape.
-    never_fits_snapshot: Option<Arc<meridian_placement::FederationSnapshot>>,
-    /// `config.network`, shared by every snapshot instead of copied into each round's.
-    network: Arc<meridian_placement::NetworkTable>,
-    /// Demand keys in use, by their canonical copy, with their numbers.
-    demand_ids: HashMap<Arc<str>, u32>,
-    next_demand_id: u32,
-    /// Offers in flight: since when (Unix ms), or since the last withdrawal was sent.
-    offered_at: HashMap<String, i64>,
-    /// Offers withdrawn after the offer timeout, waiting for the member to confirm that it does
-    /// not run them (in memory: after a restart, an offer in flight is `Unknown` anyway).
-    withdrawing: HashSet<String>,
-    /// `Unknown` jobs: since when their cluster was last heard (Unix ms).
-    unknown_since: HashMap<String, i64>,
-    id_salt: u16,
-    id_sequence: u64,
-    /// Something placement depends on changed since the last round.
-    round_wanted: bool,
-    /// Set once a commit failed: the core then refuses every change.
-    failed: Option<String>,
-    /// Bumped whenever cluster summaries change, so views rebuild them only then.
-    clusters_version: u64,
-    cluster_view: Arc<Vec<ClusterSummary>>,
-    cluster_view_version: u64,
+    /// What placement reads of the registry.
+    snapshots: Snapshots,
+    /// Demand keys of queued jobs.
+    demands: DemandBook,
     /// Running jobs' GPU utilisation (in memory only).
-    usage: usage::UsageBook,
+    usage: UsageBook,
     /// Counters for metrics (see `tally.rs`), published with each view.
     tally: Arc<Tally>,
-    /// The time of the step being applied (Unix ms), for counters of changes that carry none.
-    now_ms: i64,
+    /// Whether a round is wanted; the version of the cluster summaries.
+    signals: Signals,
+    /// The cluster summaries of the last view.
+    cluster_view: ClusterViewCache,
+    /// Set once a commit failed: the core then refuses every change.
+    failed: Option<String>,
     /// Rules switched off, to show that the property tests catch their absence.
     #[cfg(test)]
     mutations: Mutations,
-}
-
-/// Safety rules a test may switch off (see `never_twice_tests.rs`).
-#[cfg(test)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Mutations {
-    /// Rule 1 removed: a lost cluster's offers in flight go straight back to the queue.
-    pub(crate) requeue_offers_on_loss: bool,
 }
 
 impl Core {
     /// Builds the core from what the store held. Offered, bound and running jobs are `Unknown`
     /// until their cluster reports them, counted from `now_ms`: an offer in flight at the last
     /// stop may have been accepted and started, so it is adopted like a bound job (the welcome
-    /// lists it), never voided and placed again while its member may run it. `id_salt` keeps the ids of two gateway
-    /// processes apart (the runtime passes a random number; the simulator a fixed one).
+    /// lists it), never voided and placed again while its member may run it. `id_salt` keeps the
+    /// ids of two gateway processes apart (the runtime passes a random number; the simulator a
+    /// fixed one).
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
-        let mut core = Core {
-            network: Arc::new(config.network.clone()),
-            usage: usage::UsageBook { entries: imbl::OrdMap::new(), idle: config.idle_gpu },
-            config: Arc::new(config),
-            jobs: imbl::OrdMap::new(),
-            active: BTreeMap::new(),
-            by_cluster: HashMap::new(),
-            finished: BTreeSet::new(),
-            idempotency: HashMap::new(),
-            decisions: imbl::HashMap::new(),
-            registry: Registry::from_known(loaded.clusters, now_ms),
-            never_fits_snapshot: None,
-            demand_ids: HashMap::new(),
-            next_demand_id: 0,
-            offered_at: HashMap::new(),
-            withdrawing: HashSet::new(),
-            unknown_since: HashMap::new(),
-            id_salt,
-            id_sequence: 0,
-            round_wanted: true,
-            failed: None,
-            clusters_version: 1,
-            cluster_view: Arc::new(Vec::new()),
-            cluster_view_version: 0,
-            tally: Arc::default(),
-            now_ms,
-            #[cfg(test)]
-            mutations: Mutations::default(),
-        };
+        let mut jobs = JobTable::new(id_salt);
+        let mut timers = Timers::default();
         for (id, decision) in loaded.decisions {
             // Before the jobs, so each active job's index entry finds its decision.
-            core.decisions.insert(id, Arc::new(Decided::Stored(decision)));
+            jobs.decide(&id, Decided::Stored(decision));
         }
         for mut job in loaded.jobs {
-            match job.state {
-                meridian_proto::job::JobState::Offered => {
-                    job.state = meridian_proto::job::JobState::Unknown;
-                    job.message = format!(
-                        "the gateway restarted with this offer in flight; waiting for {} to report it",
-                        job.cluster.as_deref().unwrap_or("its cluster")
-                    );
-                }
-                meridian_proto::job::JobState::Bound | meridian_proto::job::JobState::Running => {
-                    job.state = meridian_proto::job::JobState::Unknown;
-                }
-                _ => {}
-            }
+            job.after_restart();
             if job.state == meridian_proto::job::JobState::Unknown {
-                core.unknown_since.insert(job.id.clone(), now_ms);
+                timers.unknown(job.id.clone(), now_ms);
             }
-            if let Some(key) = &job.spec.idempotency_key {
-                core.idempotency.insert((job.spec.tenant.clone(), key.clone()), job.id.clone());
-            }
-            let job = Arc::new(job);
-            core.index(None, &job);
-            core.jobs.insert(job.id.clone(), job);
+            jobs.remember_key(&job);
+            jobs.put(Arc::new(job));
         }
-        core
+        Core {
+            snapshots: Snapshots::new(config.network.clone()),
+            usage: UsageBook::new(config.idle_gpu),
+            config: Arc::new(config),
+            jobs,
+            timers,
+            registry: Registry::from_known(loaded.clusters, now_ms),
+            demands: DemandBook::default(),
+            tally: Arc::default(),
+            signals: Signals::new(),
+            cluster_view: ClusterViewCache::new(),
+            failed: None,
+            #[cfg(test)]
+            mutations: Mutations::default(),
+        }
     }
 
     /// The configuration.
@@ -217,7 +175,6 @@ impl Core {
     /// Applies one input at `now_ms` (Unix ms, never decreasing), appending what must happen to
     /// `effects`.
     pub fn step(&mut self, input: Input, now_ms: i64, effects: &mut Effects) {
-        self.now_ms = now_ms;
         if let Some(reason) = &self.failed {
             // A failed store means in-memory state may be ahead of what is durable: refuse every
             // change, answer every caller, and let agents keep their results for later.
@@ -228,7 +185,8 @@ impl Core {
                 }
                 // Reading output changes nothing: it works while writes are refused.
                 Input::Logs { job_id, request_id, from, max_bytes, reply } => {
-                    let answer = self.logs(&job_id, request_id, from, max_bytes, effects);
+                    let answer =
+                        requests::logs(&self.jobs, &self.registry, &job_id, request_id, from, max_bytes, effects);
                     effects.replies.push((reply, answer));
                 }
                 Input::Agent { .. } | Input::AgentGone { .. } | Input::Tick | Input::Round => {}
@@ -237,63 +195,87 @@ impl Core {
         }
         match input {
             Input::Submit { spec, reply } => {
-                let answer = self.submit(spec, now_ms, effects);
+                let answer = self.requests(now_ms).submit(spec, now_ms, effects);
                 effects.replies.push((reply, answer));
             }
             Input::Cancel { job_id, reply } => {
-                let answer = self.cancel(&job_id, now_ms, effects);
+                let answer = self.requests(now_ms).cancel(&job_id, now_ms, effects);
                 effects.replies.push((reply, answer));
             }
             Input::AgentHello { conn, hello, reply } => {
-                let answer = self.hello(conn, hello, now_ms, effects);
+                let answer = self.agents(now_ms).hello(conn, hello, now_ms, effects);
                 effects.replies.push((reply, answer));
             }
-            Input::Agent { conn, event } => self.agent_event(conn, event, now_ms, effects),
-            Input::AgentGone { conn } => self.agent_gone(conn, now_ms, effects),
+            Input::Agent { conn, event } => self.agents(now_ms).agent_event(conn, event, now_ms, effects),
+            Input::AgentGone { conn } => self.agents(now_ms).agent_gone(conn, now_ms, effects),
             Input::Logs { job_id, request_id, from, max_bytes, reply } => {
-                let answer = self.logs(&job_id, request_id, from, max_bytes, effects);
+                let answer = requests::logs(&self.jobs, &self.registry, &job_id, request_id, from, max_bytes, effects);
                 effects.replies.push((reply, answer));
             }
-            Input::Tick => {
-                self.tick(now_ms, effects);
-                self.forget_stale_usage();
-            }
-            Input::Round => self.round(now_ms, effects),
+            Input::Tick => self.tick(now_ms, effects),
+            Input::Round => self.round(now_ms).run(now_ms, effects),
         }
     }
 
-    /// Sends a logs request for `job_id` to the stream of the cluster that holds its current
-    /// binding, and names that stream.
-    fn logs(
-        &self,
-        job_id: &str,
-        request_id: u64,
-        from: Option<u64>,
-        max_bytes: u32,
-        effects: &mut Effects,
-    ) -> Result<Reply, Error> {
-        let job = self.jobs.get(job_id).ok_or_else(|| Error::NotFound(job_id.to_string()))?;
-        let Some(cluster) = job.cluster.as_deref().filter(|_| job.fencing_token > 0) else {
-            return Err(Error::NotStarted(job_id.to_string()));
-        };
-        let conn = self
-            .registry
-            .conn_of(cluster)
-            .ok_or_else(|| Error::ClusterUnreachable { cluster: cluster.to_string(), job: job_id.to_string() })?;
-        let command = meridian_proto::protocol::GatewayCommand::Logs {
-            request_id,
-            job_id: job_id.to_string(),
-            fencing_token: job.fencing_token,
-            from,
-            max_bytes,
-        };
-        effects.sends.push((conn, command));
-        Ok(Reply::LogsAsked { conn })
+    /// What time alone changes, in this order: unanswered offers are withdrawn, silent clusters
+    /// dropped (their jobs become `Unknown`), jobs lost too long placed again, finished jobs
+    /// past retention forgotten; then the demand keys and usage samples no job needs go.
+    fn tick(&mut self, now_ms: i64, effects: &mut Effects) {
+        self.expiry(now_ms).expire_offers(now_ms, effects);
+        self.agents(now_ms).expire_silent_clusters(now_ms, effects);
+        let mut expiry = self.expiry(now_ms);
+        expiry.expire_unknown(now_ms, effects);
+        expiry.expire_finished(now_ms, effects);
+        self.demands.forget_unused();
+        self.usage.forget_stale(|id| self.jobs.get(id).map(Arc::as_ref));
+    }
+
+    /// The parts a submit or a cancel at `now_ms` needs.
+    fn requests(&mut self, now_ms: i64) -> Requests<'_> {
+        Requests {
+            config: &self.config,
+            registry: &self.registry,
+            snapshots: &mut self.snapshots,
+            ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
+        }
+    }
+
+    /// The parts an agent's words (or silence) at `now_ms` change.
+    fn agents(&mut self, now_ms: i64) -> Agents<'_> {
+        Agents {
+            config: &self.config,
+            registry: &mut self.registry,
+            snapshots: &mut self.snapshots,
+            usage: &mut self.usage,
+            ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
+            #[cfg(test)]
+            mutations: self.mutations,
+        }
+    }
+
+    /// The parts the job timers act on at `now_ms`.
+    fn expiry(&mut self, now_ms: i64) -> Expiry<'_> {
+        Expiry {
+            config: &self.config,
+            registry: &self.registry,
+            ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
+        }
+    }
+
+    /// The parts a round at `now_ms` reads and changes.
+    fn round(&mut self, now_ms: i64) -> Round<'_> {
+        Round {
+            config: &self.config,
+            registry: &self.registry,
+            snapshots: &self.snapshots,
+            demands: &mut self.demands,
+            ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
+        }
     }
 
     /// Whether a placement round would see something new (a submit, a report, a freed GPU).
     pub fn wants_round(&self) -> bool {
-        self.round_wanted && self.failed.is_none()
+        self.signals.round_wanted() && self.failed.is_none()
     }
 
     /// Marks the core failed after a commit error: from now on it refuses every change with
@@ -316,7 +298,7 @@ impl Core {
 
     /// Number of jobs not yet finished.
     pub fn active_count(&self) -> usize {
-        self.active.len()
+        self.jobs.active_len()
     }
 
     /// A job by id.
@@ -326,18 +308,22 @@ impl Core {
 
     /// A consistent, immutable snapshot for readers; cheap (shares structure with the core).
     pub fn view(&mut self) -> ReadView {
-        if self.cluster_view_version != self.clusters_version {
-            self.cluster_view = Arc::new(self.cluster_summaries());
-            self.cluster_view_version = self.clusters_version;
-        }
+        let clusters = self.cluster_view.current(self.signals.clusters_version(), || {
+            ClusterSummary::all(&self.registry, self.jobs.active().map(|active| active.record.as_ref()))
+        });
         ReadView::new(
-            self.jobs.clone(),
-            self.decisions.clone(),
-            Arc::clone(&self.cluster_view),
+            &self.jobs,
+            clusters,
             Arc::clone(&self.config),
-            self.tally(),
+            Arc::clone(&self.tally),
             self.failed.clone(),
+            self.usage.clone(),
         )
-        .with_usage(self.usage.clone())
+    }
+
+    /// Panics if an index of the job table disagrees with a full scan of the jobs (tests).
+    #[cfg(test)]
+    pub(crate) fn check_indexes(&self) {
+        self.jobs.check_indexes();
     }
 }

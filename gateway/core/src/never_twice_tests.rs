@@ -14,12 +14,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use meridian_proto::job::JobState;
-use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, JobReport};
+use meridian_proto::protocol::{AgentEvent, GatewayCommand, JobReport};
+use meridian_proto::testing::{JOB, hello, inventory_event, report, spec};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use crate::tests::{Harness, JOB, info, inventory, report, spec};
-use crate::{ConnId, CoreConfig, Input, Reply};
+use crate::tests::{Harness, property_config};
+use crate::{ConnId, Input, Reply};
 
 /// What the model agent does differently from the real one.
 #[derive(Debug, Clone, Copy, Default)]
@@ -146,13 +147,7 @@ impl Agent {
 
 /// Runs one random sequence; fails on two running copies of a job.
 fn run(ops: Vec<Op>, rules: AgentRules, mutate_core: bool) -> Result<(), TestCaseError> {
-    let config = CoreConfig {
-        offer_timeout: Duration::from_secs(30),
-        cluster_timeout: Duration::from_secs(60),
-        lost_job_timeout: Duration::from_secs(300),
-        lease_margin: Duration::from_secs(30),
-        ..Default::default()
-    };
+    let config = property_config();
     let lease_ms = i64::try_from(config.agent_lease().map_or(0, |l| l.as_millis())).unwrap_or(i64::MAX);
     let mut h = Harness::new(config);
     h.core.mutations.requeue_offers_on_loss = mutate_core;
@@ -171,17 +166,14 @@ fn run(ops: Vec<Op>, rules: AgentRules, mutate_core: bool) -> Result<(), TestCas
                 if let Some(old) = agent.conn.take() {
                     inputs.push(Input::AgentGone { conn: old });
                 }
-                let conn = h.next_conn;
-                h.next_conn += 1;
+                let conn = h.new_conn();
                 agent.conn = Some(conn);
                 agent.in_flight.clear();
                 agent.closed = false;
                 agent.welcomed = false;
                 agent.sent.clear();
                 agent.hello_sent = h.now_ms;
-                let hello =
-                    AgentHello { info: info(names[c]), instance_id: format!("i{c}"), agent_version: String::new() };
-                inputs.push(Input::AgentHello { conn, hello, reply: 2 });
+                inputs.push(Input::AgentHello { conn, hello: hello(names[c], &format!("i{c}")), reply: 2 });
             }
             Op::Break(c) => {
                 let agent = &mut agents[c];
@@ -260,7 +252,7 @@ fn run(ops: Vec<Op>, rules: AgentRules, mutate_core: bool) -> Result<(), TestCas
             Op::Inventory(c, free) => {
                 let agent = &agents[c];
                 let (Some(conn), true) = (agent.conn, agent.welcomed) else { continue };
-                inputs.push(Input::Agent { conn, event: inventory(&[free]) });
+                inputs.push(Input::Agent { conn, event: inventory_event(&[free]) });
             }
             Op::Cancel(i) => match submitted.get(i) {
                 Some(id) => inputs.push(Input::Cancel { job_id: id.clone(), reply: 3 }),

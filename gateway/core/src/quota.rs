@@ -5,32 +5,17 @@
 //! Rounds work the counts out once per round from the active jobs they already walk (so a
 //! restart, which rebuilds the active jobs from the store, cannot get them wrong) and keep them
 //! up to date as they offer; checking a job is a map lookup and a comparison.
+//!
+//! The limits themselves ([`TenantQuota`]) are configuration (see `config.rs`); what a round does
+//! with a job it holds back is in `round.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::config::CoreConfig;
+pub use crate::config::TenantQuota;
 use crate::record::JobRecord;
-use crate::round::Queued;
-use crate::{Core, Decided};
-
-/// Limits placement enforces for one tenant; `None` sets no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TenantQuota {
-    /// GPUs the tenant may hold at once across the federation: its jobs that are offered, bound,
-    /// running, or `Unknown` (their cluster is away, so they may still hold their GPUs).
-    pub max_gpus: Option<u32>,
-    /// Only the tenant's first this many queued jobs (priority, then age) are placed; later ones
-    /// wait.
-    pub max_queued_jobs: Option<u32>,
-}
-
-impl TenantQuota {
-    /// Whether the quota sets any limit.
-    pub fn limits_anything(&self) -> bool {
-        self.max_gpus.is_some() || self.max_queued_jobs.is_some()
-    }
-}
 
 /// Why a round left a queued job waiting because of its tenant's quota (the explanation).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +96,7 @@ pub(crate) enum Hold<'a> {
 
 impl Hold<'_> {
     /// Whether `wait` already says this (for the same job, so the same tenant and config path).
-    fn is_explained_by(&self, wait: &QuotaWait) -> bool {
+    pub(crate) fn is_explained_by(&self, wait: &QuotaWait) -> bool {
         match (self, wait) {
             (Hold::Gpus { round, needs }, QuotaWait::Gpus { held, limit, needs: was, .. }) => {
                 *held == round.held_gpus && Some(*limit) == round.quota.max_gpus && was == needs
@@ -122,7 +107,7 @@ impl Hold<'_> {
     }
 
     /// The explanation.
-    fn wait(&self) -> QuotaWait {
+    pub(crate) fn wait(&self) -> QuotaWait {
         match *self {
             Hold::Gpus { round, needs } => QuotaWait::Gpus {
                 tenant: Arc::clone(&round.tenant),
@@ -147,7 +132,7 @@ pub(crate) struct RoundQuotas {
 impl RoundQuotas {
     /// The quotas of the tenants in `queued` that have one, with the GPUs each holds (`held`).
     pub(crate) fn new<'a>(
-        config: &crate::CoreConfig,
+        config: &CoreConfig,
         queued: impl IntoIterator<Item = &'a JobRecord>,
         held: &HashMap<String, u32>,
     ) -> Self {
@@ -242,46 +227,5 @@ impl RoundQuotas {
         if let Some(round) = self.tenants.get_mut(job.spec.tenant.as_str()) {
             round.held_gpus = round.held_gpus.saturating_add(job.spec.total_gpus());
         }
-    }
-}
-
-impl Core {
-    /// Makes `hold` the explanation of queued job `id`, unless it already is (`previous`): a job
-    /// that waits round after round for the same reason costs no allocation.
-    pub(crate) fn wait_for_quota(&mut self, id: &str, previous: Option<&Decided>, hold: Hold<'_>, now_ms: i64) {
-        if let Some(Decided::Quota { wait, .. }) = previous
-            && hold.is_explained_by(wait)
-        {
-            return;
-        }
-        self.decide(id, Decided::Quota { at_ms: now_ms, wait: hold.wait() });
-    }
-
-    /// The round's queue without the jobs past their tenant's `maxQueuedJobs`; those wait, and
-    /// say why.
-    pub(crate) fn hold_back_beyond_queue_limits(
-        &mut self,
-        quotas: &RoundQuotas,
-        queued: Vec<Queued>,
-        now_ms: i64,
-    ) -> Vec<Queued> {
-        if quotas.is_empty() {
-            return queued;
-        }
-        let holds = {
-            let jobs: Vec<&JobRecord> = queued.iter().map(|q| q.job.as_ref()).collect();
-            quotas.beyond_queue_limits(&jobs)
-        };
-        if holds.is_empty() {
-            return queued;
-        }
-        let mut kept = Vec::with_capacity(queued.len());
-        for (entry, hold) in queued.into_iter().zip(holds) {
-            match hold {
-                Some(hold) => self.wait_for_quota(&entry.job.id, entry.decided.as_deref(), hold, now_ms),
-                None => kept.push(entry),
-            }
-        }
-        kept
     }
 }

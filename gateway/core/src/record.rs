@@ -4,8 +4,10 @@
 //! The core never writes; it returns [`Record`]s in its effects and the runtime commits them (one
 //! group commit for everything a batch of inputs produced) before any send or reply of that batch.
 
+use meridian_placement::{Decision, Verdict};
 use meridian_proto::inventory::{ClusterInfo, Inventory, Tier};
 use meridian_proto::job::JobState;
+use meridian_proto::protocol::Assignment;
 use meridian_proto::spec::JobSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -201,6 +203,107 @@ impl JobRecord {
             preemptions: 0,
             last_preempted_at_ms: None,
         }
+    }
+
+    /// Whether the job holds (or is about to hold) GPUs on its cluster: offered, bound, running,
+    /// or `Unknown` (its cluster is away, so it may still hold them).
+    pub(crate) fn holds_gpus(&self) -> bool {
+        matches!(self.state, JobState::Offered | JobState::Bound | JobState::Running | JobState::Unknown)
+    }
+
+    /// Whether the job is currently bound to `cluster` under `token`: a report or reply about
+    /// any other binding describes a stale copy.
+    pub(crate) fn is_bound_to(&self, cluster: &str, token: u64) -> bool {
+        self.cluster.as_deref() == Some(cluster) && self.fencing_token == token
+    }
+
+    /// Whether the job runs under the binding of `token` (usage samples count only then).
+    pub(crate) fn runs_under(&self, token: u64) -> bool {
+        self.state == JobState::Running && self.fencing_token == token
+    }
+
+    /// The assignment of the job's current binding, its spec pinned to the GPU type placement
+    /// chose so the member cannot pick another type than the one that was costed.
+    pub(crate) fn assignment(&self) -> Assignment {
+        let mut spec = self.spec.clone();
+        if let Some(gpu_type) = &self.gpu_type {
+            spec.gang.resources.gpu_types = vec![gpu_type.clone()];
+        }
+        Assignment {
+            job_id: self.id.clone(),
+            fencing_token: self.fencing_token,
+            spec,
+            last_preempted_at_ms: self.last_preempted_at_ms,
+        }
+    }
+
+    /// Back to the federation queue, unbound: no cluster, GPU type, nodes or start. The fencing
+    /// token and `submitted_at_ms` are kept (the next offer bumps the token; the time the job
+    /// already waited still counts for its place in line). The caller sets the message.
+    pub(crate) fn back_to_queue(&mut self) {
+        self.state = JobState::Queued;
+        self.cluster = None;
+        self.gpu_type = None;
+        self.nodes.clear();
+        self.started_at_ms = None;
+    }
+
+    /// The job as a restarted gateway holds it: offered, bound and running jobs are `Unknown`
+    /// until their cluster reports them. An offer in flight at the last stop may have been
+    /// accepted and started, so it is adopted like a bound job, never voided and placed again
+    /// while its member may run it.
+    pub(crate) fn after_restart(&mut self) {
+        match self.state {
+            JobState::Offered => {
+                self.state = JobState::Unknown;
+                self.message = format!(
+                    "the gateway restarted with this offer in flight; waiting for {} to report it",
+                    self.cluster.as_deref().unwrap_or("its cluster")
+                );
+            }
+            JobState::Bound | JobState::Running => self.state = JobState::Unknown,
+            JobState::Queued | JobState::Unknown | JobState::Succeeded | JobState::Failed | JobState::Cancelled => {}
+        }
+    }
+}
+
+impl CandidateView {
+    /// Every cluster's verdict of `decision`, for explanations and the store.
+    pub(crate) fn all_of(decision: &Decision) -> Vec<CandidateView> {
+        let chosen = decision.chosen.as_ref().map(|c| c.cluster.as_str());
+        decision
+            .candidates
+            .iter()
+            .map(|c| match &c.verdict {
+                Verdict::Rejected { reasons } => CandidateView {
+                    cluster: c.cluster.to_string(),
+                    region: c.region.to_string(),
+                    tier: c.tier,
+                    verdict: VerdictKind::Rejected,
+                    reasons: reasons.iter().map(ToString::to_string).collect(),
+                    score: None,
+                },
+                Verdict::Scored(score) => CandidateView {
+                    cluster: c.cluster.to_string(),
+                    region: c.region.to_string(),
+                    tier: c.tier,
+                    verdict: if chosen == Some(c.cluster.as_str()) {
+                        VerdictKind::Chosen
+                    } else {
+                        VerdictKind::Feasible
+                    },
+                    reasons: Vec::new(),
+                    score: Some(score.clone()),
+                },
+            })
+            .collect()
+    }
+}
+
+impl StoredDecision {
+    /// `decision`, made at `at_ms`, in its stored form.
+    pub(crate) fn of(at_ms: i64, decision: &Decision) -> Self {
+        Self { at_ms, summary: decision.summary(), candidates: CandidateView::all_of(decision) }
     }
 }
 

@@ -10,13 +10,16 @@ use meridian_placement::queue::{FairQueue, QueuedJob, Usage};
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::GatewayCommand;
 
-use crate::agents::assignment;
+use crate::config::CoreConfig;
+use crate::decision::Decided;
+use crate::demand::DemandBook;
 use crate::io::Effects;
-use crate::jobs::holds_gpus;
-use crate::quota::RoundQuotas;
+use crate::ledger::Ledger;
+use crate::quota::{Hold, RoundQuotas};
 use crate::record::JobRecord;
+use crate::registry::Registry;
+use crate::snapshots::Snapshots;
 use crate::tally::Outcome;
-use crate::{Core, Decided};
 
 /// A skipped job's explanation is placed again once it is this old (ms)...
 const DECISION_REFRESH_MS: i64 = 30_000;
@@ -24,53 +27,82 @@ const DECISION_REFRESH_MS: i64 = 30_000;
 /// costs a bounded amount of every round.
 const MAX_REFRESHES_PER_ROUND: usize = 16;
 
-/// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
-/// (and whether it needs container support). Jobs with equal keys fit the same clusters.
-fn demand_key(spec: &meridian_proto::spec::JobSpec) -> String {
-    format!("{:?}|{:?}|{}", spec.gang, spec.placement, spec.payload.image.is_some())
+/// The parts a round reads and changes, borrowed from the core for one round.
+pub(crate) struct Round<'a> {
+    /// Placement weights, fair-share weights and quotas.
+    pub(crate) config: &'a CoreConfig,
+    /// The member clusters (what the round's snapshot is built from; where offers go).
+    pub(crate) registry: &'a Registry,
+    /// The network table snapshots share.
+    pub(crate) snapshots: &'a Snapshots,
+    /// Demand keys.
+    pub(crate) demands: &'a mut DemandBook,
+    /// The jobs.
+    pub(crate) ledger: Ledger<'a>,
 }
 
-impl Core {
-    /// The canonical copy and number of a demand key: equal keys get one number, so a round
-    /// compares numbers, not strings.
-    fn intern_demand(&mut self, key: String) -> (Arc<str>, u32) {
-        if let Some((canonical, id)) = self.demand_ids.get_key_value(key.as_str()) {
-            return (Arc::clone(canonical), *id);
-        }
-        let id = self.next_demand_id;
-        self.next_demand_id = self.next_demand_id.wrapping_add(1);
-        let canonical: Arc<str> = key.into();
-        self.demand_ids.insert(Arc::clone(&canonical), id);
-        (canonical, id)
-    }
+/// A queued job in a round, with what earlier rounds kept about it.
+struct Queued {
+    job: Arc<JobRecord>,
+    /// Its demand key's number, if a round worked it out already.
+    demand: Option<u32>,
+    /// Its latest decision.
+    decided: Option<Arc<Decided>>,
+}
 
-    /// Forgets demand keys no queued job uses any more (each job holds a clone of its key).
-    pub(crate) fn forget_unused_demands(&mut self) {
-        self.demand_ids.retain(|key, _| Arc::strong_count(key) > 1);
-    }
-
+impl Round<'_> {
     /// The number of job `id`'s demand key, worked out at its first round and kept.
     fn demand_of(&mut self, id: &str, spec: &meridian_proto::spec::JobSpec) -> u32 {
-        if let Some((_, number)) = self.active.get(id).and_then(|a| a.demand.as_ref()) {
-            return *number;
+        if let Some(number) = self.ledger.table.demand(id) {
+            return number;
         }
-        let key = self.intern_demand(demand_key(spec));
+        let key = self.demands.key_of(spec);
         let number = key.1;
-        if let Some(active) = self.active.get_mut(id) {
-            active.demand = Some(key);
-        }
+        self.ledger.table.set_demand(id, key);
         number
     }
 
-    pub(crate) fn round(&mut self, now_ms: i64, effects: &mut Effects) {
-        self.round_wanted = false;
-        let mut snapshot = self.registry.snapshot(&self.network, &self.config.placement.gpu_speed);
+    /// Makes `hold` the explanation of queued job `id`, unless it already is (`previous`).
+    fn wait_for_quota(&mut self, id: &str, previous: Option<&Decided>, hold: Hold<'_>, now_ms: i64) {
+        if let Some(decided) = Decided::held(previous, hold, now_ms) {
+            self.ledger.decide(id, decided);
+        }
+    }
+
+    /// The round's queue without the jobs past their tenant's `maxQueuedJobs`; those wait, and
+    /// say why.
+    fn hold_back_beyond_queue_limits(&mut self, quotas: &RoundQuotas, queued: Vec<Queued>, now_ms: i64) -> Vec<Queued> {
+        if quotas.is_empty() {
+            return queued;
+        }
+        let holds = {
+            let jobs: Vec<&JobRecord> = queued.iter().map(|q| q.job.as_ref()).collect();
+            quotas.beyond_queue_limits(&jobs)
+        };
+        if holds.is_empty() {
+            return queued;
+        }
+        let mut kept = Vec::with_capacity(queued.len());
+        for (entry, hold) in queued.into_iter().zip(holds) {
+            match hold {
+                Some(hold) => self.wait_for_quota(&entry.job.id, entry.decided.as_deref(), hold, now_ms),
+                None => kept.push(entry),
+            }
+        }
+        kept
+    }
+
+    /// Places the queue: each job, in fair-share order, is offered to its best cluster if it
+    /// can start there now, or stays queued with its decision saying why.
+    pub(crate) fn run(mut self, now_ms: i64, effects: &mut Effects) {
+        self.ledger.signals.round_done();
+        let mut snapshot = self.snapshots.for_round(self.registry, &self.config.placement.gpu_speed);
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
         // time), with what earlier rounds kept about them. The round refers to a job by its
         // position here, which sorts like its id, so ordering and lookups compare no text.
         let mut queued: Vec<Queued> = Vec::new();
-        for active in self.active.values() {
+        for active in self.ledger.table.active() {
             let job = &active.record;
             if job.state == JobState::Offered {
                 // The member's inventory does not show an offer until the agent accepts it.
@@ -80,7 +112,7 @@ impl Core {
                     cluster.reserve(&job.spec);
                 }
             }
-            if holds_gpus(job.state) {
+            if job.holds_gpus() {
                 let held = gang_usage(&job.spec);
                 match usage.get_mut(job.spec.tenant.as_str()) {
                     Some(tenant) => tenant.add(held),
@@ -102,7 +134,7 @@ impl Core {
             // GPUs each tenant holds (whole numbers: usage adds whole gangs).
             let held_gpus: HashMap<String, u32> =
                 usage.iter().map(|(tenant, held)| (tenant.clone(), held.gpus as u32)).collect();
-            quotas = RoundQuotas::new(&self.config, queued.iter().map(|q| q.job.as_ref()), &held_gpus);
+            quotas = RoundQuotas::new(self.config, queued.iter().map(|q| q.job.as_ref()), &held_gpus);
             queued = self.hold_back_beyond_queue_limits(&quotas, queued, now_ms);
         }
         if queued.is_empty() {
@@ -151,7 +183,7 @@ impl Core {
             // Over its tenant's GPU quota: it waits, and says so (a cheap check, before any
             // placement work).
             if let Some(hold) = quotas.gpu_hold(job) {
-                self.count_decision(Outcome::HeldByQuota, None);
+                self.ledger.tally().count_decision(Outcome::HeldByQuota, None);
                 self.wait_for_quota(&job.id, entry.decided.as_deref(), hold, now_ms);
                 continue;
             }
@@ -174,10 +206,7 @@ impl Core {
                 });
             if !fits_somewhere {
                 let previous = entry.decided.as_deref();
-                let fresh = match previous {
-                    Some(Decided::Live { at_ms, .. }) => now_ms.saturating_sub(*at_ms) < DECISION_REFRESH_MS,
-                    Some(Decided::Stored(_) | Decided::Quota { .. }) | None => false,
-                };
+                let fresh = previous.is_some_and(|d| d.is_fresh(now_ms, DECISION_REFRESH_MS));
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
                     if let Some(Decided::Live { decision, .. }) = previous
@@ -198,18 +227,18 @@ impl Core {
             let chosen =
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
-                self.count_decision(Outcome::Waiting, Some(&decision));
-                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
+                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
             let Some(conn) = self.registry.conn_of(&cluster) else {
-                self.count_decision(Outcome::Waiting, Some(&decision));
-                self.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
+                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
-            self.count_decision(Outcome::Placed, Some(&decision));
+            self.ledger.tally().count_decision(Outcome::Placed, Some(&decision));
             if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
-                self.count_data_moved(job, &region);
+                self.ledger.tally().count_data_moved(job, &region);
             }
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
@@ -229,24 +258,15 @@ impl Core {
             tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
             // The offer goes out only after the Offered record (with its new token) and the
             // decision are durable.
-            effects.sends.push((conn, GatewayCommand::Offer(assignment(&offered))));
+            effects.sends.push((conn, GatewayCommand::Offer(offered.assignment())));
             let id = offered.id.clone();
-            self.save(offered, effects);
-            self.offered_at.insert(id.clone(), now_ms);
-            self.save_decision(&id, now_ms, decision, effects);
+            self.ledger.save(offered, self.registry, effects);
+            self.ledger.timers.offered(id.clone(), now_ms);
+            self.ledger.save_decision(&id, now_ms, decision, effects);
         }
         // Offers changed the snapshot only for this round; reports will confirm them.
-        self.round_wanted = false;
+        self.ledger.signals.round_done();
     }
-}
-
-/// A queued job in a round, with what earlier rounds kept about it.
-pub(crate) struct Queued {
-    pub(crate) job: Arc<JobRecord>,
-    /// Its demand key's number, if a round worked it out already.
-    pub(crate) demand: Option<u32>,
-    /// Its latest decision.
-    pub(crate) decided: Option<Arc<Decided>>,
 }
 
 /// `per_replica` × `replicas`, saturating.

@@ -4,7 +4,7 @@
 //!
 //! A [`ReadView`](crate::ReadView) shows the present (who is queued, what runs where); these
 //! counters keep the history it cannot. The core updates them where rounds decide and where jobs
-//! change ([`Core::save`]), and publishes them with every view as a cheap `Arc` copy, so a
+//! change (`ledger.rs`), and publishes them with every view as a cheap `Arc` copy, so a
 //! scrape reads one consistent set and nothing is counted twice. Counters start at zero with
 //! each gateway process (Prometheus' `rate` and `increase` handle the reset).
 //!
@@ -12,14 +12,14 @@
 //! three bands, rejection reasons and outcomes are fixed names.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use meridian_placement::{Decision, Rejection, Verdict};
 use meridian_proto::inventory::Tier;
 use meridian_proto::job::JobState;
 
+use crate::decision::Decided;
 use crate::record::JobRecord;
-use crate::{Core, Decided};
+use crate::registry::Registry;
 
 /// Upper bounds (seconds) of the queueing-delay buckets: GPU batch jobs wait from seconds (an
 /// idle cluster) to days (a big gang behind a busy quota).
@@ -50,7 +50,7 @@ pub const COMPLETION_TIME_BUCKETS_SECS: [f64; 16] = [
 ];
 
 /// Bytes in a GiB (dataset sizes are given in GiB).
-const GIB: f64 = 1_073_741_824.0;
+pub(crate) const GIB: f64 = 1_073_741_824.0;
 
 /// A histogram with fixed bucket bounds: counts per bucket (not cumulative), their sum and count.
 #[derive(Debug, Clone, PartialEq)]
@@ -319,38 +319,28 @@ fn secs_between(from_ms: i64, to_ms: i64) -> f64 {
     (to_ms.saturating_sub(from_ms)).max(0) as f64 / 1000.0
 }
 
-impl Core {
-    /// The counters to publish with the next view.
-    pub(crate) fn tally(&self) -> Arc<Tally> {
-        Arc::clone(&self.tally)
-    }
+/// What one change of a job adds to the counters: a start (queueing delay), an end (completion
+/// time, finished jobs), GPU time on a cloud cluster that stopped (ended, requeued or moved).
+#[derive(Debug)]
+pub(crate) struct JobChange<'a> {
+    job: &'a JobRecord,
+    started_at_ms: Option<i64>,
+    /// The finish time, when the job just reached a terminal state.
+    ended_at_ms: Option<i64>,
+    /// (cloud cluster, GPU-seconds, US$) of a run that stopped.
+    burst: Option<(String, f64, f64)>,
+}
 
-    /// Counts a placement decision of a round: its outcome and every cluster's rejections.
-    pub(crate) fn count_decision(&mut self, outcome: Outcome, decision: Option<&Decision>) {
-        let tally = Arc::make_mut(&mut self.tally);
-        tally.decided(outcome);
-        if let Some(decision) = decision {
-            tally.rejected(decision);
-        }
-    }
-
-    /// Counts the data a placed job will copy to `cluster_region`: each dataset homed elsewhere.
-    pub(crate) fn count_data_moved(&mut self, job: &JobRecord, cluster_region: &str) {
-        if job.spec.data.iter().all(|d| d.region == cluster_region) {
-            return;
-        }
-        let tally = Arc::make_mut(&mut self.tally);
-        for data in job.spec.data.iter().filter(|d| d.region != cluster_region) {
-            *tally.moved_bytes.entry((data.region.clone(), cluster_region.to_string())).or_default() +=
-                data.size_gib.max(0.0) * GIB;
-        }
-    }
-
-    /// Counts what a change of `job` (from `previous`) means: a start (queueing delay), an end
-    /// (completion time, finished jobs), and GPU time on a cloud cluster that stopped (ended,
-    /// requeued or moved).
-    pub(crate) fn count_job_change(&mut self, previous: Option<&JobRecord>, job: &JobRecord) {
-        let started = job.started_at_ms.filter(|_| previous.is_none_or(|p| p.started_at_ms.is_none()));
+impl<'a> JobChange<'a> {
+    /// What the change of `job` from `previous` counts, or None when it counts nothing. Clusters'
+    /// tiers and prices come from `registry`; a change without its own time counts at `now_ms`.
+    pub(crate) fn of(
+        previous: Option<&JobRecord>,
+        job: &'a JobRecord,
+        registry: &Registry,
+        now_ms: i64,
+    ) -> Option<Self> {
+        let started_at_ms = job.started_at_ms.filter(|_| previous.is_none_or(|p| p.started_at_ms.is_none()));
         let ended = job.state.is_terminal() && previous.is_none_or(|p| !p.state.is_terminal());
         let stopped_run = previous.and_then(|p| {
             let start = p.started_at_ms?;
@@ -359,40 +349,61 @@ impl Core {
         });
         let burst = stopped_run.and_then(|(p, start)| {
             let cluster = p.cluster.as_deref()?;
-            let entry = self.registry.get(cluster)?;
+            let entry = registry.get(cluster)?;
             if entry.info.tier != Tier::Cloud {
                 return None;
             }
-            let end = job.finished_at_ms.unwrap_or(self.now_ms);
+            let end = job.finished_at_ms.unwrap_or(now_ms);
             let gpu_seconds = f64::from(p.spec.total_gpus()) * secs_between(start, end);
             let price = p.gpu_type.as_ref().and_then(|t| entry.info.prices.get(t)).copied().unwrap_or(0.0);
             Some((cluster.to_string(), gpu_seconds, gpu_seconds / 3600.0 * price))
         });
-        if started.is_none() && !ended && burst.is_none() {
-            return;
+        if started_at_ms.is_none() && !ended && burst.is_none() {
+            return None;
         }
-        let tally = Arc::make_mut(&mut self.tally);
+        let ended_at_ms = ended.then(|| job.finished_at_ms.unwrap_or(now_ms));
+        Some(Self { job, started_at_ms, ended_at_ms, burst })
+    }
+}
+
+impl Tally {
+    /// Counts a placement decision of a round: its outcome and every cluster's rejections.
+    pub(crate) fn count_decision(&mut self, outcome: Outcome, decision: Option<&Decision>) {
+        self.decided(outcome);
+        if let Some(decision) = decision {
+            self.rejected(decision);
+        }
+    }
+
+    /// Counts the data a placed job will copy to `cluster_region`: each dataset homed elsewhere.
+    pub(crate) fn count_data_moved(&mut self, job: &JobRecord, cluster_region: &str) {
+        for data in job.spec.data.iter().filter(|d| d.region != cluster_region) {
+            *self.moved_bytes.entry((data.region.clone(), cluster_region.to_string())).or_default() +=
+                data.size_gib.max(0.0) * GIB;
+        }
+    }
+
+    /// Counts what a change of a job means (see [`JobChange`]).
+    pub(crate) fn count_job_change(&mut self, change: JobChange<'_>) {
+        let job = change.job;
         let key = || (job.spec.tenant.clone(), PriorityBand::of(job.spec.priority));
-        if let Some(started_at) = started {
-            tally
-                .queueing_delay
+        if let Some(started_at) = change.started_at_ms {
+            self.queueing_delay
                 .entry(key())
                 .or_insert_with(|| Histogram::new(&QUEUEING_DELAY_BUCKETS_SECS))
                 .observe(secs_between(job.submitted_at_ms, started_at));
         }
-        if ended {
-            let finished_at = job.finished_at_ms.unwrap_or(self.now_ms);
-            tally
-                .completion_time
+        if let Some(finished_at) = change.ended_at_ms {
+            self.completion_time
                 .entry(key())
                 .or_insert_with(|| Histogram::new(&COMPLETION_TIME_BUCKETS_SECS))
                 .observe(secs_between(job.submitted_at_ms, finished_at));
             if let Some(state) = terminal_label(job.state) {
-                *tally.finished.entry((job.spec.tenant.clone(), state)).or_default() += 1;
+                *self.finished.entry((job.spec.tenant.clone(), state)).or_default() += 1;
             }
         }
-        if let Some((cluster, gpu_seconds, usd)) = burst {
-            let used = tally.burst.entry(cluster).or_default();
+        if let Some((cluster, gpu_seconds, usd)) = change.burst {
+            let used = self.burst.entry(cluster).or_default();
             used.gpu_seconds += gpu_seconds;
             used.usd += usd;
         }
@@ -401,143 +412,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use meridian_proto::gpu::GpuCatalog;
-    use meridian_proto::inventory::ClusterInfo;
-    use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand, JobReport};
-    use meridian_proto::validate::parse_job_spec;
-
     use super::*;
-    use crate::{CoreConfig, Effects, Input, Loaded, Reply};
-
-    const START_MS: i64 = 1_800_000_000_000;
-
-    /// A core with one connected cloud cluster in `eu-west` (one free 8-GPU node, H100 at
-    /// $4/GPU-hour), driven through `step` as the runtime drives it.
-    struct Driven {
-        core: Core,
-        now_ms: i64,
-    }
-
-    impl Driven {
-        fn new() -> Self {
-            let mut driven =
-                Self { core: Core::new(CoreConfig::default(), Loaded::default(), START_MS, 1), now_ms: START_MS };
-            let info = ClusterInfo {
-                region: "eu-west".into(),
-                tier: Tier::Cloud,
-                prices: BTreeMap::from([("h100".to_string(), 4.0)]),
-                ..crate::tests::info("cloud-eu")
-            };
-            let hello = AgentHello { info, instance_id: "a".into(), agent_version: "test".into() };
-            driven.step(Input::AgentHello { conn: 1, hello, reply: 0 });
-            driven.step(Input::Agent { conn: 1, event: crate::tests::inventory(&[8]) });
-            driven
-        }
-
-        fn step(&mut self, input: Input) -> Effects {
-            let mut effects = Effects::default();
-            self.core.step(input, self.now_ms, &mut effects);
-            effects
-        }
-
-        fn submit(&mut self, text: &str) -> Result<String, crate::Error> {
-            let spec = parse_job_spec(text, &GpuCatalog::default()).unwrap();
-            let effects = self.step(Input::Submit { spec, reply: 7 });
-            match effects.replies.into_iter().next() {
-                Some((_, Ok(Reply::Submitted { job, .. }))) => Ok(job.id.clone()),
-                Some((_, Err(e))) => Err(e),
-                other => panic!("{other:?}"),
-            }
-        }
-
-        fn report(&mut self, id: &str, state: JobState) {
-            let report = JobReport {
-                job_id: id.into(),
-                fencing_token: 1,
-                state,
-                message: String::new(),
-                nodes: vec!["dgx-0".into()],
-                requeue: false,
-                preempted: false,
-                usage: None,
-            };
-            self.step(Input::Agent { conn: 1, event: AgentEvent::Status(report) });
-        }
-
-        fn tally(&mut self) -> Tally {
-            self.core.view().tally().clone()
-        }
-    }
-
-    const JOB: &str = "name: j\ntenant: vision\npriority: 80\ngang: {replicas: 1, resources: {gpus: 8}}\n\
-        payload: {command: [x]}\nplacement: {burst: {after: 0s}}\n\
-        data: [{uri: 's3://b/d', sizeGiB: 2, region: us-east}]\n";
-
-    #[test]
-    fn a_burst_job_that_runs_and_succeeds_is_counted_once_everywhere() {
-        let mut driven = Driven::new();
-        let id = driven.submit(JOB).unwrap();
-        driven.now_ms += 3_000;
-        let effects = driven.step(Input::Round);
-        assert!(effects.sends.iter().any(|(_, c)| matches!(c, GatewayCommand::Offer(_))), "{effects:?}");
-        let accepted = AgentEvent::OfferReply {
-            job_id: id.clone(),
-            fencing_token: 1,
-            accepted: true,
-            reason: String::new(),
-            permanent: false,
-        };
-        driven.step(Input::Agent { conn: 1, event: accepted });
-        driven.now_ms += 2_000;
-        driven.report(&id, JobState::Running);
-        let tally = driven.tally();
-        assert_eq!(tally.decisions(Outcome::Placed), 1);
-        let key = ("vision".to_string(), PriorityBand::High);
-        let delay = &tally.queueing_delay()[&key];
-        assert_eq!((delay.count(), delay.sum()), (1, 5.0));
-        assert_eq!(tally.moved_bytes().get(&("us-east".to_string(), "eu-west".to_string())), Some(&(2.0 * GIB)));
-        assert!(tally.completion_time().is_empty() && tally.burst().is_empty());
-
-        // Reported running again (a heartbeat's copy): nothing new is counted.
-        driven.now_ms += 1_800_000;
-        driven.report(&id, JobState::Running);
-        assert_eq!(driven.tally().queueing_delay()[&key].count(), 1);
-
-        driven.now_ms += 1_800_000;
-        driven.report(&id, JobState::Succeeded);
-        let tally = driven.tally();
-        let completion = &tally.completion_time()[&key];
-        assert_eq!((completion.count(), completion.sum()), (1, 3_605.0));
-        assert_eq!(tally.finished().get(&("vision".to_string(), "succeeded")), Some(&1));
-        // 8 GPUs for one hour at $4 per GPU-hour.
-        let burst = tally.burst()["cloud-eu"];
-        assert_eq!((burst.gpu_seconds, burst.usd), (8.0 * 3_600.0, 32.0));
-        assert_eq!(tally.decisions(Outcome::Placed), 1);
-    }
-
-    #[test]
-    fn a_job_no_cluster_could_ever_run_is_counted_as_refused_at_submit() {
-        let mut driven = Driven::new();
-        let error = driven.submit(&JOB.replace("gpus: 8", "gpus: 16")).unwrap_err();
-        assert!(matches!(error, crate::Error::NeverFits { .. }), "{error}");
-        assert_eq!(driven.tally().decisions(Outcome::RefusedNeverFits), 1);
-        assert_eq!(driven.tally().decisions(Outcome::Placed), 0);
-    }
-
-    #[test]
-    fn a_job_every_cluster_rejects_now_waits_and_counts_the_reasons() {
-        let mut driven = Driven::new();
-        let id = driven.submit(JOB).unwrap();
-        assert_eq!(driven.core.view().pending_reason(&id), Some(PendingReason::NotYetPlaced));
-        driven.step(Input::AgentGone { conn: 1 });
-        driven.step(Input::Round);
-        let tally = driven.tally();
-        assert_eq!((tally.decisions(Outcome::Waiting), tally.decisions(Outcome::Placed)), (1, 0));
-        assert_eq!(tally.rejections().get("disconnected"), Some(&1));
-        assert_eq!(driven.core.view().pending_reason(&id), Some(PendingReason::NoEligibleCluster));
-    }
 
     #[test]
     fn a_histogram_counts_each_value_in_the_first_bucket_that_holds_it() {

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use meridian_proto::job::JobState;
 use serde::Serialize;
 
-use crate::jobs::holds_gpus;
 use crate::view::ReadView;
 
 /// One tenant's queue for `GET /v1/tenants`, the console and metrics.
@@ -80,7 +79,7 @@ impl ReadView {
                 }
                 JobState::Succeeded => summary.succeeded_jobs += 1,
                 JobState::Failed => summary.failed_jobs += 1,
-                state if holds_gpus(state) => {
+                _ if job.holds_gpus() => {
                     summary.running_jobs += 1;
                     summary.running_gpus = summary.running_gpus.saturating_add(gpus);
                 }

@@ -9,11 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_proto::job::JobState;
 use meridian_proto::protocol::GpuUsage;
 use serde::Serialize;
 
-use crate::Core;
 use crate::record::JobRecord;
 
 /// When a job holding GPUs counts as idle (`idleGpu` in the gateway config).
@@ -73,39 +71,50 @@ impl UsageEntry {
     }
 }
 
-/// The usage of every running job, as the read view holds it.
+/// The usage of every running job (shared with the read views).
 #[derive(Clone, Default)]
 pub(crate) struct UsageBook {
-    pub(crate) entries: imbl::OrdMap<String, Arc<UsageEntry>>,
-    pub(crate) idle: IdleGpuConfig,
+    entries: imbl::OrdMap<String, Arc<UsageEntry>>,
+    idle: IdleGpuConfig,
 }
 
 impl UsageBook {
+    /// An empty book that judges idleness by `idle`.
+    pub(crate) fn new(idle: IdleGpuConfig) -> Self {
+        Self { entries: imbl::OrdMap::new(), idle }
+    }
+
     /// `job`'s usage at `now_ms`, if it runs and its current binding has a sample.
     pub(crate) fn of(&self, job: &JobRecord, now_ms: i64) -> Option<JobUsage> {
         let entry = self.entries.get(&job.id)?;
-        (job.state == JobState::Running && entry.fencing_token == job.fencing_token)
-            .then(|| entry.as_seen(&self.idle, now_ms))
+        job.runs_under(entry.fencing_token).then(|| entry.as_seen(&self.idle, now_ms))
     }
-}
 
-impl Core {
-    /// Notes what a member said about a job's GPUs, after its report was applied: kept while
-    /// the job runs under that binding, dropped once it does not.
-    pub(crate) fn note_usage(&mut self, job_id: &str, fencing_token: u64, usage: Option<GpuUsage>, now_ms: i64) {
-        let running = self
-            .jobs
-            .get(job_id)
-            .is_some_and(|job| job.state == JobState::Running && job.fencing_token == fencing_token);
-        if !running {
-            if self.usage.entries.get(job_id).is_some_and(|e| e.fencing_token <= fencing_token) {
-                self.usage.entries.remove(job_id);
+    /// The ids of the jobs with an entry.
+    pub(crate) fn job_ids(&self) -> impl Iterator<Item = &String> + '_ {
+        self.entries.keys()
+    }
+
+    /// Notes what a member said about the GPUs of job `job_id` under `fencing_token`, after its
+    /// report was applied (`job`: the job's record now): kept while the job runs under that
+    /// binding, dropped once it does not.
+    pub(crate) fn note(
+        &mut self,
+        job: Option<&JobRecord>,
+        job_id: &str,
+        fencing_token: u64,
+        usage: Option<GpuUsage>,
+        now_ms: i64,
+    ) {
+        if !job.is_some_and(|job| job.runs_under(fencing_token)) {
+            if self.entries.get(job_id).is_some_and(|e| e.fencing_token <= fencing_token) {
+                self.entries.remove(job_id);
             }
             return;
         }
         let Some(usage) = usage else { return };
-        let low = usage.gpu_utilization < self.usage.idle.threshold;
-        let previous = self.usage.entries.get(job_id).filter(|e| e.fencing_token == fencing_token);
+        let low = usage.gpu_utilization < self.idle.threshold;
+        let previous = self.entries.get(job_id).filter(|e| e.fencing_token == fencing_token);
         let low_since_ms = match (low, previous.and_then(|e| e.low_since_ms)) {
             (false, _) => None,
             (true, Some(since)) => Some(since),
@@ -118,26 +127,20 @@ impl Core {
             sampled_at_ms: now_ms,
             low_since_ms,
         };
-        self.usage.entries.insert(job_id.to_string(), Arc::new(entry));
+        self.entries.insert(job_id.to_string(), Arc::new(entry));
     }
 
     /// Drops the entries of jobs that no longer run under the sampled binding (cancelled, lost
-    /// with their cluster, finished without a report).
-    pub(crate) fn forget_stale_usage(&mut self) {
+    /// with their cluster, finished without a report); `job` looks a job's record up by id.
+    pub(crate) fn forget_stale<'a>(&mut self, job: impl Fn(&str) -> Option<&'a JobRecord>) {
         let stale: Vec<String> = self
-            .usage
             .entries
             .iter()
-            .filter(|(id, entry)| {
-                !self
-                    .jobs
-                    .get(*id)
-                    .is_some_and(|job| job.state == JobState::Running && job.fencing_token == entry.fencing_token)
-            })
+            .filter(|(id, entry)| !job(id.as_str()).is_some_and(|job| job.runs_under(entry.fencing_token)))
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
-            self.usage.entries.remove(&id);
+            self.entries.remove(&id);
         }
     }
 }

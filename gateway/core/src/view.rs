@@ -5,18 +5,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use meridian_placement::{Decision, Verdict};
 use meridian_proto::inventory::{BackendKind, Tier};
 use meridian_proto::job::JobState;
 use meridian_proto::selector::Selector;
 use serde::Serialize;
 
 use crate::config::CoreConfig;
-use crate::jobs::holds_gpus;
-use crate::record::{CandidateView, JobRecord, StoredDecision, VerdictKind};
+use crate::decision::Decided;
+use crate::jobs::JobTable;
+use crate::record::{CandidateView, JobRecord};
+use crate::registry::Registry;
 use crate::tally::{PendingReason, Tally};
 use crate::usage::{JobUsage, UsageBook};
-use crate::{Core, Decided};
 
 /// Filters of a job list.
 #[derive(Debug, Clone, Default)]
@@ -124,20 +124,26 @@ pub struct ReadView {
     usage: UsageBook,
 }
 
+/// The cluster summaries a view shares, rebuilt only when they changed.
+pub(crate) struct ClusterViewCache {
+    built: Arc<Vec<ClusterSummary>>,
+    /// The version of the cluster summaries `built` holds (0: none yet).
+    version: u64,
+}
+
 impl ReadView {
+    /// A view of the core's state: the jobs and decisions of `table` (shared, not copied),
+    /// cluster summaries, configuration, counters, failure and usage.
     pub(crate) fn new(
-        jobs: imbl::OrdMap<String, Arc<JobRecord>>,
-        decisions: imbl::HashMap<String, Arc<Decided>>,
+        table: &JobTable,
         clusters: Arc<Vec<ClusterSummary>>,
         config: Arc<CoreConfig>,
         tally: Arc<Tally>,
         failure: Option<String>,
+        usage: UsageBook,
     ) -> Self {
-        Self { jobs, decisions, clusters, config, tally, failure, usage: UsageBook::default() }
-    }
-
-    pub(crate) fn with_usage(self, usage: UsageBook) -> Self {
-        Self { usage, ..self }
+        let (jobs, decisions) = (table.records().clone(), table.decisions().clone());
+        Self { jobs, decisions, clusters, config, tally, failure, usage }
     }
 
     /// A running job's GPU utilisation and idle flag as of `now_ms`; None when unknown (not
@@ -148,7 +154,7 @@ impl ReadView {
 
     /// Every running job with a known utilisation, as of `now_ms` (for metrics).
     pub fn usages(&self, now_ms: i64) -> impl Iterator<Item = (&Arc<JobRecord>, JobUsage)> + '_ {
-        self.usage.entries.keys().filter_map(move |id| {
+        self.usage.job_ids().filter_map(move |id| {
             let job = self.jobs.get(id)?;
             Some((job, self.usage.of(job, now_ms)?))
         })
@@ -224,14 +230,8 @@ impl ReadView {
     pub fn explain(&self, id: &str) -> Option<Explanation> {
         let job = self.jobs.get(id)?;
         let decided = self.decisions.get(id);
-        let (decided_at_ms, decision_summary, candidates) = match decided.map(Arc::as_ref) {
-            Some(Decided::Live { at_ms, decision }) => {
-                (Some(*at_ms), Some(decision.summary()), candidate_views(decision))
-            }
-            Some(Decided::Stored(stored)) => {
-                (Some(stored.at_ms), Some(stored.summary.clone()), stored.candidates.clone())
-            }
-            Some(Decided::Quota { at_ms, wait }) => (Some(*at_ms), Some(wait.to_string()), Vec::new()),
+        let (decided_at_ms, decision_summary, candidates) = match decided.map(|d| d.explained()) {
+            Some((at_ms, summary, candidates)) => (Some(at_ms), Some(summary), candidates),
             None => (None, None, Vec::new()),
         };
         let summary = match (job.state, decision_summary, &job.placement) {
@@ -276,47 +276,37 @@ impl ReadView {
     }
 }
 
-/// Every cluster's verdict of a decision, for explanations and the store.
-pub(crate) fn candidate_views(decision: &Decision) -> Vec<CandidateView> {
-    let chosen = decision.chosen.as_ref().map(|c| c.cluster.as_str());
-    decision
-        .candidates
-        .iter()
-        .map(|c| match &c.verdict {
-            Verdict::Rejected { reasons } => CandidateView {
-                cluster: c.cluster.to_string(),
-                region: c.region.to_string(),
-                tier: c.tier,
-                verdict: VerdictKind::Rejected,
-                reasons: reasons.iter().map(ToString::to_string).collect(),
-                score: None,
-            },
-            Verdict::Scored(score) => CandidateView {
-                cluster: c.cluster.to_string(),
-                region: c.region.to_string(),
-                tier: c.tier,
-                verdict: if chosen == Some(c.cluster.as_str()) { VerdictKind::Chosen } else { VerdictKind::Feasible },
-                reasons: Vec::new(),
-                score: Some(score.clone()),
-            },
-        })
-        .collect()
+impl ClusterViewCache {
+    /// An empty cache (versions start at 1).
+    pub(crate) fn new() -> Self {
+        Self { built: Arc::new(Vec::new()), version: 0 }
+    }
+
+    /// The summaries of `version`, built by `build` unless they are already.
+    pub(crate) fn current(
+        &mut self,
+        version: u64,
+        build: impl FnOnce() -> Vec<ClusterSummary>,
+    ) -> Arc<Vec<ClusterSummary>> {
+        if self.version != version {
+            self.built = Arc::new(build());
+            self.version = version;
+        }
+        Arc::clone(&self.built)
+    }
 }
 
-/// A decision in its stored form.
-pub(crate) fn stored_decision(at_ms: i64, decision: &Decision) -> StoredDecision {
-    StoredDecision { at_ms, summary: decision.summary(), candidates: candidate_views(decision) }
-}
-
-impl Core {
-    pub(crate) fn cluster_summaries(&self) -> Vec<ClusterSummary> {
+impl ClusterSummary {
+    /// Every cluster of `registry`, by name, with the number of `active` jobs that hold GPUs on
+    /// it.
+    pub(crate) fn all<'a>(registry: &Registry, active: impl Iterator<Item = &'a JobRecord>) -> Vec<ClusterSummary> {
         let mut federated: BTreeMap<&str, u32> = BTreeMap::new();
-        for job in self.active.values().map(|a| &a.record) {
-            if let (Some(cluster), true) = (&job.cluster, holds_gpus(job.state)) {
+        for job in active {
+            if let (Some(cluster), true) = (&job.cluster, job.holds_gpus()) {
                 *federated.entry(cluster.as_str()).or_default() += 1;
             }
         }
-        self.registry
+        registry
             .iter()
             .map(|c| {
                 let mut gpu_types: Vec<String> = c.inventory.shapes.iter().map(|s| s.gpu_type.clone()).collect();

@@ -1,7 +1,7 @@
 //! Placement speed: one decision against 100 realistic clusters, and a whole placement cycle of
 //! 10,000 queued jobs with reservations.
 //!
-//! Run with `cargo bench -p meridian-gateway --bench placement`. Before criterion's runs it prints
+//! Run with `cargo bench -p meridian-placement --bench placement`. Before criterion's runs it prints
 //! per-decision latency percentiles (p50/p99/p99.9) over the 10,000 jobs, which criterion's mean
 //! does not show. Inputs come from a fixed seed, so every run measures the same work.
 
@@ -13,11 +13,10 @@ use criterion::{BatchSize, Criterion, criterion_group};
 use meridian_placement::{self as placement, ClusterSnapshot, FederationSnapshot, NetworkTable, PlacementConfig};
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::{
-    BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
+    BackendKind, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
 };
-use meridian_proto::spec::{
-    BurstPolicy, ClusterRules, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
-};
+use meridian_proto::spec::{BurstPolicy, ClusterRules, DataRef, JobSpec, PlacementRules, Resources};
+use meridian_proto::testing;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -94,16 +93,13 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
         releases,
         estimated_wait_secs: rng.random_range(0..14_400),
     };
-    let info = ClusterInfo {
-        name: format!("{}-{index:03}", if tier == Tier::Cloud { "cloud" } else { "dc" }),
-        region: (*pick(rng, &REGIONS)).to_owned(),
-        tier,
-        backend,
-        prices,
-        supports_containers: backend != BackendKind::Slurm || rng.random_bool(0.5),
-        supports_bare_commands: backend != BackendKind::Kubernetes,
-        labels: Default::default(),
-    };
+    let mut info = testing::cluster_info(&format!("{}-{index:03}", if tier == Tier::Cloud { "cloud" } else { "dc" }));
+    info.region = (*pick(rng, &REGIONS)).to_owned();
+    info.tier = tier;
+    info.backend = backend;
+    info.prices = prices;
+    info.supports_containers = backend != BackendKind::Slurm || rng.random_bool(0.5);
+    info.supports_bare_commands = backend != BackendKind::Kubernetes;
     ClusterSnapshot::new(info, Inventory { shapes }, pressure, rng.random_bool(0.97))
 }
 
@@ -139,31 +135,17 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
         _ => BurstPolicy::default(),
     };
     let regions = if rng.random_bool(0.1) { vec![(*pick(rng, &REGIONS)).to_owned()] } else { vec![] };
-    JobSpec {
-        name: format!("job-{index}"),
-        tenant: format!("tenant-{}", rng.random_range(0..15)),
-        priority: 50,
-        preemptible: false,
-        labels: BTreeMap::new(),
-        idempotency_key: None,
-        gang: GangSpec {
-            replicas,
-            resources: Resources { gpus, gpu_types, gpu_memory_gib: 0, cpu: 8 * gpus, memory_gib: 64 * gpus },
-        },
-        runtime: RuntimeSpec {
-            estimate: HumanDuration::from_secs(rng.random_range(60..36_000)),
-            limit: None,
-            deadline: None,
-        },
-        data,
-        placement: PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() },
-        payload: Payload {
-            image: Some("registry.example/train:1".into()),
-            command: vec![],
-            env: BTreeMap::new(),
-            secret_env: Default::default(),
-        },
-    }
+    let mut spec = testing::spec(testing::JOB);
+    spec.name = format!("job-{index}");
+    spec.tenant = format!("tenant-{}", rng.random_range(0..15));
+    spec.gang.replicas = replicas;
+    spec.gang.resources = Resources { gpus, gpu_types, gpu_memory_gib: 0, cpu: 8 * gpus, memory_gib: 64 * gpus };
+    spec.runtime.estimate = HumanDuration::from_secs(rng.random_range(60..36_000));
+    spec.data = data;
+    spec.placement = PlacementRules { regions, clusters: ClusterRules::default(), burst, ..PlacementRules::default() };
+    spec.payload.image = Some("registry.example/train:1".into());
+    spec.payload.command.clear();
+    spec
 }
 
 fn inputs() -> (FederationSnapshot, Vec<JobSpec>) {

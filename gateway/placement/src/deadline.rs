@@ -18,10 +18,11 @@ use std::fmt::{self, Write};
 
 use meridian_proto::inventory::Tier;
 use meridian_proto::spec::JobSpec;
-
-use super::decision::{Candidate, Secs, Verdict};
-use super::score::PlacementConfig;
 use serde::{Deserialize, Serialize};
+
+use crate::config::PlacementConfig;
+use crate::reasons::Secs;
+use crate::verdict::{Candidate, Verdict};
 
 /// One decision's view of a job's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

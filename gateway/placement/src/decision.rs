@@ -1,16 +1,13 @@
-//! The outcome of placing one job, with every cluster's verdict kept for `meridian explain`.
+//! The outcome of placing one job, with every cluster's verdict kept for `meridian explain`, and
+//! the one-sentence summary made from it.
 
-use std::cmp::Ordering;
-use std::fmt;
-
-use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::Tier;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use super::deadline::DeadlineOutlook;
-use super::filter::Rejection;
-use super::name::Name;
-use super::score::ScoreBreakdown;
+use crate::deadline::DeadlineOutlook;
+use crate::name::Name;
+use crate::reasons::Secs;
+use crate::verdict::{Candidate, rank};
 
 /// What placement decided for one job, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,166 +55,6 @@ pub struct Choice {
     pub score: f64,
 }
 
-/// One cluster's verdict for the job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Candidate {
-    /// Cluster name.
-    pub cluster: Name,
-    /// Cluster region.
-    pub region: Name,
-    /// Owned or cloud.
-    pub tier: Tier,
-    /// Why not, or how good.
-    pub verdict: Verdict,
-}
-
-/// Whether a cluster may take the job and, if so, its score.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Verdict {
-    /// The cluster may not take the job now; every reason is listed.
-    Rejected {
-        /// Why not.
-        reasons: Reasons,
-    },
-    /// The cluster may take the job; lower `total` is better.
-    Scored(ScoreBreakdown),
-}
-
-/// Every reason one cluster was rejected, in the order found. Reads like a slice and serializes
-/// as a JSON array. Most rejected clusters have exactly one reason, which is kept inline: a
-/// decision rejects dozens of clusters and a `Vec` each was one allocation apiece.
-#[derive(Clone, Default)]
-pub struct Reasons(ReasonsRepr);
-
-#[derive(Clone)]
-enum ReasonsRepr {
-    One(Rejection),
-    Many(Vec<Rejection>),
-}
-
-/// Seconds shown the human way (`1h5m`), for messages.
-pub(crate) struct Secs(pub(crate) f64);
-
-impl fmt::Display for Secs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.0.is_finite() {
-            return f.write_str("never");
-        }
-        // Seconds are enough precision for a person; the cast saturates on huge values.
-        let whole = self.0.max(0.0).round() as u64;
-        write!(f, "{}", HumanDuration::from_secs(whole))
-    }
-}
-
-impl Default for ReasonsRepr {
-    fn default() -> Self {
-        Self::Many(Vec::new())
-    }
-}
-
-impl Reasons {
-    /// Adds a reason.
-    pub fn push(&mut self, reason: Rejection) {
-        match &mut self.0 {
-            ReasonsRepr::Many(list) if !list.is_empty() => list.push(reason),
-            ReasonsRepr::Many(_) => self.0 = ReasonsRepr::One(reason),
-            ReasonsRepr::One(_) => {
-                if let ReasonsRepr::One(first) = std::mem::take(&mut self.0) {
-                    self.0 = ReasonsRepr::Many(vec![first, reason]);
-                }
-            }
-        }
-    }
-
-    /// Replaces the first reason equal to `old` with `new`.
-    pub fn replace(&mut self, old: &Rejection, new: Rejection) {
-        match &mut self.0 {
-            ReasonsRepr::One(reason) if reason == old => *reason = new,
-            ReasonsRepr::Many(list) => {
-                if let Some(reason) = list.iter_mut().find(|r| *r == old) {
-                    *reason = new;
-                }
-            }
-            ReasonsRepr::One(_) => {}
-        }
-    }
-
-    /// The reasons as a `Vec`.
-    pub fn into_vec(self) -> Vec<Rejection> {
-        match self.0 {
-            ReasonsRepr::One(reason) => vec![reason],
-            ReasonsRepr::Many(list) => list,
-        }
-    }
-}
-
-impl std::ops::Deref for Reasons {
-    type Target = [Rejection];
-
-    fn deref(&self) -> &[Rejection] {
-        match &self.0 {
-            ReasonsRepr::One(reason) => std::slice::from_ref(reason),
-            ReasonsRepr::Many(list) => list,
-        }
-    }
-}
-
-impl From<Rejection> for Reasons {
-    fn from(reason: Rejection) -> Self {
-        Self(ReasonsRepr::One(reason))
-    }
-}
-
-impl From<Vec<Rejection>> for Reasons {
-    fn from(list: Vec<Rejection>) -> Self {
-        Self(ReasonsRepr::Many(list))
-    }
-}
-
-impl PartialEq for Reasons {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl fmt::Debug for Reasons {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-impl Serialize for Reasons {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for Reasons {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Vec::<Rejection>::deserialize(deserializer).map(Self::from)
-    }
-}
-
-impl Candidate {
-    /// The score breakdown, if the cluster was not rejected.
-    pub fn score(&self) -> Option<&ScoreBreakdown> {
-        match &self.verdict {
-            Verdict::Scored(score) => Some(score),
-            Verdict::Rejected { .. } => None,
-        }
-    }
-
-    /// The reasons the cluster was rejected (empty when it was scored).
-    pub fn reasons(&self) -> &[Rejection] {
-        match &self.verdict {
-            Verdict::Rejected { reasons } => reasons,
-            Verdict::Scored(_) => &[],
-        }
-    }
-}
-
 impl Decision {
     /// Candidates best first: scored by total (ties by name), then rejected by name. For display;
     /// `candidates` itself stays in snapshot order so placing does not pay for sorting.
@@ -243,16 +80,6 @@ impl Decision {
     pub fn chosen_candidate(&self) -> Option<&Candidate> {
         let chosen = self.chosen.as_ref()?;
         self.candidates.iter().find(|c| c.cluster == chosen.cluster)
-    }
-}
-
-/// Order for ranking: better score first, then name; rejected last.
-pub(crate) fn rank(a: &Candidate, b: &Candidate) -> Ordering {
-    match (a.score(), b.score()) {
-        (Some(x), Some(y)) => x.total.total_cmp(&y.total).then_with(|| a.cluster.cmp(&b.cluster)),
-        (Some(_), None) => Ordering::Less,
-        (None, Some(_)) => Ordering::Greater,
-        (None, None) => a.cluster.cmp(&b.cluster),
     }
 }
 

@@ -14,15 +14,16 @@
 //! - several replicas: levels are added up from the bottom until they hold the gang; the level
 //!   where that happens is taken only as far as needed, in inventory order.
 //!
-//! The answers equal those of a scan over every node ([`scan`], kept as the reference for the
+//! The answers equal those of a scan over every node (`scan.rs`, kept as the reference for the
 //! property tests). Nothing is sorted and nothing is allocated per cluster.
 
 use meridian_proto::inventory::{NodeFree, NodeShape};
 use meridian_proto::selector::Selector;
-use meridian_proto::spec::JobSpec;
 
-use super::index::{FreeIndex, LEVEL_CAP};
-use super::name::Name;
+use crate::index::{FreeIndex, LEVEL_CAP, clamp};
+use crate::name::Name;
+use crate::need::{Demand, Need};
+use crate::snapshot::ClusterSnapshot;
 
 #[cfg(test)]
 pub(crate) mod scan;
@@ -30,16 +31,6 @@ pub(crate) mod scan;
 /// GPU types considered per cluster, cheapest first (13 are known; a cluster rarely has more than
 /// three, and the cheapest four are the ones worth trying).
 pub(crate) const MAX_TYPES: usize = 4;
-
-/// What one replica needs, and how many replicas there are.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Demand {
-    pub(crate) replicas: u32,
-    pub(crate) gpus: u32,
-    pub(crate) cpu: u32,
-    pub(crate) memory_gib: u32,
-    pub(crate) min_gpu_memory_gib: u32,
-}
 
 /// One GPU type the gang may use on a cluster.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -104,38 +95,6 @@ pub(crate) enum Survey {
     DoesNotFit { free_gpus: u64 },
 }
 
-impl Demand {
-    /// Per-replica needs of `job`.
-    pub(crate) fn of(job: &JobSpec) -> Self {
-        let r = &job.gang.resources;
-        Self {
-            replicas: job.gang.replicas,
-            gpus: r.gpus,
-            cpu: r.cpu,
-            memory_gib: r.memory_gib,
-            min_gpu_memory_gib: r.gpu_memory_gib,
-        }
-    }
-
-    /// Replicas that fit on one empty node of `shape`.
-    pub(crate) fn per_empty_node(&self, shape: &NodeShape) -> u32 {
-        let empty =
-            NodeFree { gpus: shape.gpus_per_node, cpu: shape.cpu_per_node, memory_gib: shape.memory_gib_per_node };
-        self.fitting(&empty, shape.gpus_per_node.checked_div(self.gpus).unwrap_or(u32::MAX))
-    }
-
-    /// Replicas that fit on `free`, given that its GPUs alone hold `by_gpus`. Same result as
-    /// [`NodeFree::replicas_fitting`], which the property tests check against, but divides only
-    /// when CPU or memory is the tighter limit: this runs for every node of every decision.
-    fn fitting(&self, free: &NodeFree, by_gpus: u32) -> u32 {
-        let limit = |have: u32, need: u32, fits: u32| {
-            if need == 0 || u64::from(have) >= u64::from(fits) * u64::from(need) { fits } else { have / need }
-        };
-        let fits = limit(free.cpu, self.cpu, by_gpus);
-        limit(free.memory_gib, self.memory_gib, fits)
-    }
-}
-
 impl TypeOptions {
     /// Adds an option, keeping the cheapest [`MAX_TYPES`].
     pub(crate) fn insert(&mut self, option: TypeOption, shapes: &[NodeShape]) {
@@ -185,6 +144,11 @@ impl TypeOption {
 }
 
 impl<'a> Nodes<'a> {
+    /// The nodes of `cluster` that `need`'s nodeSelector accepts, and their index.
+    pub(crate) fn of(cluster: &'a ClusterSnapshot, need: &Need<'a>) -> Self {
+        Self { shapes: &cluster.inventory().shapes, index: cluster.index(), selector: need.node_selector }
+    }
+
     /// Whether the nodeSelector accepts the nodes of `shape`.
     pub(crate) fn selects(self, shape: &NodeShape) -> bool {
         self.selector.is_none_or(|selector| selector.matches(&shape.labels))
@@ -394,7 +358,7 @@ impl LevelPlan {
 /// the free GPUs of all acceptable nodes. Placement and [`reserve`] both decide through this, so a
 /// reservation takes exactly the nodes the decision assumed.
 ///
-/// [`reserve`]: super::ClusterSnapshot::reserve
+/// [`reserve`]: crate::snapshot::ClusterSnapshot::reserve
 pub(crate) fn fit_now(nodes: Nodes<'_>, options: &TypeOptions, demand: &Demand) -> Result<(TypeOption, Plan), u64> {
     let mut free_gpus = 0u64;
     for option in options.iter() {
@@ -404,16 +368,6 @@ pub(crate) fn fit_now(nodes: Nodes<'_>, options: &TypeOptions, demand: &Demand) 
         }
     }
     Err(free_gpus)
-}
-
-/// A node never has more free than it has: an agent reporting otherwise must not make placement
-/// promise resources that do not exist.
-pub(crate) fn clamp(free: &NodeFree, shape: &NodeShape) -> NodeFree {
-    NodeFree {
-        gpus: free.gpus.min(shape.gpus_per_node),
-        cpu: free.cpu.min(shape.cpu_per_node),
-        memory_gib: free.memory_gib.min(shape.memory_gib_per_node),
-    }
 }
 
 fn leftover_share(free_gpus: u32, replicas: u32, gpus_per_replica: u32, gpus_per_node: u32) -> f64 {

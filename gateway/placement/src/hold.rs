@@ -15,11 +15,12 @@
 
 use meridian_proto::spec::JobSpec;
 
-use super::decision::{Decision, Verdict};
-use super::filter::Rejection;
-use super::place_waited;
-use super::score::PlacementConfig;
-use super::snapshot::FederationSnapshot;
+use crate::config::PlacementConfig;
+use crate::decision::Decision;
+use crate::place::place_waited;
+use crate::reasons::Rejection;
+use crate::snapshot::FederationSnapshot;
+use crate::verdict::Verdict;
 
 /// Oldest queued jobs looked at per round when deciding holds: holds go to the oldest jobs, one
 /// per cluster, so a few dozen cover any federation while keeping rounds cheap.
@@ -81,10 +82,10 @@ impl<Id: PartialEq + Clone> Holds<Id> {
     /// would still occupy when they are expected to start are closed to it, and the decision says
     /// so. When its best cluster cannot start it now, it stays queued and counts as waiting
     /// there for every job decided after it in the round
-    /// ([`ClusterSnapshot::expect_waiting`](super::ClusterSnapshot::expect_waiting)).
+    /// ([`ClusterSnapshot::expect_waiting`](crate::snapshot::ClusterSnapshot::expect_waiting)).
     ///
     /// When the decision starts the job now, the caller offers it and
-    /// [`reserve`](super::ClusterSnapshot::reserve)s its nodes.
+    /// [`reserve`](crate::snapshot::ClusterSnapshot::reserve)s its nodes.
     pub fn place(
         &self,
         snapshot: &mut FederationSnapshot,

@@ -7,15 +7,14 @@
 //! reads only nodes that can hold it, in the same order a full scan would meet them, so it picks
 //! the same nodes.
 //!
-//! [`ClusterSnapshot::new`](super::ClusterSnapshot::new) builds it once per snapshot and
-//! [`ClusterSnapshot::reserve`](super::ClusterSnapshot::reserve) moves the nodes it changes, which
+//! [`ClusterSnapshot::new`](crate::snapshot::ClusterSnapshot::new) builds it once per snapshot and
+//! [`ClusterSnapshot::reserve`](crate::snapshot::ClusterSnapshot::reserve) moves the nodes it changes, which
 //! is why the snapshot's inventory is readable but not writable from outside.
 
 use meridian_proto::gpu;
 use meridian_proto::inventory::{NodeFree, NodeShape};
 
-use super::fit::clamp;
-use super::name::{Name, Names};
+use crate::name::{Name, Names};
 
 /// Nodes with this many free GPUs or more share one level and are taken in inventory order;
 /// keeps the levels few whatever size an agent reports.
@@ -73,6 +72,16 @@ pub(crate) struct NodesAt<'a> {
     words: std::slice::Iter<'a, u64>,
     base: usize,
     current: u64,
+}
+
+/// A node never has more free than it has: an agent reporting otherwise must not make placement
+/// promise resources that do not exist.
+pub(crate) fn clamp(free: &NodeFree, shape: &NodeShape) -> NodeFree {
+    NodeFree {
+        gpus: free.gpus.min(shape.gpus_per_node),
+        cpu: free.cpu.min(shape.cpu_per_node),
+        memory_gib: free.memory_gib.min(shape.memory_gib_per_node),
+    }
 }
 
 impl FreeIndex {

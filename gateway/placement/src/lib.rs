@@ -1,165 +1,81 @@
 //! Placement v1: which member cluster should run a job, as pure functions over a snapshot.
 //!
-//! 1. **Filter** ([`filter`]): per cluster, can it ever run the job (GPU type and memory, the gang
-//!    fits the node shapes counted per node, only shapes the job's `nodeSelector` accepts,
-//!    residency, include/exclude, `clusterSelector`, payload kind, burst rules and budget), and is
-//!    its agent connected. Selectors were parsed when the spec was read; here they are lookups.
-//! 2. **Score** ([`score`](mod@score)): expected start (queue wait vs. data transfer), compute
-//!    and egress cost, fragmentation, combined into one number of seconds.
-//! 3. **Burst**: cloud clusters stay out unless the best owned cluster's expected wait exceeds the
-//!    job's `burst.after` (or no owned cluster can run it), or it is expected to finish the job
-//!    past its `runtime.deadline` (the `deadline` module, which also penalises late clusters).
-//! 4. **Decide** ([`decision`]): the lowest score wins, ties by cluster name. Late binding: the
-//!    caller offers the job only when [`Choice::starts_now`]; otherwise it stays queued.
+//! [`place()`] runs one job through four stages over every cluster of a [`FederationSnapshot`]:
+//!
+//! 1. **Filter**: can the cluster ever run the job (GPU type and memory, the gang fits the node
+//!    shapes counted per node, only shapes the job's `nodeSelector` accepts, residency,
+//!    include/exclude, `clusterSelector`, payload kind, burst rules and budget), and is its agent
+//!    connected. Selectors were parsed when the spec was read; here they are lookups.
+//! 2. **Score**: expected start (queue wait vs. data transfer), compute and egress cost,
+//!    fragmentation, combined into one number of seconds.
+//! 3. **Burst and deadline**: cloud clusters stay out unless the best owned cluster's expected
+//!    wait exceeds the job's `burst.after` (or no owned cluster can run it), or it is expected to
+//!    finish the job past its `runtime.deadline`; clusters expected to finish late are penalised.
+//! 4. **Decide**: the lowest score wins, ties by cluster name. Late binding: the caller offers the
+//!    job only when [`Choice::starts_now`]; otherwise it stays queued.
+//!
+//! # Files, in pipeline order
+//!
+//! Each file uses only files listed above it (the tests use them all).
+//!
+//! - What every stage reads, leaves first:
+//!   - `name.rs`: [`Name`] and [`Names`], shared text for clusters, regions and GPU types.
+//!   - `network.rs`: the [`NetworkTable`] of links between regions (transfer time, egress).
+//!   - `index.rs`: each cluster's free nodes bucketed by free GPUs, for best fit.
+//!   - `snapshot.rs`: [`ClusterSnapshot`] and [`FederationSnapshot`], what placement reads.
+//!   - `need.rs`: the job as placement reads it ([`PayloadKind`], the gang's per-replica demand).
+//!   - `reasons.rs`: why a cluster may not take a job ([`Rejection`], [`Reasons`]) in words.
+//!   - `config.rs`: the weights placement runs with ([`PlacementConfig`]).
+//!   - `breakdown.rs`: the terms of a cluster's score ([`ScoreBreakdown`]) and their total.
+//!   - `verdict.rs`: one cluster's [`Verdict`] as a [`Candidate`], and how candidates rank.
+//! - The stages:
+//!   - `fit.rs` (and `fit/scan.rs`, its reference for the tests): best fit of a gang onto a
+//!     cluster's free nodes, one GPU type per gang.
+//!   - `filter.rs`: stage 1, the checks that do not change with load.
+//!   - `reserve.rs`: [`ClusterSnapshot::reserve`] and [`ClusterSnapshot::fits_now`], the same
+//!     filter and best fit applied to a cluster once a job is offered there.
+//!   - `score.rs`: stage 2, the score formula.
+//!   - `deadline.rs`: stage 3's deadline ([`DeadlineOutlook`]): the miss penalty and early burst.
+//!   - `decision.rs`: the outcome ([`Decision`], [`Choice`]) and its one-sentence summary.
+//!   - `place.rs`: [`place()`], [`place_waited`] and [`never_fits`], running the stages in order
+//!     (stage 3's burst gate is here).
+//!   - `hold.rs`: [`Holds`], clusters held for gangs that have waited long enough, with backfill.
+//! - Beside the pipeline: `queue.rs` ([`queue`]), the federation queue's fair-share order.
 //!
 //! There is no I/O here, so the same code is unit-tested, property-tested, benchmarked
 //! (`benches/placement.rs`) and replayed by the simulator.
 
-pub mod deadline;
-pub mod decision;
-pub mod filter;
+mod breakdown;
+mod config;
+mod deadline;
+mod decision;
+mod filter;
 mod fit;
 mod hold;
 mod index;
 mod name;
+mod need;
 pub mod network;
+mod place;
 pub mod queue;
-pub mod score;
-pub mod snapshot;
+mod reasons;
+mod reserve;
+mod score;
+mod snapshot;
+mod verdict;
 
 #[cfg(test)]
 mod tests;
 
-use meridian_proto::inventory::Tier;
-use meridian_proto::spec::{BurstPolicy, JobSpec};
-
-pub use decision::{Candidate, Choice, Decision, JobLabel, Reasons, Verdict};
-pub use filter::{PayloadKind, Rejection};
+pub use breakdown::ScoreBreakdown;
+pub use config::PlacementConfig;
+pub use deadline::DeadlineOutlook;
+pub use decision::{Choice, Decision, JobLabel};
 pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
+pub use need::PayloadKind;
 pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
-pub use score::{PlacementConfig, ScoreBreakdown};
+pub use place::{never_fits, place, place_waited};
+pub use reasons::{Reasons, Rejection};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
-
-use deadline::DeadlineOutlook;
-use decision::rank;
-use filter::{Need, static_rejections};
-use score::{RegionCosts, score};
-
-/// Decides where `job` should run given `snapshot`, keeping every cluster's verdict.
-///
-/// Deterministic: the same inputs give the same decision, whatever the order of clusters.
-pub fn place(job: &JobSpec, snapshot: &FederationSnapshot, config: &PlacementConfig) -> Decision {
-    place_waited(job, snapshot, config, 0.0)
-}
-
-/// [`place`] for a job that has already waited `waited_secs` in the federation queue: the time
-/// waited counts toward its burst threshold, so `burst.after` bounds the job's whole wait, not
-/// only the wait expected from now on.
-pub fn place_waited(
-    job: &JobSpec,
-    snapshot: &FederationSnapshot,
-    config: &PlacementConfig,
-    waited_secs: f64,
-) -> Decision {
-    let waited_secs = if waited_secs.is_finite() { waited_secs.max(0.0) } else { 0.0 };
-    let need = Need::of(job);
-    let mut regions = RegionCosts::new(&job.data, &snapshot.network);
-    let mut candidates = Vec::with_capacity(snapshot.clusters.len());
-    let mut best_owned_wait = f64::INFINITY;
-    let mut best_owned_start = f64::INFINITY;
-
-    for cluster in &snapshot.clusters {
-        let info = cluster.info();
-        let mut reasons = Reasons::default();
-        if !cluster.connected {
-            reasons.push(Rejection::Disconnected);
-        }
-        let options = static_rejections(&need, cluster, &mut reasons);
-        let verdict = if reasons.is_empty() {
-            let breakdown = score(&need, cluster, &options, &mut regions, config);
-            if info.tier == Tier::Owned {
-                best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
-                best_owned_start = best_owned_start.min(breakdown.expected_start_secs);
-            }
-            Verdict::Scored(breakdown)
-        } else {
-            Verdict::Rejected { reasons }
-        };
-        let (name, region) = (cluster.name().clone(), cluster.region().clone());
-        candidates.push(Candidate { cluster: name, region, tier: info.tier, verdict });
-    }
-
-    let deadline = DeadlineOutlook::of(job, waited_secs, best_owned_start);
-    // Burst gate, once the best owned wait is known. `burst: never` was already a static reason.
-    if let BurstPolicy::After { after, .. } = job.placement.burst {
-        let after_secs = after.as_secs();
-        // Also true when no owned cluster fits.
-        let owned_is_slow =
-            waited_secs + best_owned_wait > after_secs as f64 || deadline.is_some_and(|d| d.owned_would_miss());
-        if owned_is_slow {
-            // Past the threshold the owner values time more than money (within the budget), and
-            // the more so the longer the owned clusters would keep the job waiting: a wait of k
-            // times `burst.after` divides the weight of a dollar by k. When no owned cluster can
-            // run the job, waiting buys nothing and dollars keep their burst weight.
-            let owned_total = waited_secs + best_owned_wait;
-            let patience = if owned_total.is_finite() && owned_total > after_secs as f64 {
-                after_secs as f64 / owned_total
-            } else {
-                1.0
-            };
-            let weight = config.usd_to_seconds * config.burst_usd_weight * patience;
-            for candidate in &mut candidates {
-                if let Verdict::Scored(score) = &mut candidate.verdict {
-                    score.reweigh_cost(weight, config);
-                }
-            }
-        } else {
-            for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
-                candidate.verdict = Verdict::Rejected {
-                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, waited_secs, after_secs }
-                        .into(),
-                };
-            }
-        }
-    }
-
-    if let Some(deadline) = &deadline {
-        deadline.penalize(&mut candidates, config);
-    }
-
-    let best = candidates.iter().filter(|c| c.score().is_some()).min_by(|a, b| rank(a, b));
-    let chosen = best.and_then(|candidate| {
-        candidate.score().map(|s| Choice {
-            cluster: candidate.cluster.clone(),
-            gpu_type: s.gpu_type.clone(),
-            starts_now: s.fits_now,
-            expected_start_secs: s.expected_start_secs,
-            score: s.total,
-        })
-    });
-    let label = JobLabel {
-        name: Name::from(&job.name),
-        replicas: job.gang.replicas,
-        gpus: job.gang.resources.gpus,
-        deadline: deadline.map(|outlook| (outlook, job.placement.burst != BurstPolicy::Never)),
-    };
-    Decision { chosen, candidates, job: label }
-}
-
-/// For submit-time rejection: `Some` with every (cluster, reason) when no known cluster could
-/// ever run `job`, even empty and connected; `None` when at least one could, or when no cluster
-/// is known yet (the job may wait for one to join).
-pub fn never_fits(job: &JobSpec, snapshot: &FederationSnapshot) -> Option<Vec<(String, Rejection)>> {
-    let need = Need::of(job);
-    let mut all = Vec::new();
-    for cluster in &snapshot.clusters {
-        let mut reasons = Reasons::default();
-        static_rejections(&need, cluster, &mut reasons);
-        if reasons.is_empty() {
-            return None;
-        }
-        all.extend(reasons.into_vec().into_iter().map(|r| (cluster.info().name.clone(), r)));
-    }
-    (!all.is_empty()).then_some(all)
-}
+pub use verdict::{Candidate, Verdict};

@@ -5,13 +5,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, QueuePressure};
-use meridian_proto::spec::JobSpec;
 
-use super::filter::{Need, eligible_options};
-use super::fit::{Nodes, clamp, fit_now};
-use super::index::FreeIndex;
-use super::name::Name;
-use super::network::NetworkTable;
+use crate::index::{FreeIndex, clamp};
+use crate::name::Name;
+use crate::network::NetworkTable;
 
 /// Everything placement knows about one member cluster at one moment: its last report and whether
 /// its agent is connected.
@@ -40,7 +37,7 @@ pub struct ClusterSnapshot {
     prices: Arc<[f64]>,
     /// Relative throughput of each shape's GPU type ([`PlacementConfig::gpu_speed`]); empty: all 1.
     ///
-    /// [`PlacementConfig::gpu_speed`]: crate::PlacementConfig::gpu_speed
+    /// [`PlacementConfig::gpu_speed`]: crate::config::PlacementConfig::gpu_speed
     speeds: Arc<[f64]>,
     /// GPUs of federation-queue jobs decided, earlier in this placement cycle, to wait for this
     /// cluster: they are ahead of any job placed later in the cycle.
@@ -149,17 +146,6 @@ impl ClusterSnapshot {
             .into();
     }
 
-    /// The cluster's nodes and their index, for best fit, every node considered.
-    #[cfg(test)]
-    pub(crate) fn nodes(&self) -> Nodes<'_> {
-        Nodes { shapes: &self.inventory.shapes, index: &self.index, selector: None }
-    }
-
-    /// The cluster's nodes that `need`'s nodeSelector accepts, and their index, for best fit.
-    pub(crate) fn nodes_for<'a>(&'a self, need: &Need<'a>) -> Nodes<'a> {
-        Nodes { shapes: &self.inventory.shapes, index: &self.index, selector: need.node_selector }
-    }
-
     /// Every label a cluster selector sees here, implicit ones included (`gpu-fabric=ib,
     /// meridian.io/cluster=east, ...`), for rejections.
     pub(crate) fn labels_text(&self) -> Name {
@@ -197,47 +183,22 @@ impl ClusterSnapshot {
         &self.index
     }
 
-    /// Whether the whole gang of `job` fits on this cluster's free nodes now, on a GPU type it
-    /// may use here. The same test [`reserve`](Self::reserve) makes, without changing anything.
-    pub fn fits_now(&self, job: &JobSpec) -> bool {
-        let need = Need::of(job);
-        eligible_options(&need, self)
-            .is_some_and(|options| fit_now(self.nodes_for(&need), &options, &need.demand).is_ok())
-    }
-
-    /// Takes the gang's resources off the free nodes that placement assumed (best fit, on the
-    /// cheapest acceptable GPU type that fits now), so later decisions in the same placement cycle
-    /// see them as used.
-    ///
-    /// Returns false, changing nothing, when the whole gang does not fit on free nodes now or the
-    /// job may never run here.
-    pub fn reserve(&mut self, job: &JobSpec) -> bool {
-        let need = Need::of(job);
-        let Some(options) = eligible_options(&need, self) else { return false };
-        let nodes = self.nodes_for(&need);
-        let Ok((option, plan)) = fit_now(nodes, &options, &need.demand) else {
-            return false;
-        };
-        let mut taken: Vec<(usize, usize, u32)> = Vec::new();
-        plan.for_each_node(nodes, option.type_id, &need.demand, |shape, node, replicas| {
-            taken.push((shape, node, replicas));
-        });
-        let demand = need.demand;
-        for (shape_index, node_index, replicas) in taken {
-            let inventory = Arc::make_mut(&mut self.inventory);
-            let Some(shape) = inventory.shapes.get_mut(shape_index) else { continue };
-            let Some(reported) = shape.free.get(node_index).copied() else { continue };
-            let before = clamp(&reported, shape);
-            if let Some(node) = shape.free.get_mut(node_index) {
-                *node = NodeFree {
-                    gpus: before.gpus.saturating_sub(replicas.saturating_mul(demand.gpus)),
-                    cpu: before.cpu.saturating_sub(replicas.saturating_mul(demand.cpu)),
-                    memory_gib: before.memory_gib.saturating_sub(replicas.saturating_mul(demand.memory_gib)),
-                };
-            }
-            Arc::make_mut(&mut self.index).moved(&inventory.shapes, shape_index, node_index, &reported);
+    /// Takes `used` off node `node` of shape `shape` (off what it has free, clamped to the
+    /// shape), keeping the index in step. [`reserve`](Self::reserve) calls this for each node of
+    /// the gang's plan; the inventory and index are copied only the first time in a cycle.
+    pub(crate) fn take(&mut self, shape: usize, node: usize, used: &NodeFree) {
+        let inventory = Arc::make_mut(&mut self.inventory);
+        let Some(nodes) = inventory.shapes.get_mut(shape) else { return };
+        let Some(reported) = nodes.free.get(node).copied() else { return };
+        let before = clamp(&reported, nodes);
+        if let Some(free) = nodes.free.get_mut(node) {
+            *free = NodeFree {
+                gpus: before.gpus.saturating_sub(used.gpus),
+                cpu: before.cpu.saturating_sub(used.cpu),
+                memory_gib: before.memory_gib.saturating_sub(used.memory_gib),
+            };
         }
-        true
+        Arc::make_mut(&mut self.index).moved(&inventory.shapes, shape, node, &reported);
     }
 }
 

@@ -1,26 +1,31 @@
-//! JSON Web Tokens signed with RS256 or ES256, verified with `ring` against the public keys of
-//! a JSON Web Key Set file (`auth.jwt.jwksFile`).
+//! JSON Web Tokens signed with RS256 or ES256, verified with the `jsonwebtoken` crate (its
+//! signature checks on `ring`, in `jwt/ring_provider.rs`) against the public keys of a JSON Web
+//! Key Set file (`auth.jwt.jwksFile`).
 //!
 //! Checked: the algorithm (RS256 or ES256 only: `none` and the shared-secret HS* algorithms are
 //! refused), the key (`kid`), the signature, `exp` (required), `nbf`, `iss`, `aud`, and the
 //! subject, role and tenants claims.
+//!
+//! `jsonwebtoken` splits and decodes the token, checks the signature and `aud`. The checks it
+//! does not make, or makes with a different answer, stay here: the algorithm allow-list and
+//! `crit` (with the refused `alg` in the error), the key choice by `kid`, `exp` and `nbf` against
+//! the caller's clock (the crate reads the system clock and cannot be given `now`), `iss` (the
+//! crate also accepts a list), and the claims that name the caller.
 
-use std::collections::BTreeSet;
+mod keys;
+mod ring_provider;
+
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use base64::Engine;
-use base64::alphabet::URL_SAFE;
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use ring::signature::{ECDSA_P256_SHA256_FIXED, RSA_PKCS1_2048_8192_SHA256, RsaPublicKeyComponents, UnparsedPublicKey};
-use serde_json::Value;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Validation};
+use serde_json::{Map, Value};
 
+pub use self::keys::KeySet;
 use super::{Caller, LoadError, Role};
-
-/// base64url, with or without padding (JWS segments have none; some JWKS writers pad).
-const BASE64URL: GeneralPurpose = GeneralPurpose::new(
-    &URL_SAFE,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
 
 /// Longest token accepted (a guard against huge headers being decoded).
 pub const MAX_TOKEN_LEN: usize = 16 * 1024;
@@ -40,34 +45,6 @@ pub struct JwtSettings {
     pub tenants_claim: String,
     /// The claim with the role.
     pub role_claim: String,
-}
-
-/// The public keys of one version of the JWKS file.
-#[derive(Debug, Clone, Default)]
-pub struct KeySet {
-    keys: Vec<Jwk>,
-}
-
-/// One usable public key.
-#[derive(Debug, Clone)]
-struct Jwk {
-    kid: Option<String>,
-    key: PublicKey,
-}
-
-#[derive(Debug, Clone)]
-enum PublicKey {
-    /// RS256: modulus and exponent, big-endian without leading zeros.
-    Rsa { n: Vec<u8>, e: Vec<u8> },
-    /// ES256: the uncompressed P-256 point (`04 || x || y`).
-    P256 { point: Vec<u8> },
-}
-
-/// Algorithms this gateway verifies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Algorithm {
-    Rs256,
-    Es256,
 }
 
 /// Why a JWT was refused. Messages name the check that failed, never the token.
@@ -147,19 +124,21 @@ pub fn verify(token: &str, keys: &KeySet, settings: &JwtSettings, now: i64) -> R
         return Err(JwtError::Malformed(format!("longer than {MAX_TOKEN_LEN} bytes")));
     }
     let mut segments = token.split('.');
-    let (Some(header_b64), Some(payload_b64), Some(signature_b64), None) =
+    let (Some(header_b64), Some(_), Some(_), None) =
         (segments.next(), segments.next(), segments.next(), segments.next())
     else {
         return Err(JwtError::Malformed("a JWT has three dot-separated segments".into()));
     };
+    // Read here first, before `jsonwebtoken` reads it again: its header type has no place for an
+    // algorithm it does not know (`none`), and the error names the algorithm refused.
     let header = decode_json(header_b64, "header")?;
-    let alg = header.get("alg").and_then(Value::as_str).unwrap_or("");
-    let algorithm = match alg {
-        "RS256" => Algorithm::Rs256,
-        "ES256" => Algorithm::Es256,
+    let algorithm = match header.get("alg").and_then(Value::as_str).unwrap_or("") {
+        "RS256" => Algorithm::RS256,
+        "ES256" => Algorithm::ES256,
         other => return Err(JwtError::Algorithm(other.to_owned())),
     };
-    if header.get("crit").is_some() {
+    // `jsonwebtoken` understands `crit: ["b64"]`; this gateway understands none.
+    if header.contains_key("crit") {
         return Err(JwtError::Critical);
     }
     let kid = match header.get("kid") {
@@ -168,30 +147,15 @@ pub fn verify(token: &str, keys: &KeySet, settings: &JwtSettings, now: i64) -> R
         Some(_) => return Err(JwtError::Malformed("header `kid` must be a string".into())),
     };
     let key = keys.find(kid, algorithm)?;
-    let signature =
-        BASE64URL.decode(signature_b64).map_err(|e| JwtError::Malformed(format!("signature is not base64url: {e}")))?;
-    let signed = &token.as_bytes()[..header_b64.len() + 1 + payload_b64.len()];
-    let verified = match &key.key {
-        PublicKey::Rsa { n, e } => {
-            RsaPublicKeyComponents { n, e }.verify(&RSA_PKCS1_2048_8192_SHA256, signed, &signature)
-        }
-        PublicKey::P256 { point } => UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point).verify(signed, &signature),
-    };
-    verified.map_err(|_| JwtError::Signature)?;
 
-    let claims = decode_json(payload_b64, "payload")?;
+    ring_provider::install();
+    let claims = jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &validation(key.algorithm, settings))
+        .map_err(|e| crate_error(e, settings))?
+        .claims;
     check_times(&claims, settings.leeway_secs, now)?;
     let issuer = claims.get("iss").and_then(Value::as_str).unwrap_or("");
     if issuer != settings.issuer {
         return Err(JwtError::Issuer { found: issuer.to_owned(), expected: settings.issuer.clone() });
-    }
-    let audience_ok = match claims.get("aud") {
-        Some(Value::String(aud)) => *aud == settings.audience,
-        Some(Value::Array(auds)) => auds.iter().any(|a| a.as_str() == Some(settings.audience.as_str())),
-        _ => false,
-    };
-    if !audience_ok {
-        return Err(JwtError::Audience { expected: settings.audience.clone() });
     }
     caller_of(&claims, settings)
 }
@@ -202,116 +166,47 @@ pub fn load_jwks(path: &Path) -> Result<KeySet, LoadError> {
     KeySet::parse(&text).map_err(|problems| LoadError::Invalid { path: path.to_path_buf(), problems })
 }
 
-impl KeySet {
-    /// Parses JWKS JSON (`{"keys": [...]}`). Keys for other uses (`use` other than `sig`) or
-    /// other algorithms are skipped; a malformed RSA or P-256 key, or a set with no usable key,
-    /// is a problem (each named by index).
-    pub fn parse(text: &str) -> Result<KeySet, Vec<String>> {
-        let json: Value = serde_json::from_str(text).map_err(|e| vec![format!("not JSON: {e}")])?;
-        let entries =
-            json.get("keys").and_then(Value::as_array).ok_or_else(|| vec!["needs a `keys` array".to_owned()])?;
-        let mut problems = Vec::new();
-        let mut keys = Vec::new();
-        for (i, entry) in entries.iter().enumerate() {
-            let text_of = |field: &str| entry.get(field).and_then(Value::as_str);
-            if text_of("use").is_some_and(|u| u != "sig") {
-                continue;
-            }
-            let kid = text_of("kid").map(str::to_owned);
-            let bytes_of = |field: &str| -> Result<Vec<u8>, String> {
-                let text = text_of(field).ok_or_else(|| format!("keys[{i}].{field}: missing"))?;
-                BASE64URL.decode(text).map_err(|e| format!("keys[{i}].{field}: not base64url: {e}"))
-            };
-            let key = match (text_of("kty"), text_of("alg")) {
-                (Some("RSA"), None | Some("RS256")) => match (bytes_of("n"), bytes_of("e")) {
-                    (Ok(n), Ok(e)) => {
-                        let n = strip_leading_zeros(n);
-                        if n.len() * 8 < 2048 {
-                            problems.push(format!("keys[{i}].n: RSA keys must have at least 2048 bits"));
-                            continue;
-                        }
-                        PublicKey::Rsa { n, e: strip_leading_zeros(e) }
-                    }
-                    (n, e) => {
-                        problems.extend(n.err().into_iter().chain(e.err()));
-                        continue;
-                    }
-                },
-                (Some("EC"), None | Some("ES256")) if text_of("crv") == Some("P-256") => {
-                    match (bytes_of("x"), bytes_of("y")) {
-                        (Ok(x), Ok(y)) if x.len() == 32 && y.len() == 32 => {
-                            let mut point = Vec::with_capacity(65);
-                            point.push(4);
-                            point.extend_from_slice(&x);
-                            point.extend_from_slice(&y);
-                            PublicKey::P256 { point }
-                        }
-                        (Ok(_), Ok(_)) => {
-                            problems.push(format!("keys[{i}]: P-256 coordinates x and y must be 32 bytes each"));
-                            continue;
-                        }
-                        (x, y) => {
-                            problems.extend(x.err().into_iter().chain(y.err()));
-                            continue;
-                        }
-                    }
-                }
-                // Other key types and algorithms are not for us: skipped, not an error, so one
-                // JWKS can serve several relying parties.
-                _ => continue,
-            };
-            keys.push(Jwk { kid, key });
-        }
-        if keys.is_empty() && problems.is_empty() {
-            problems.push("holds no RS256 (RSA) or ES256 (EC P-256) signing key".into());
-        }
-        if problems.is_empty() { Ok(KeySet { keys }) } else { Err(problems) }
-    }
+/// What `jsonwebtoken` checks: the signature with `algorithm` only, and that `aud` is present
+/// and holds the audience. Its time checks are off (done by [`check_times`] against the
+/// caller's clock), and its default required `exp` is replaced by `aud` (`exp` is required by
+/// [`check_times`]; without `aud` required, a token with no `aud` would pass).
+fn validation(algorithm: Algorithm, settings: &JwtSettings) -> Validation {
+    let mut validation = Validation::new(algorithm);
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = true;
+    validation.aud = Some(HashSet::from([settings.audience.clone()]));
+    validation.required_spec_claims = HashSet::from(["aud".to_owned()]);
+    validation
+}
 
-    /// How many usable keys the set holds.
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Whether the set holds no usable key.
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    fn find(&self, kid: Option<&str>, algorithm: Algorithm) -> Result<&Jwk, JwtError> {
-        let alg_name = match algorithm {
-            Algorithm::Rs256 => "RS256",
-            Algorithm::Es256 => "ES256",
-        };
-        let mut fitting = self.keys.iter().filter(|k| {
-            matches!(
-                (&k.key, algorithm),
-                (PublicKey::Rsa { .. }, Algorithm::Rs256) | (PublicKey::P256 { .. }, Algorithm::Es256)
-            )
-        });
-        match kid {
-            Some(kid) => fitting
-                .find(|k| k.kid.as_deref() == Some(kid))
-                .ok_or_else(|| JwtError::UnknownKey { kid: kid.to_owned(), alg: alg_name }),
-            None => {
-                let candidates: Vec<&Jwk> = fitting.collect();
-                match candidates.as_slice() {
-                    [only] => Ok(only),
-                    other => Err(JwtError::NoKid(other.len(), alg_name)),
-                }
-            }
+/// Our error for one of `jsonwebtoken`'s. The algorithm, `crit` and key have been checked
+/// before, and its only claim check is `aud`, so what is left is the signature, the audience
+/// or a malformed token.
+fn crate_error(error: jsonwebtoken::errors::Error, settings: &JwtSettings) -> JwtError {
+    match error.kind() {
+        ErrorKind::InvalidSignature => JwtError::Signature,
+        ErrorKind::InvalidAudience => JwtError::Audience { expected: settings.audience.clone() },
+        ErrorKind::MissingRequiredClaim(claim) | ErrorKind::InvalidClaimFormat(claim) if claim == "aud" => {
+            JwtError::Audience { expected: settings.audience.clone() }
         }
+        ErrorKind::Base64(e) => JwtError::Malformed(format!("not base64url: {e}")),
+        ErrorKind::Json(e) => JwtError::Malformed(format!("header or payload is not a JSON object: {e}")),
+        _ => JwtError::Malformed(error.to_string()),
     }
 }
 
-fn decode_json(segment: &str, what: &str) -> Result<Value, JwtError> {
-    let bytes = BASE64URL.decode(segment).map_err(|e| JwtError::Malformed(format!("{what} is not base64url: {e}")))?;
-    let value: Value =
-        serde_json::from_slice(&bytes).map_err(|e| JwtError::Malformed(format!("{what} is not JSON: {e}")))?;
-    if value.is_object() { Ok(value) } else { Err(JwtError::Malformed(format!("{what} is not a JSON object"))) }
+fn decode_json(segment: &str, what: &str) -> Result<Map<String, Value>, JwtError> {
+    let bytes =
+        URL_SAFE_NO_PAD.decode(segment).map_err(|e| JwtError::Malformed(format!("{what} is not base64url: {e}")))?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(JwtError::Malformed(format!("{what} is not a JSON object"))),
+        Err(e) => Err(JwtError::Malformed(format!("{what} is not JSON: {e}"))),
+    }
 }
 
-fn check_times(claims: &Value, leeway: i64, now: i64) -> Result<(), JwtError> {
+fn check_times(claims: &Map<String, Value>, leeway: i64, now: i64) -> Result<(), JwtError> {
     let time_of = |claim: &str| -> Result<Option<i64>, JwtError> {
         match claims.get(claim) {
             None => Ok(None),
@@ -333,7 +228,7 @@ fn check_times(claims: &Value, leeway: i64, now: i64) -> Result<(), JwtError> {
     Ok(())
 }
 
-fn caller_of(claims: &Value, settings: &JwtSettings) -> Result<Caller, JwtError> {
+fn caller_of(claims: &Map<String, Value>, settings: &JwtSettings) -> Result<Caller, JwtError> {
     let claim_error = |claim: &str, reason: &str| JwtError::Claim { claim: claim.into(), reason: reason.into() };
     let subject = claims
         .get(&settings.subject_claim)
@@ -361,12 +256,6 @@ fn caller_of(claims: &Value, settings: &JwtSettings) -> Result<Caller, JwtError>
         return Err(claim_error(&settings.tenants_claim, &format!("a {role} needs at least one tenant")));
     }
     Ok(Caller { subject: subject.to_owned(), role, tenants })
-}
-
-fn strip_leading_zeros(mut bytes: Vec<u8>) -> Vec<u8> {
-    let zeros = bytes.iter().take_while(|b| **b == 0).count();
-    bytes.drain(..zeros);
-    bytes
 }
 
 #[cfg(test)]
@@ -539,6 +428,52 @@ mod tests {
         for token in ["", "a", "a.b", "a.b.c", "a.b.c.d", "e30.e30.e30", "W10.e30.", "!!!.e30."] {
             assert!(check(token, &keys).is_err(), "{token}");
         }
+    }
+
+    #[test]
+    fn the_crate_defaults_do_not_loosen_the_checks() {
+        let (signer, keys) = setup();
+        let sign = |claims: Value| signer.sign(json!({"kid": "k1"}), &claims);
+        let mut no_aud = claims();
+        no_aud.as_object_mut().unwrap().remove("aud");
+        assert!(matches!(check(&sign(no_aud), &keys), Err(JwtError::Audience { .. })));
+        let aud_null = with(claims(), "aud", Value::Null);
+        assert!(matches!(check(&sign(aud_null), &keys), Err(JwtError::Audience { .. })));
+        let issuer_list = with(claims(), "iss", json!(["https://idp.example"]));
+        assert!(matches!(check(&sign(issuer_list), &keys), Err(JwtError::Issuer { .. })));
+        let b64_crit = signer.sign(json!({"kid": "k1", "b64": true, "crit": ["b64"]}), &claims());
+        assert!(matches!(check(&b64_crit, &keys), Err(JwtError::Critical)));
+        // Times are checked against the `now` given, not the system clock.
+        let long_ago = with(with(claims(), "exp", json!(1_000_000_100)), "nbf", json!(1_000_000_000));
+        assert!(verify(&sign(long_ago.clone()), &keys, &settings(), 1_000_000_000).is_ok());
+        assert!(matches!(check(&sign(long_ago), &keys), Err(JwtError::Expired { .. })));
+        let float_exp = with(claims(), "exp", json!((NOW + 600) as f64 + 0.5));
+        assert!(check(&sign(float_exp), &keys).is_ok());
+        let string_exp = with(claims(), "exp", json!("soon"));
+        assert!(check(&sign(string_exp), &keys).unwrap_err().to_string().contains("exp"));
+    }
+
+    #[test]
+    fn padded_jwk_coordinates_are_read_and_broken_keys_of_ours_are_named() {
+        let pad = |jwk: &mut Value, field: &str| {
+            let text = jwk[field].as_str().unwrap().to_owned();
+            jwk[field] = json!(format!("{text}{}", "=".repeat((4 - text.len() % 4) % 4)));
+        };
+        let (rsa, ec) = (Signer::rs256(), Signer::es256());
+        let (mut rsa_jwk, mut ec_jwk) = (rsa.jwk("rsa"), ec.jwk("ec"));
+        pad(&mut rsa_jwk, "n");
+        pad(&mut ec_jwk, "x");
+        pad(&mut ec_jwk, "y");
+        assert!(rsa_jwk["n"].as_str().unwrap().ends_with('=') && ec_jwk["x"].as_str().unwrap().ends_with('='));
+        let keys = KeySet::parse(&jwks(&[rsa_jwk, ec_jwk])).unwrap();
+        assert!(check(&rsa.sign(json!({"kid": "rsa"}), &claims()), &keys).is_ok());
+        assert!(check(&ec.sign(json!({"kid": "ec"}), &claims()), &keys).is_ok());
+        let err = KeySet::parse(r#"{"keys": [{"kty": "RSA", "kid": "a", "e": "AQAB"}]}"#).unwrap_err();
+        assert!(err[0].starts_with("keys[0]") && err[0].contains("`n`"), "{err:?}");
+        let err = KeySet::parse(r#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "AA"}]}"#).unwrap_err();
+        assert!(err[0].starts_with("keys[0]") && err[0].contains("`y`"), "{err:?}");
+        let foreign = jwks(&[json!({"kty": "EC", "crv": "secp256k1", "x": "AA"}), Signer::es256().jwk("k")]);
+        assert_eq!(KeySet::parse(&foreign).unwrap().len(), 1);
     }
 
     #[test]

@@ -1,34 +1,11 @@
-//! Loading, checking and reloading the TLS files.
+//! The `tls` section: what is required and its defaults. Loading and reloading real
+//! certificate files is tested in crate `meridian` (`gateway/meridian/tests/tls_files.rs`), where
+//! `meridian certs` makes them.
 
 use std::path::Path;
 use std::time::Duration;
 
-use meridian_proto::duration::HumanDuration;
-
 use super::*;
-use crate::certs::{Ca, Pair, Validity};
-
-/// A CA, a gateway certificate and the files of a `tls` section in `dir`.
-fn write_files(dir: &Path) -> (Ca, TlsConfig) {
-    let ca = Ca::generate(Validity::days(1)).unwrap();
-    let server = ca.server(&[], Validity::days(1)).unwrap();
-    std::fs::write(dir.join("ca.pem"), &ca.pair.cert_pem).unwrap();
-    write_pair(dir, "gateway", &server);
-    let config = TlsConfig {
-        cert: dir.join("gateway.pem"),
-        key: dir.join("gateway.key"),
-        client_ca: dir.join("ca.pem"),
-        reload_interval: HumanDuration::from_secs(5),
-        handshake_timeout: HumanDuration::from_secs(10),
-        max_connections: 16,
-    };
-    (ca, config)
-}
-
-fn write_pair(dir: &Path, name: &str, pair: &Pair) {
-    std::fs::write(dir.join(format!("{name}.pem")), &pair.cert_pem).unwrap();
-    std::fs::write(dir.join(format!("{name}.key")), &pair.key_pem).unwrap();
-}
 
 #[test]
 fn neither_tls_nor_insecure_is_a_config_error_that_says_what_to_do() {
@@ -52,46 +29,4 @@ fn a_tls_section_parses_with_defaults() {
     assert_eq!(tls.client_ca, Path::new("ca.pem"));
     assert_eq!(tls.limits(), ConnLimits::default());
     assert_eq!(tls.reload_interval.0, Duration::from_secs(5));
-}
-
-#[test]
-fn missing_and_bad_files_are_named_with_their_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, config) = write_files(dir.path());
-    assert!(load(&config).is_ok());
-
-    let missing = TlsConfig { client_ca: dir.path().join("nope.pem"), ..config.clone() };
-    let err = load(&missing).unwrap_err().to_string();
-    assert!(err.starts_with("tls.clientCa: cannot read") && err.contains("nope.pem"), "{err}");
-
-    std::fs::write(dir.path().join("empty.pem"), "not pem\n").unwrap();
-    let empty = TlsConfig { cert: dir.path().join("empty.pem"), ..config.clone() };
-    let err = load(&empty).unwrap_err().to_string();
-    assert!(err.starts_with("tls.cert:") && err.contains("no `BEGIN CERTIFICATE`"), "{err}");
-
-    let other = Ca::generate(Validity::days(1)).unwrap().server(&[], Validity::days(1)).unwrap();
-    std::fs::write(dir.path().join("other.key"), &other.key_pem).unwrap();
-    let mismatched = TlsConfig { key: dir.path().join("other.key"), ..config };
-    let err = load(&mismatched).unwrap_err().to_string();
-    assert!(err.starts_with("tls.key:"), "{err}");
-}
-
-#[test]
-fn a_changed_file_is_reloaded_and_a_bad_one_keeps_the_old_config() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, config) = write_files(dir.path());
-    let mut reloader = Reloader::new(&config).unwrap();
-    let current = reloader.subscribe();
-    let first = current.borrow().clone();
-    assert!(!reloader.check(), "nothing changed");
-
-    // A half-written rotation: a new certificate with the old key does not load.
-    let rotated = ca.server(&["new.example".into()], Validity::days(1)).unwrap();
-    std::fs::write(dir.path().join("gateway.pem"), &rotated.cert_pem).unwrap();
-    assert!(!reloader.check());
-    assert!(Arc::ptr_eq(&first, &current.borrow()), "the old config stays in use");
-
-    std::fs::write(dir.path().join("gateway.key"), &rotated.key_pem).unwrap();
-    assert!(reloader.check());
-    assert!(!Arc::ptr_eq(&first, &current.borrow()));
 }

@@ -18,12 +18,28 @@ use meridian_store::{RedbStore, Store, Write};
 
 type BenchResult<T = ()> = Result<T, Box<dyn Error>>;
 
-/// Rounds of the interleaved throughput rows.
-const ROUNDS: usize = 8;
-/// How long each row runs in each round.
-const SLICE: Duration = Duration::from_millis(250);
-/// Records in the recovery row.
-const RECOVERY_RECORDS: usize = 100_000;
+/// The sizes of one run: the full bench (`cargo bench` passes `--bench`), or one short pass
+/// under `cargo test --benches`, which the test suite runs so that the bench cannot rot unseen.
+#[derive(Clone, Copy)]
+struct Scale {
+    /// Rounds of the interleaved throughput rows.
+    rounds: usize,
+    /// How long each row runs in each round.
+    slice: Duration,
+    /// Records in the recovery and import rows.
+    recovery_records: usize,
+}
+
+impl Scale {
+    fn from_args() -> Self {
+        if std::env::args().any(|a| a == "--bench") {
+            Self { rounds: 8, slice: Duration::from_millis(250), recovery_records: 100_000 }
+        } else {
+            println!("(short pass: `cargo bench` runs the full bench; these figures are no result)\n");
+            Self { rounds: 1, slice: Duration::from_millis(20), recovery_records: 2_000 }
+        }
+    }
+}
 /// Size of a job-like value.
 const VALUE_BYTES: usize = 600;
 
@@ -42,10 +58,10 @@ impl<'a> Row<'a> {
         Row { what: what.to_string(), per_step, step: Box::new(step), steps_done: 0, rates: Vec::new() }
     }
 
-    fn run_slice(&mut self) -> BenchResult {
+    fn run_slice(&mut self, slice: Duration) -> BenchResult {
         let start = Instant::now();
         let mut steps = 0;
-        while start.elapsed() < SLICE {
+        while start.elapsed() < slice {
             (self.step)(self.steps_done)?;
             self.steps_done += 1;
             steps += 1;
@@ -72,6 +88,7 @@ impl<'a> Row<'a> {
 }
 
 fn main() -> BenchResult {
+    let scale = Scale::from_args();
     let base = match std::env::var_os("MERIDIAN_BENCH_DIR") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
@@ -100,14 +117,15 @@ fn main() -> BenchResult {
         let step = old_log_step(&dir.join(format!("log-{per_sync}.jsonl")), per_sync)?;
         rows.push(Row::new("old log: JSON lines appended, then `sync_data`", per_sync, step));
     }
-    for _ in 0..ROUNDS {
+    for _ in 0..scale.rounds {
         for row in &mut rows {
-            row.run_slice()?;
+            row.run_slice(scale.slice)?;
         }
     }
     println!(
         "| what | records per sync or commit | median syncs or commits/s | median records/s | records/s, \
-         slowest – fastest of {ROUNDS} slices |"
+         slowest – fastest of {} slices |",
+        scale.rounds
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
     for row in &mut rows {
@@ -116,8 +134,8 @@ fn main() -> BenchResult {
     drop(rows);
 
     println!();
-    runtime.block_on(recovery(&dir.join("recovery")))?;
-    runtime.block_on(import(&dir.join("import")))?;
+    runtime.block_on(recovery(&dir.join("recovery"), scale.recovery_records))?;
+    runtime.block_on(import(&dir.join("import"), scale.recovery_records))?;
     Ok(())
 }
 
@@ -206,9 +224,9 @@ fn old_log_step(path: &Path, per_sync: usize) -> BenchResult<impl FnMut(usize) -
     })
 }
 
-async fn recovery(dir: &Path) -> BenchResult {
+async fn recovery(dir: &Path, records: usize) -> BenchResult {
     let store = RedbStore::open(dir)?;
-    for commit in 0..RECOVERY_RECORDS / 1000 {
+    for commit in 0..records / 1000 {
         store.commit(job_batch(commit, 1000)).await?;
     }
     drop(store);
@@ -221,13 +239,13 @@ async fn recovery(dir: &Path) -> BenchResult {
         let opened = start.elapsed();
         let entries = store.scan("").await?;
         let total = start.elapsed();
-        if entries.len() != RECOVERY_RECORDS {
-            return Err(format!("expected {RECOVERY_RECORDS} records, scanned {}", entries.len()).into());
+        if entries.len() != records {
+            return Err(format!("expected {records} records, scanned {}", entries.len()).into());
         }
         println!(
             "recovery {round}/3: {} records of {VALUE_BYTES} B ({:.0} MiB file): open (with integrity check) {:.0} ms \
              + full scan {:.0} ms = {:.0} ms",
-            thousands(RECOVERY_RECORDS as f64),
+            thousands(records as f64),
             file_bytes as f64 / (1024.0 * 1024.0),
             opened.as_secs_f64() * 1000.0,
             (total - opened).as_secs_f64() * 1000.0,
@@ -237,10 +255,10 @@ async fn recovery(dir: &Path) -> BenchResult {
     Ok(())
 }
 
-async fn import(dir: &Path) -> BenchResult {
+async fn import(dir: &Path, records: usize) -> BenchResult {
     std::fs::create_dir_all(dir)?;
     let mut log = Vec::new();
-    for index in 0..RECOVERY_RECORDS {
+    for index in 0..records {
         log.extend(old_log_line(index)?);
     }
     std::fs::write(dir.join("log.jsonl"), &log)?;

@@ -31,6 +31,7 @@ mod error;
 mod memory;
 mod old_log;
 mod redb_store;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use error::{Error, Result};

@@ -107,7 +107,7 @@ impl RedbStore {
 
     /// Opens (or creates) the store on a caller-supplied redb storage backend instead of
     /// `dir/meridian.redb`, still holding `dir/LOCK`. Test support: this is how
-    /// [`SimulatedDisk`](crate::testing::SimulatedDisk) injects disk faults. No old log is imported.
+    /// `testing::SimulatedDisk` (feature `testing`) injects disk faults. No old log is imported.
     pub fn open_with_backend(dir: &Path, backend: impl StorageBackend) -> Result<RedbStore> {
         std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         let lock = DirLock::acquire(dir)?;

@@ -28,6 +28,7 @@ use meridian_proto::spec::JobSpec;
 
 mod fairshare;
 mod gang;
+pub mod offer;
 mod pass;
 mod preempt;
 mod remaining;
@@ -39,8 +40,8 @@ mod scheduler;
 mod preempt_proptests;
 #[cfg(test)]
 mod proptests;
-#[cfg(test)]
-mod testkit;
+#[cfg(any(test, feature = "testing"))]
+pub mod testkit;
 
 pub use preempt::{Preemption, PreemptionPolicy, PreemptionStops};
 pub use remaining::{OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION};

@@ -11,15 +11,18 @@ use proptest::prelude::*;
 use super::testkit;
 use super::{BuiltinScheduler, LocalJob, NodeSpec, QueuePolicy, QueueSpec, Started};
 
-/// One call on the scheduler.
+/// One call on the scheduler, with a random job `J` before it gets an id.
 #[derive(Debug, Clone)]
-enum Op {
-    Submit(JobShape),
-    StartNow(JobShape),
+enum Op<J> {
+    Submit(J),
+    StartNow(J),
     Schedule,
-    /// Advance the clock this many seconds, then complete what is due.
+    /// Advance the clock this many seconds, then complete what is due (the backfill property
+    /// also completes jobs and schedules at every estimated end on the way, as the agent and
+    /// the simulator do).
     Advance(u64),
-    /// Cancel the job with this sequence number (it may be pending, running, done or unknown).
+    /// Cancel the job with this sequence number (it may be pending, running, done or unknown);
+    /// the backfill property then schedules.
     Cancel(u32),
 }
 
@@ -40,32 +43,17 @@ pub(super) struct JobShape {
 const QUEUES: [&str; 3] = ["default", "research", "prod"];
 
 pub(super) fn nodes() -> Vec<NodeSpec> {
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        nodes.push(NodeSpec {
-            name: format!("h100-{i}"),
-            shape: "dgx-h100".into(),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus: 8,
-            cpu: 32,
-            memory_gib: 256,
-            labels: Default::default(),
-        });
-    }
-    for i in 0..3 {
-        nodes.push(NodeSpec {
-            name: format!("a100-{i}"),
-            shape: "a100-40".into(),
-            gpu_type: "a100".into(),
-            gpu_memory_gib: 40,
-            gpus: 4,
-            cpu: 16,
-            memory_gib: 128,
-            labels: Default::default(),
-        });
-    }
-    nodes
+    let h100 =
+        |i| NodeSpec { shape: "dgx-h100".into(), cpu: 32, memory_gib: 256, ..testkit::node(&format!("h100-{i}"), 8) };
+    let a100 = |i| NodeSpec {
+        shape: "a100-40".into(),
+        gpu_type: "a100".into(),
+        gpu_memory_gib: 40,
+        cpu: 16,
+        memory_gib: 128,
+        ..testkit::node(&format!("a100-{i}"), 4)
+    };
+    (0..3).map(h100).chain((0..3).map(a100)).collect()
 }
 
 pub(super) fn job_shape() -> impl Strategy<Value = JobShape> {
@@ -95,14 +83,25 @@ pub(super) fn job_shape() -> impl Strategy<Value = JobShape> {
         })
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// Random calls with jobs from `job`, weighted `[submit, start now, schedule, advance, cancel]`.
+fn ops<J, S>(job: impl Fn() -> S, weights: [u32; 5]) -> impl Strategy<Value = Op<J>>
+where
+    J: Clone + std::fmt::Debug,
+    S: Strategy<Value = J> + 'static,
+{
+    let [submit, start_now, schedule, advance, cancel] = weights;
     prop_oneof![
-        4 => job_shape().prop_map(Op::Submit),
-        2 => job_shape().prop_map(Op::StartNow),
-        3 => Just(Op::Schedule),
-        2 => (0u64..40).prop_map(Op::Advance),
-        1 => (0u32..60).prop_map(Op::Cancel),
+        submit => job().prop_map(Op::Submit),
+        start_now => job().prop_map(Op::StartNow),
+        schedule => Just(Op::Schedule),
+        advance => (0u64..40).prop_map(Op::Advance),
+        cancel => (0u32..60).prop_map(Op::Cancel),
     ]
+}
+
+/// The calls of the overcommit property.
+fn op() -> impl Strategy<Value = Op<JobShape>> {
+    ops(job_shape, [4, 2, 3, 2, 1])
 }
 
 impl JobShape {
@@ -253,19 +252,6 @@ proptest! {
     }
 }
 
-/// One call in the backfill property: like [`Op`], over a random member.
-#[derive(Debug, Clone)]
-enum BackfillOp {
-    Submit(BackfillJob),
-    StartNow(BackfillJob),
-    Schedule,
-    /// Let this many seconds pass, completing jobs and scheduling at every estimated end on the
-    /// way (as the agent and the simulator do).
-    Advance(u64),
-    /// Cancel the job with this sequence number, whatever its state, then schedule.
-    Cancel(u32),
-}
-
 /// A random job for a random member, before it gets an id.
 #[derive(Debug, Clone)]
 pub(super) struct BackfillJob {
@@ -297,14 +283,10 @@ pub(super) fn node_set() -> impl Strategy<Value = Vec<NodeSpec>> {
             .into_iter()
             .enumerate()
             .map(|(i, (gpus, cpu, memory_gib))| NodeSpec {
-                name: format!("n{i}"),
                 shape: format!("s{i}"),
-                gpu_type: "h100".into(),
-                gpu_memory_gib: 80,
-                gpus,
                 cpu,
                 memory_gib,
-                labels: Default::default(),
+                ..testkit::node(&format!("n{i}"), gpus)
             })
             .collect()
     })
@@ -338,14 +320,9 @@ pub(super) fn backfill_job() -> impl Strategy<Value = BackfillJob> {
     )
 }
 
-fn backfill_op() -> impl Strategy<Value = BackfillOp> {
-    prop_oneof![
-        5 => backfill_job().prop_map(BackfillOp::Submit),
-        2 => backfill_job().prop_map(BackfillOp::StartNow),
-        2 => Just(BackfillOp::Schedule),
-        3 => (0u64..40).prop_map(BackfillOp::Advance),
-        1 => (0u32..60).prop_map(BackfillOp::Cancel),
-    ]
+/// The calls of the backfill property, over a random member.
+fn backfill_op() -> impl Strategy<Value = Op<BackfillJob>> {
+    ops(backfill_job, [5, 2, 2, 3, 1])
 }
 
 /// Drives a scheduler and checks the reservation promises as it goes.
@@ -447,26 +424,26 @@ proptest! {
         let mut next_id = 0u32;
         for op in ops {
             match op {
-                BackfillOp::Submit(shape) => {
+                Op::Submit(shape) => {
                     let job = shape.into_job(next_id, &queues);
                     next_id += 1;
                     // Jobs that can never fit are refused; the rest queue.
                     let _ = driver.scheduler.submit(job, driver.now);
                     driver.observe()?;
                 }
-                BackfillOp::StartNow(shape) => {
+                Op::StartNow(shape) => {
                     let job = shape.into_job(next_id, &queues);
                     next_id += 1;
                     if let Ok(started) = driver.scheduler.start_now(job, driver.now) {
                         driver.after_starts(vec![started])?;
                     }
                 }
-                BackfillOp::Schedule => {
+                Op::Schedule => {
                     let started = driver.scheduler.schedule(driver.now);
                     driver.after_starts(started)?;
                 }
-                BackfillOp::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs))?,
-                BackfillOp::Cancel(id) => {
+                Op::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs))?,
+                Op::Cancel(id) => {
                     let id = format!("job-{id}");
                     driver.scheduler.cancel(&id);
                     driver.promised.remove(&id);
@@ -502,12 +479,12 @@ fn random_runs_do_make_and_keep_reservations() {
         let mut next_id = 0u32;
         for op in ops {
             match op {
-                BackfillOp::Submit(shape) | BackfillOp::StartNow(shape) => {
+                Op::Submit(shape) | Op::StartNow(shape) => {
                     let _ = driver.scheduler.submit(shape.into_job(next_id, &queues), driver.now);
                     next_id += 1;
                 }
-                BackfillOp::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs)).unwrap(),
-                BackfillOp::Schedule | BackfillOp::Cancel(_) => driver.advance(driver.now).unwrap(),
+                Op::Advance(secs) => driver.advance(driver.now + Duration::from_secs(secs)).unwrap(),
+                Op::Schedule | Op::Cancel(_) => driver.advance(driver.now).unwrap(),
             }
         }
         driver.drain().unwrap();

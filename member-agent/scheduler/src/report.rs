@@ -142,19 +142,14 @@ fn saturate(value: u64) -> u32 {
 // Tests may panic on a broken expectation; that is how they fail.
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use super::super::{LocalJob, NodeSpec, QueueSpec};
+    use super::super::{LocalJob, NodeSpec, QueueSpec, testkit};
     use super::*;
 
     fn scheduler() -> BuiltinScheduler {
         let node = |name: &str, shape: &str, gpus| NodeSpec {
-            name: name.into(),
             shape: shape.into(),
             gpu_type: if shape == "dgx" { "h100".into() } else { "l4".into() },
-            gpu_memory_gib: 80,
-            gpus,
-            cpu: 64,
-            memory_gib: 512,
-            labels: Default::default(),
+            ..testkit::node(name, gpus)
         };
         BuiltinScheduler::new(
             vec![node("a", "dgx", 8), node("b", "small", 2), node("c", "dgx", 8)],
@@ -164,22 +159,7 @@ mod tests {
     }
 
     fn job(id: &str, queue: &str, replicas: u32, gpus: u32, secs: u64) -> LocalJob {
-        LocalJob {
-            id: id.into(),
-            queue: queue.into(),
-            priority: 50,
-            replicas,
-            gpus,
-            cpu: 1,
-            memory_gib: 4,
-            gpu_types: Vec::new(),
-            gpu_memory_gib: 0,
-            node_selector: Default::default(),
-            run_for: Duration::from_secs(secs),
-            actual: None,
-            preemptible: false,
-            last_preempted_at: None,
-        }
+        LocalJob { cpu: 1, memory_gib: 4, ..testkit::job(id, queue, replicas, gpus, secs) }
     }
 
     #[test]

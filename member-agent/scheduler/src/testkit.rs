@@ -1,11 +1,12 @@
-//! Fixtures the scheduler's unit tests share: an H100 node and a job of a given size.
+//! Fixtures the scheduler's unit tests share, and (feature `testing`) other crates' tests: an
+//! H100 node and a job of a given size.
 
 use std::time::Duration;
 
 use super::{LocalJob, NodeSpec};
 
 /// A node with `gpus` H100s, 64 cores and 512 GiB, of shape `h100x{gpus}`.
-pub(crate) fn node(name: &str, gpus: u32) -> NodeSpec {
+pub fn node(name: &str, gpus: u32) -> NodeSpec {
     NodeSpec {
         name: name.into(),
         shape: format!("h100x{gpus}"),
@@ -20,7 +21,7 @@ pub(crate) fn node(name: &str, gpus: u32) -> NodeSpec {
 
 /// A gang of `replicas` × `gpus` (4 cores, 32 GiB each) in `queue`, estimated to run
 /// `run_secs`, that really runs that long.
-pub(crate) fn job(id: &str, queue: &str, replicas: u32, gpus: u32, run_secs: u64) -> LocalJob {
+pub fn job(id: &str, queue: &str, replicas: u32, gpus: u32, run_secs: u64) -> LocalJob {
     LocalJob {
         id: id.into(),
         queue: queue.into(),

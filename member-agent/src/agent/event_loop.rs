@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::job::JobState;
-use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
+use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand};
+use meridian_scheduler::offer;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -150,7 +151,7 @@ impl EventLoop {
             Inbound::Command(command) => *command,
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {
                 tracing::warn!(cluster = %self.cluster, job = %job_id, %reason, "invalid offer refused");
-                self.refuse_for_good(&job_id, fencing_token, format!("invalid offer: {reason}"));
+                self.send(offer::refused_for_good(&job_id, fencing_token, format!("invalid offer: {reason}")));
                 return;
             }
             Inbound::Invalid(reason) => {
@@ -247,25 +248,19 @@ impl EventLoop {
         let Some(session) = self.link.welcomed_session() else { return };
         let (job_id, token) = (assignment.job_id.clone(), assignment.fencing_token);
         if self.lease.is_expired() {
-            return self.reply(&job_id, token, false, LEASE_EXPIRED.into());
+            return self.send(offer::declined(&job_id, token, LEASE_EXPIRED.into()));
         }
         match self.ledger.plan_offer(&assignment) {
-            OfferPlan::AcceptAgain(held) => self.reply(&job_id, token, true, held.message),
-            OfferPlan::RefuseNewerHeld(newer) => self.reply(
-                &job_id,
-                token,
-                false,
-                format!("binding {newer} of this job, newer than this offer, runs here"),
-            ),
+            OfferPlan::AcceptAgain(held) => self.send(offer::accepted(&job_id, token, held.message)),
+            OfferPlan::RefuseNewerHeld(newer) => {
+                self.send(offer::declined(&job_id, token, offer::newer_binding_held(newer)))
+            }
             OfferPlan::AlreadySubmitting { same_binding: true } => {}
-            OfferPlan::AlreadySubmitting { same_binding: false } => self.reply(
-                &job_id,
-                token,
-                false,
-                "another binding of this job is still being submitted here; offer it again later".into(),
-            ),
+            OfferPlan::AlreadySubmitting { same_binding: false } => {
+                self.send(offer::declined(&job_id, token, offer::ANOTHER_BINDING_SUBMITTING.into()));
+            }
             OfferPlan::AlreadyFinished(result) => {
-                self.reply(&job_id, token, false, format!("this binding already ended here ({})", result.state));
+                self.send(offer::declined(&job_id, token, offer::already_ended(result.state)));
                 self.send(AgentEvent::Status(result));
             }
             OfferPlan::Submit { replace } => {
@@ -406,13 +401,7 @@ impl EventLoop {
             // gateway's cancel or withdrawal), failed for requeue (the lease), or nothing (a
             // binding it no longer lists).
             let result = match doom {
-                Doom::Cancelled => Some(ledger::result(
-                    &job_id,
-                    fencing_token,
-                    JobState::Cancelled,
-                    "stopped by the gateway".into(),
-                    false,
-                )),
+                Doom::Cancelled => Some(offer::cancelled(&job_id, fencing_token)),
                 Doom::LeaseExpired => {
                     Some(ledger::result(&job_id, fencing_token, JobState::Failed, LEASE_EXPIRED.into(), true))
                 }
@@ -428,50 +417,32 @@ impl EventLoop {
             return;
         }
         match result {
-            Ok(Admission::Started { nodes }) => {
-                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, ?nodes, "gang started");
-                let running = JobReport {
-                    job_id: job_id.clone(),
-                    fencing_token,
-                    state: JobState::Running,
-                    message: String::new(),
-                    nodes,
-                    requeue: false,
-                    preempted: false,
-                    usage: None,
-                };
+            Ok(admission) => {
+                match &admission {
+                    Admission::Started { nodes } => {
+                        tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, ?nodes, "gang started");
+                    }
+                    Admission::Queued { reason } => {
+                        tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, "job queued locally");
+                    }
+                    Admission::Refused { reason, permanent } => {
+                        tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, permanent, "offer refused by the local scheduler");
+                    }
+                }
+                let answer = offer::answer(&job_id, fencing_token, admission);
                 // Held before the acceptance, so every heartbeat after it lists the job; inventory
                 // before the acceptance, so the gateway never places into these GPUs twice.
-                self.ledger.hold(running.clone());
-                if live {
-                    self.send_report_opt(report);
-                    self.reply(&job_id, fencing_token, true, String::new());
-                    self.send(AgentEvent::Status(running));
+                if let Some(held) = answer.held {
+                    self.ledger.hold(held);
                 }
-            }
-            Ok(Admission::Queued { reason }) => {
-                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, "job queued locally");
-                self.ledger.hold(JobReport {
-                    job_id: job_id.clone(),
-                    fencing_token,
-                    state: JobState::Bound,
-                    message: reason.clone(),
-                    nodes: Vec::new(),
-                    requeue: false,
-                    preempted: false,
-                    usage: None,
-                });
                 if live {
-                    self.send_report_opt(report);
-                    self.reply(&job_id, fencing_token, true, reason);
-                }
-            }
-            Ok(Admission::Refused { reason, permanent }) => {
-                tracing::info!(cluster = %self.cluster, job = %job_id, fencing_token, %reason, permanent, "offer refused by the local scheduler");
-                if live && permanent {
-                    self.refuse_for_good(&job_id, fencing_token, reason);
-                } else if live {
-                    self.reply(&job_id, fencing_token, false, reason);
+                    if taken {
+                        self.send_report_opt(report);
+                    }
+                    self.send(answer.reply);
+                    if let Some(status) = answer.status {
+                        self.send(AgentEvent::Status(status));
+                    }
                 }
             }
             Err(error) => {
@@ -674,24 +645,6 @@ impl EventLoop {
             Ok(pressure) => self.send(AgentEvent::Pressure(pressure)),
             Err(error) => tracing::warn!(cluster = %self.cluster, %error, "queue pressure unavailable"),
         }
-    }
-
-    fn reply(&mut self, job_id: &str, fencing_token: u64, accepted: bool, reason: String) {
-        let event =
-            AgentEvent::OfferReply { job_id: job_id.to_string(), fencing_token, accepted, reason, permanent: false };
-        self.send(event);
-    }
-
-    /// Declines an offer for good: the member's scheduler can never run the job as specified.
-    fn refuse_for_good(&mut self, job_id: &str, fencing_token: u64, reason: String) {
-        let event = AgentEvent::OfferReply {
-            job_id: job_id.to_string(),
-            fencing_token,
-            accepted: false,
-            reason,
-            permanent: true,
-        };
-        self.send(event);
     }
 
     /// Queues `event` on the welcomed stream; without one it is dropped (the outbox and the next

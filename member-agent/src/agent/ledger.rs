@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::{Assignment, JobReport};
+use meridian_scheduler::offer::{self, Holdings};
 
 use crate::backend::{HeldJob, JobEvent, JobPhase};
 
@@ -79,26 +80,8 @@ pub(crate) enum Doom {
     LeaseExpired,
 }
 
-/// How to answer an offer.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum OfferPlan {
-    /// This binding is already held: accept again (with the held state).
-    AcceptAgain(JobReport),
-    /// A newer binding of the job is held here.
-    RefuseNewerHeld(u64),
-    /// A submit of this job is already under way (the same binding: its answer will come).
-    AlreadySubmitting {
-        /// Whether it is this very binding.
-        same_binding: bool,
-    },
-    /// This binding already finished here; its result waits for an acknowledgement.
-    AlreadyFinished(JobReport),
-    /// Submit it, first cancelling the older binding `replace` if set.
-    Submit {
-        /// An older binding of the job that the member still holds.
-        replace: Option<u64>,
-    },
-}
+/// How to answer an offer ([`offer::plan_offer`]), with the held binding or its result.
+pub(crate) type OfferPlan = offer::OfferPlan<JobReport>;
 
 /// What a cancel from the gateway does.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,26 +131,13 @@ impl Ledger {
     /// Every binding to list in a heartbeat: held ones, offers being submitted (`Offered`),
     /// bindings being stopped (`Unknown`), then unacknowledged results.
     pub(crate) fn heartbeat(&self) -> Vec<JobReport> {
-        let submitting = self.submitting.iter().map(|(job_id, s)| JobReport {
-            job_id: job_id.clone(),
-            fencing_token: s.fencing_token,
-            state: JobState::Offered,
-            message: "being submitted to the local scheduler".into(),
-            nodes: Vec::new(),
-            requeue: false,
-            preempted: false,
-            usage: None,
+        let submitting = self.submitting.iter().map(|(job_id, s)| {
+            offer::report(job_id, s.fencing_token, JobState::Offered, "being submitted to the local scheduler".into())
         });
-        let stopping = self.stopping.iter().map(|(job_id, s)| JobReport {
-            job_id: job_id.clone(),
-            fencing_token: s.fencing_token,
-            state: JobState::Unknown,
-            message: "being stopped".into(),
-            nodes: Vec::new(),
-            requeue: false,
-            preempted: false,
-            usage: None,
-        });
+        let stopping = self
+            .stopping
+            .iter()
+            .map(|(job_id, s)| offer::report(job_id, s.fencing_token, JobState::Unknown, "being stopped".into()));
         self.held.values().cloned().chain(submitting).chain(stopping).chain(self.outbox.values().cloned()).collect()
     }
 
@@ -196,19 +166,20 @@ impl Ledger {
 
     /// How to answer an offer of `assignment`.
     pub(crate) fn plan_offer(&self, assignment: &Assignment) -> OfferPlan {
-        let token = assignment.fencing_token;
-        if let Some(submitting) = self.submitting.get(&assignment.job_id) {
-            return OfferPlan::AlreadySubmitting { same_binding: submitting.fencing_token == token };
-        }
-        if let Some(result) = self.outbox.get(&(assignment.job_id.clone(), token)) {
-            return OfferPlan::AlreadyFinished(result.clone());
-        }
-        match self.held.get(&assignment.job_id) {
-            Some(held) if held.fencing_token == token => OfferPlan::AcceptAgain(held.clone()),
-            Some(held) if held.fencing_token > token => OfferPlan::RefuseNewerHeld(held.fencing_token),
-            Some(held) => OfferPlan::Submit { replace: Some(held.fencing_token) },
-            // A cancel still under way is harmless to repeat before the new submit.
-            None => OfferPlan::Submit { replace: self.stopping.get(&assignment.job_id).map(|s| s.fencing_token) },
+        let holdings = self.holdings(&assignment.job_id, assignment.fencing_token);
+        offer::plan_offer(assignment.fencing_token, holdings).map(JobReport::clone)
+    }
+
+    /// What this ledger holds of `job_id`, for an offer or cancel of binding `fencing_token`.
+    fn holdings(&self, job_id: &str, fencing_token: u64) -> Holdings<&JobReport> {
+        Holdings {
+            held: self.held.get(job_id).map(|held| (held.fencing_token, held)),
+            submitting: self.submitting.get(job_id).map(|s| s.fencing_token),
+            stopping: self
+                .stopping
+                .get(job_id)
+                .map(|s| offer::Stopping { fencing_token: s.fencing_token, in_progress: s.in_progress }),
+            finished: self.outbox.get(&(job_id.to_string(), fencing_token)),
         }
     }
 
@@ -237,49 +208,36 @@ impl Ledger {
         self.held.insert(report.job_id.clone(), report);
     }
 
-    /// A cancel of (`job_id`, `fencing_token`) from the gateway.
+    /// A cancel of (`job_id`, `fencing_token`) from the gateway ([`offer::plan_cancel`]).
     pub(crate) fn cancel(&mut self, job_id: &str, fencing_token: u64) -> CancelPlan {
-        const STOPPED: &str = "stopped by the gateway";
-        if let Some(held) = self.held.get(job_id) {
-            if held.fencing_token > fencing_token {
-                return CancelPlan::Ignore;
+        match offer::plan_cancel(fencing_token, self.holdings(job_id, fencing_token)) {
+            offer::CancelPlan::Ignore => CancelPlan::Ignore,
+            offer::CancelPlan::StopHeld { fencing_token: held } => {
+                self.held.remove(job_id);
+                let result = Some(offer::cancelled(job_id, held));
+                CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token: held, result })
             }
-            let token = held.fencing_token;
-            self.held.remove(job_id);
-            let result = result(job_id, token, JobState::Cancelled, STOPPED.into(), false);
-            return CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token: token, result: Some(result) });
-        }
-        if let Some(submitting) = self.submitting.get_mut(job_id) {
-            if submitting.fencing_token > fencing_token {
-                return CancelPlan::Ignore;
+            offer::CancelPlan::RetryStop => {
+                let kept = self.stopping.get(job_id).and_then(|s| s.result.clone());
+                let result = kept.or_else(|| Some(offer::cancelled(job_id, fencing_token)));
+                CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token, result })
             }
-            submitting.doomed = Some(Doom::Cancelled);
-            return CancelPlan::Deferred;
-        }
-        if let Some(stopping) = self.stopping.get(job_id)
-            && stopping.fencing_token >= fencing_token
-        {
-            if stopping.in_progress || stopping.fencing_token > fencing_token {
-                return CancelPlan::Ignore;
+            offer::CancelPlan::Deferred => {
+                if let Some(submitting) = self.submitting.get_mut(job_id) {
+                    submitting.doomed = Some(Doom::Cancelled);
+                }
+                CancelPlan::Deferred
             }
-            // Its last stop failed: try again, and report it cancelled once it works.
-            let result = stopping
-                .result
-                .clone()
-                .or_else(|| Some(result(job_id, fencing_token, JobState::Cancelled, STOPPED.into(), false)));
-            return CancelPlan::Stop(Stop { job_id: job_id.to_string(), fencing_token, result });
+            offer::CancelPlan::ReportAgain(result) => CancelPlan::Report(result.clone()),
+            // Say so, so the gateway can close the binding.
+            offer::CancelPlan::ReportNotHeld => CancelPlan::Report(self.finish(
+                job_id,
+                fencing_token,
+                JobState::Cancelled,
+                offer::NOT_HELD.into(),
+                false,
+            )),
         }
-        if let Some(result) = self.outbox.get(&(job_id.to_string(), fencing_token)) {
-            return CancelPlan::Report(result.clone());
-        }
-        // Nothing of it runs here; say so, so the gateway can close the binding.
-        CancelPlan::Report(self.finish(
-            job_id,
-            fencing_token,
-            JobState::Cancelled,
-            "not held here; nothing to stop".into(),
-            false,
-        ))
     }
 
     /// A backend event.
@@ -456,16 +414,7 @@ impl Ledger {
 
 /// A terminal result of a binding.
 pub(crate) fn result(job_id: &str, fencing_token: u64, state: JobState, message: String, requeue: bool) -> JobReport {
-    JobReport {
-        job_id: job_id.to_string(),
-        fencing_token,
-        state,
-        message,
-        nodes: Vec::new(),
-        requeue,
-        preempted: false,
-        usage: None,
-    }
+    JobReport { requeue, ..offer::report(job_id, fencing_token, state, message) }
 }
 
 /// A job report for a backend phase.
@@ -478,28 +427,11 @@ pub(crate) fn report(job_id: &str, fencing_token: u64, phase: JobPhase) -> JobRe
         JobPhase::Preempted { message } => {
             // On the wire a preemption is a terminal report for requeue, flagged as such: a
             // gateway that does not know the flag still places the job again.
-            return JobReport {
-                job_id: job_id.to_string(),
-                fencing_token,
-                state: JobState::Failed,
-                message,
-                nodes: Vec::new(),
-                requeue: true,
-                preempted: true,
-                usage: None,
-            };
+            let report = offer::report(job_id, fencing_token, JobState::Failed, message);
+            return JobReport { requeue: true, preempted: true, ..report };
         }
     };
-    JobReport {
-        job_id: job_id.to_string(),
-        fencing_token,
-        state,
-        message,
-        nodes,
-        requeue: false,
-        preempted: false,
-        usage: None,
-    }
+    JobReport { nodes, ..offer::report(job_id, fencing_token, state, message) }
 }
 
 #[cfg(test)]

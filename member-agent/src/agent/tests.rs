@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meridian_proto::duration::HumanDuration;
-use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, QueuePressure, Tier};
+use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, QueuePressure};
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, JobReport};
-use meridian_proto::spec::{GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+use meridian_proto::spec::JobSpec;
+use meridian_proto::testing::cluster_info;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ use super::{Agent, Settings};
 use crate::backend::{
     Admission, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
 };
+use crate::test_jobs::{self, job_spec};
 use crate::usage::{GpuSample, Sampling, UtilizationSource};
 
 /// Longest (virtual) wait for anything a test expects.
@@ -226,16 +227,7 @@ impl Harness {
             cancel_gate: Mutex::new(None),
         });
         let settings = Settings {
-            info: ClusterInfo {
-                name: "east".into(),
-                region: "us-east".into(),
-                tier: Tier::Owned,
-                backend: BackendKind::Builtin,
-                prices: BTreeMap::new(),
-                supports_containers: true,
-                supports_bare_commands: true,
-                labels: Default::default(),
-            },
+            info: ClusterInfo { prices: BTreeMap::new(), ..cluster_info("east") },
             gateway: "memory".into(),
             tls: None,
             report_interval: INTERVAL,
@@ -301,32 +293,8 @@ impl Harness {
 
 /// An offer of a one-GPU job (shared with the ledger's tests).
 pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
-    Assignment {
-        job_id: job_id.into(),
-        fencing_token,
-        spec: JobSpec {
-            name: job_id.into(),
-            tenant: "team".into(),
-            priority: 50,
-            preemptible: false,
-            labels: BTreeMap::new(),
-            idempotency_key: None,
-            gang: GangSpec {
-                replicas: 1,
-                resources: Resources { gpus: 1, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
-            },
-            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
-            data: Vec::new(),
-            placement: PlacementRules::default(),
-            payload: Payload {
-                image: Some("img".into()),
-                command: Vec::new(),
-                env: BTreeMap::new(),
-                secret_env: Default::default(),
-            },
-        },
-        last_preempted_at_ms: None,
-    }
+    let spec = JobSpec { name: job_id.into(), ..job_spec("team", 1, 1, 60) };
+    test_jobs::assignment(job_id, fencing_token, spec)
 }
 
 fn succeeded() -> JobPhase {

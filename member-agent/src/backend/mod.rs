@@ -25,11 +25,67 @@ use std::pin::Pin;
 use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
 pub use meridian_proto::protocol::LogChunk;
+/// The local scheduler's answer to [`LocalBackend::submit`]: defined with the member's answer to
+/// an offer, which the simulator's agents share.
+pub use meridian_scheduler::offer::Admission;
+
+/// Implements [`LocalBackend`] and [`InventorySource`] for `$backend`, whose every call is
+/// answered by the method of its `shared` state named after the call with `_now`
+/// (`submit_now`, `cancel_now`, `list_now`, `logs_now`, `inventory_now`, `pressure_now`): the
+/// Slurm and Kubernetes backends, whose status loops hold the same state. One place for the
+/// plumbing, so the two cannot drift apart.
+macro_rules! delegate_to_shared_state {
+    ($backend:ty, $kind:expr) => {
+        impl $crate::backend::LocalBackend for $backend {
+            fn kind(&self) -> ::meridian_proto::inventory::BackendKind {
+                $kind
+            }
+
+            fn submit<'a>(
+                &'a self,
+                job: &'a ::meridian_proto::protocol::Assignment,
+            ) -> $crate::backend::BackendFuture<'a, $crate::backend::Admission> {
+                Box::pin(self.shared.submit_now(job))
+            }
+
+            fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> $crate::backend::BackendFuture<'a, ()> {
+                Box::pin(self.shared.cancel_now(job_id, fencing_token))
+            }
+
+            fn list(&self) -> $crate::backend::BackendFuture<'_, Vec<$crate::backend::HeldJob>> {
+                Box::pin(self.shared.list_now())
+            }
+
+            fn logs<'a>(
+                &'a self,
+                job_id: &'a str,
+                fencing_token: u64,
+                from: Option<u64>,
+                max_bytes: usize,
+            ) -> $crate::backend::BackendFuture<'a, $crate::backend::LogChunk> {
+                let request = $crate::backend::logs::LogRequest { from, max_bytes };
+                Box::pin(self.shared.logs_now(job_id, fencing_token, request))
+            }
+        }
+
+        impl $crate::backend::InventorySource for $backend {
+            fn inventory(&self) -> $crate::backend::BackendFuture<'_, ::meridian_proto::inventory::Inventory> {
+                Box::pin(self.shared.inventory_now())
+            }
+
+            fn pressure(&self) -> $crate::backend::BackendFuture<'_, ::meridian_proto::inventory::QueuePressure> {
+                Box::pin(self.shared.pressure_now())
+            }
+        }
+    };
+}
+pub(crate) use delegate_to_shared_state;
 
 mod builtin;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod kubernetes;
+mod logs;
 pub mod nvml;
 pub mod process;
 pub mod slurm;
@@ -140,29 +196,6 @@ pub trait InventorySource: Send + Sync {
 
     /// Local queue load and expected GPU releases, in job time.
     fn pressure(&self) -> BackendFuture<'_, QueuePressure>;
-}
-
-/// The local scheduler's answer to [`LocalBackend::submit`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
-    /// The whole gang runs now.
-    Started {
-        /// Node of each replica.
-        nodes: Vec<String>,
-    },
-    /// The job waits in a local queue; a [`JobPhase::Running`] event follows when it starts.
-    Queued {
-        /// Why it waits, for people (`waiting in local queue `team` …`).
-        reason: String,
-    },
-    /// The scheduler will not take the job.
-    Refused {
-        /// Why, for people.
-        reason: String,
-        /// The job can never run here (it does not fit the nodes even when all are free, or it
-        /// is invalid for this scheduler); offering it again is pointless.
-        permanent: bool,
-    },
 }
 
 /// A binding the member holds, as [`LocalBackend::list`] reports it.

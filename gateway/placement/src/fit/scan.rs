@@ -3,7 +3,9 @@
 
 use meridian_proto::inventory::NodeShape;
 
-use super::{Demand, LEVEL_CAP, LevelPlan, Plan, Survey, clamp, leftover_share};
+use super::{LevelPlan, Plan, Survey, leftover_share};
+use crate::index::{LEVEL_CAP, clamp};
+use crate::need::Demand;
 
 /// Reusable histogram of replica capacity per level.
 #[derive(Debug, Default)]

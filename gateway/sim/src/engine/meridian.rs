@@ -8,13 +8,14 @@
 //! - reports its member's inventory when it changed and its queue pressure whenever time passed,
 //!   both from the member's [`BuiltinScheduler`](meridian_scheduler::BuiltinScheduler), as
 //!   an agent's reports carry them;
-//! - answers an offer from the scheduler's `start_now`, the gateway's offer path: accepted when
-//!   the whole gang starts now (or, for staged data, is reserved now), else declined with the
-//!   scheduler's reason;
+//! - answers an offer as a real agent does ([`meridian_scheduler::offer`], shared with the live
+//!   agent), submitting through the scheduler's `start_now`, the gateway's offer path: accepted
+//!   when the whole gang starts now (or, for staged data, is reserved now), else declined with
+//!   the scheduler's reason;
 //! - reports `Running` when a job starts and `Succeeded` when it ends, and forgets a result when
 //!   the core acknowledges it;
-//! - stops a binding the core cancels (the replay then fails its books: nothing cancels in a
-//!   replay unless something is wrong).
+//! - stops a binding the core cancels, as a real agent does (the replay then fails its books:
+//!   nothing cancels in a replay unless something is wrong).
 //!
 //! **Data staging.** A job offered to a cluster outside its dataset's region is accepted at once
 //! and reported `Bound` ("staging data") while its dataset is copied. Its GPUs are reserved on the
@@ -37,6 +38,7 @@ use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayComman
 use meridian_proto::spec::{
     BurstPolicy, DEFAULT_PRIORITY, DataRef, GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec,
 };
+use meridian_scheduler::offer::{self, Admission, CancelPlan, Holdings, OfferPlan};
 use meridian_scheduler::{Cancelled, LocalJob, Started};
 use serde::Serialize;
 
@@ -96,6 +98,18 @@ struct Agent {
     outbox: BTreeSet<(u32, u64)>,
     /// When the agent last reported (virtual seconds).
     reported_at: Option<u64>,
+}
+
+impl Agent {
+    /// What this agent holds of `job` for an offer or cancel of binding `fencing_token`. The
+    /// lab's agents submit and stop at once: nothing is ever under way.
+    fn holdings(&self, job: u32, fencing_token: u64) -> Holdings {
+        Holdings {
+            held: self.held.get(&job).map(|&token| (token, ())),
+            finished: self.outbox.contains(&(job, fencing_token)).then_some(()),
+            ..Holdings::default()
+        }
+    }
 }
 
 impl Federation {
@@ -328,16 +342,8 @@ impl Replay<'_> {
             agent.held.remove(&job);
             agent.outbox.insert((job, token));
         }
-        let report = JobReport {
-            job_id: id,
-            fencing_token: token,
-            state,
-            message: String::new(),
-            nodes,
-            requeue: preempted,
-            preempted,
-            usage: None,
-        };
+        let report =
+            JobReport { nodes, requeue: preempted, preempted, ..offer::report(&id, token, state, String::new()) };
         self.gateway_step(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) }, now)?;
         Ok(())
     }
@@ -398,18 +404,24 @@ impl Replay<'_> {
                 let Some(federation) = self.federation.as_mut() else { return Ok(()) };
                 federation.counts.cancels += 1;
                 let Some(&job) = federation.jobs.get(&job_id) else { return Ok(()) };
-                let held = federation.agents.get(cluster).and_then(|a| a.held.get(&job)).copied();
-                // An agent holding a newer binding ignores the cancel of an older one.
-                if held.is_some_and(|token| token <= fencing_token) {
-                    self.agent_stop(cluster, job, answers)?;
+                let holdings =
+                    federation.agents.get(cluster).map(|a| a.holdings(job, fencing_token)).unwrap_or_default();
+                match offer::plan_cancel(fencing_token, holdings) {
+                    CancelPlan::StopHeld { .. } => self.agent_stop(cluster, job, answers),
+                    // Nothing is ever being submitted or stopped here (see `Agent::holdings`).
+                    CancelPlan::Ignore | CancelPlan::RetryStop | CancelPlan::Deferred => Ok(()),
+                    // A live agent reports the binding again (or cancelled, not held). A lab
+                    // agent stays silent: it never loses a binding, and in this synchronous loop
+                    // its answer would only draw the same cancel again.
+                    CancelPlan::ReportAgain(()) | CancelPlan::ReportNotHeld => Ok(()),
                 }
-                Ok(())
             }
         }
     }
 
-    /// An offer: the member starts the gang now (or reserves it while its data is copied), or
-    /// the agent declines with the scheduler's reason.
+    /// An offer: answered as [`offer::plan_offer`] says; submitted, the member starts the gang
+    /// now (or reserves it while its data is copied), or the agent declines with the scheduler's
+    /// reason.
     fn agent_offered(
         &mut self,
         cluster: usize,
@@ -418,30 +430,35 @@ impl Replay<'_> {
         answers: &mut VecDeque<Input>,
     ) -> Result<(), SimError> {
         let conn = conn_of(cluster);
-        let reply = |accepted: bool, reason: String| Input::Agent {
-            conn,
-            event: AgentEvent::OfferReply {
-                job_id: assignment.job_id.clone(),
-                fencing_token: assignment.fencing_token,
-                accepted,
-                reason,
-                permanent: false,
-            },
-        };
+        let (job_id, token) = (assignment.job_id.as_str(), assignment.fencing_token);
         let Some(federation) = self.federation.as_mut() else { return Ok(()) };
         federation.counts.offers += 1;
-        let Some(&job) = federation.jobs.get(&assignment.job_id) else {
-            return Err(invariant(format!("the gateway offered unknown job `{}`", assignment.job_id)));
+        let Some(&job) = federation.jobs.get(job_id) else {
+            return Err(invariant(format!("the gateway offered unknown job `{job_id}`")));
         };
-        match federation.agents.get(cluster).and_then(|a| a.held.get(&job)).copied() {
-            Some(token) if token == assignment.fencing_token => {
-                // The same binding again: accepted again.
-                answers.push_back(reply(true, String::new()));
+        let holdings = federation.agents.get(cluster).map(|a| a.holdings(job, token)).unwrap_or_default();
+        match offer::plan_offer(token, holdings) {
+            OfferPlan::AcceptAgain(()) => {
+                answers.push_back(Input::Agent { conn, event: offer::accepted(job_id, token, String::new()) });
                 return Ok(());
             }
-            // An older binding: stopped first, as the agent does.
-            Some(_) => self.agent_stop(cluster, job, answers)?,
-            None => {}
+            OfferPlan::RefuseNewerHeld(newer) => {
+                federation.counts.declined += 1;
+                let event = offer::declined(job_id, token, offer::newer_binding_held(newer));
+                answers.push_back(Input::Agent { conn, event });
+                return Ok(());
+            }
+            OfferPlan::AlreadySubmitting { .. } | OfferPlan::AlreadyFinished(()) => {
+                return Err(invariant(format!(
+                    "the gateway offered binding {token} of job `{job_id}` to `{}` again after its agent answered it",
+                    self.cluster_name(cluster)
+                )));
+            }
+            // An older binding: it stops being held and is stopped first, as the agent does.
+            OfferPlan::Submit { replace: Some(_) } => {
+                self.agent_release(cluster, job);
+            }
+            OfferPlan::Submit { replace: None } => {}
         }
         let sim_job = self.job_at(job)?;
         let (transfer_secs, _, _) = self.transfer(sim_job, cluster);
@@ -458,22 +475,43 @@ impl Replay<'_> {
         // The agent keeps staged GPUs reserved until the data lands, however long the shared
         // link takes; the job's true end is set then (`Replay::started`).
         local.actual = Some(if transfer_secs > 0 { Duration::MAX } else { Duration::from_secs(sim_job.duration_secs) });
-        let started = match member.scheduler.start_now(local, Duration::from_secs(now)) {
-            Ok(started) => started,
+        let admission = match member.scheduler.start_now(local, Duration::from_secs(now)) {
+            Ok(started) => self.agent_holds(cluster, job, token, started, transfer_secs, now)?,
             Err(e) => {
                 if let Some(federation) = self.federation.as_mut() {
                     federation.counts.declined += 1;
                 }
-                answers.push_back(reply(false, e.to_string()));
-                return Ok(());
+                Admission::Refused { reason: e.to_string(), permanent: false }
             }
         };
+        let answer = offer::answer(job_id, token, admission);
+        answers.push_back(Input::Agent { conn, event: answer.reply });
+        if let Some(status) = answer.status {
+            answers.push_back(Input::Agent { conn, event: AgentEvent::Status(status) });
+        }
+        Ok(())
+    }
+
+    /// The member took binding `token` of `job` (`started` on its scheduler): the agent holds it,
+    /// and it runs now, or waits for its data when `transfer_secs` is not zero.
+    fn agent_holds(
+        &mut self,
+        cluster: usize,
+        job: u32,
+        token: u64,
+        started: Started,
+        transfer_secs: u64,
+        now: u64,
+    ) -> Result<Admission, SimError> {
         self.mark(cluster);
-        let Some(federation) = self.federation.as_mut() else { return Ok(()) };
-        let Some(agent) = federation.agents.get_mut(cluster) else { return Ok(()) };
-        agent.held.insert(job, assignment.fencing_token);
+        let sim_job = self.job_at(job)?;
+        let agent = self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster).map(|a| (a, &mut f.counts)));
+        let Some((agent, counts)) = agent else {
+            return Err(invariant(format!("offer to cluster {cluster}, which has no agent")));
+        };
+        agent.held.insert(job, token);
         if transfer_secs > 0 {
-            federation.counts.staged += 1;
+            counts.staged += 1;
             agent.staging.insert(job, started);
             self.start_copy(sim_job, cluster, now);
             let reason = match &sim_job.dataset {
@@ -485,53 +523,40 @@ impl Replay<'_> {
                 ),
                 None => "staging data".to_owned(),
             };
-            answers.push_back(reply(true, reason));
-            return Ok(());
+            return Ok(Admission::Queued { reason });
         }
         let nodes = started.nodes.clone();
         self.started(cluster, started, now)?;
-        answers.push_back(reply(true, String::new()));
-        let report = JobReport {
-            job_id: assignment.job_id.clone(),
-            fencing_token: assignment.fencing_token,
-            state: JobState::Running,
-            message: String::new(),
-            nodes,
-            requeue: false,
-            preempted: false,
-            usage: None,
-        };
-        answers.push_back(Input::Agent { conn, event: AgentEvent::Status(report) });
-        Ok(())
+        Ok(Admission::Started { nodes })
     }
 
     /// Stops the binding of `job` held on `cluster` and reports it cancelled.
     fn agent_stop(&mut self, cluster: usize, job: u32, answers: &mut VecDeque<Input>) -> Result<(), SimError> {
+        let Some(token) = self.agent_release(cluster, job) else { return Ok(()) };
         let Some(federation) = self.federation.as_mut() else { return Ok(()) };
         let id = federation.ids.get(job as usize).cloned().flatten();
-        let Some(agent) = federation.agents.get_mut(cluster) else { return Ok(()) };
-        let Some(token) = agent.held.remove(&job) else { return Ok(()) };
+        if let Some(agent) = federation.agents.get_mut(cluster) {
+            agent.outbox.insert((job, token));
+        }
+        if let Some(job_id) = id {
+            let event = AgentEvent::Status(offer::cancelled(&job_id, token));
+            answers.push_back(Input::Agent { conn: conn_of(cluster), event });
+        }
+        Ok(())
+    }
+
+    /// The agent of `cluster` stops holding `job` and stops it on the member's scheduler.
+    /// Returns the binding it held.
+    fn agent_release(&mut self, cluster: usize, job: u32) -> Option<u64> {
+        let agent = self.federation.as_mut()?.agents.get_mut(cluster)?;
+        let token = agent.held.remove(&job)?;
         agent.staging.remove(&job);
-        agent.outbox.insert((job, token));
         if let Some(member) = self.members.get_mut(cluster)
             && member.scheduler.cancel(&job.to_string()) != Cancelled::NotFound
         {
             self.requeue_local(cluster);
         }
-        if let Some(job_id) = id {
-            let report = JobReport {
-                job_id,
-                fencing_token: token,
-                state: JobState::Cancelled,
-                message: "stopped at the gateway's request".to_owned(),
-                nodes: Vec::new(),
-                requeue: false,
-                preempted: false,
-                usage: None,
-            };
-            answers.push_back(Input::Agent { conn: conn_of(cluster), event: AgentEvent::Status(report) });
-        }
-        Ok(())
+        Some(token)
     }
 }
 

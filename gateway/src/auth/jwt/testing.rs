@@ -3,12 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ring::rand::SystemRandom;
-use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair, RSA_PKCS1_SHA256, RsaKeyPair};
+use ring::signature::{
+    ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair, RSA_PKCS1_SHA256, RsaKeyPair, RsaPublicKeyComponents,
+};
 use serde_json::{Value, json};
-
-use super::*;
 
 /// A 2048-bit RSA key (PKCS#1 DER, base64), made with `openssl genpkey` for tests and the
 /// `auth` bench only.
@@ -28,7 +29,7 @@ impl Signer {
     }
 
     pub(crate) fn rs256() -> Signer {
-        let der = base64::engine::general_purpose::STANDARD.decode(RSA_KEY.trim()).unwrap();
+        let der = STANDARD.decode(RSA_KEY.trim()).unwrap();
         Signer::Rs256(RsaKeyPair::from_der(&der).unwrap())
     }
 

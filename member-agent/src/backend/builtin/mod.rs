@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::logs::{LogRequest, log_chunk};
 use super::process::{Exit, ExitReceiver, Outcome, ProcessRunner, ProcessSettings};
 use super::{
     Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
@@ -252,6 +253,10 @@ impl BuiltinBackend {
             .collect()
     }
 
+    fn inventory_now(&self) -> Inventory {
+        self.shared.lock().scheduler.inventory()
+    }
+
     fn pressure_now(&self) -> QueuePressure {
         let state = self.shared.lock();
         // The scheduler counts in shrunk time; the gateway compares waits with job-time rules
@@ -266,13 +271,7 @@ impl BuiltinBackend {
         pressure
     }
 
-    fn logs_now(
-        &self,
-        job_id: &str,
-        fencing_token: u64,
-        from: Option<u64>,
-        max_bytes: usize,
-    ) -> Result<LogChunk, BackendError> {
+    fn logs_now(&self, job_id: &str, fencing_token: u64, request: LogRequest) -> Result<LogChunk, BackendError> {
         let state = self.shared.lock();
         let RunnerState::Process(runner) = &state.runner else {
             return Err(BackendError::permanent(format!(
@@ -284,9 +283,9 @@ impl BuiltinBackend {
             state.bindings.get(job_id).is_some_and(|b| b.fencing_token == fencing_token && b.run_id.is_none());
         if waiting {
             // Held but not started: no output yet, more to come.
-            return Ok(LogChunk { data: String::new(), offset: 0, next_offset: 0, complete: false });
+            return Ok(log_chunk(&[], 0, 0, false));
         }
-        runner.logs(job_id, fencing_token, from, max_bytes)
+        runner.logs(job_id, fencing_token, request.from, request.max_bytes)
     }
 }
 
@@ -336,7 +335,7 @@ impl LocalBackend for BuiltinBackend {
         from: Option<u64>,
         max_bytes: usize,
     ) -> BackendFuture<'a, LogChunk> {
-        Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, from, max_bytes)))
+        Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, LogRequest { from, max_bytes })))
     }
 
     /// Under the process runner, hands the deadline to its lease watchdog; nothing under the
@@ -350,7 +349,7 @@ impl LocalBackend for BuiltinBackend {
 
 impl InventorySource for BuiltinBackend {
     fn inventory(&self) -> BackendFuture<'_, Inventory> {
-        Box::pin(std::future::ready(Ok(self.shared.lock().scheduler.inventory())))
+        Box::pin(std::future::ready(Ok(self.inventory_now())))
     }
 
     fn pressure(&self) -> BackendFuture<'_, QueuePressure> {

@@ -1,9 +1,7 @@
 //! The builtin backend with the process runner: real child processes (`sh -c …`), real time.
 //! Every wait polls with a deadline.
 
-use std::collections::BTreeMap;
-
-use meridian_proto::spec::{GangSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+use meridian_scheduler::testkit::node;
 use tokio::sync::mpsc;
 
 use super::fixture::Fixture;
@@ -11,22 +9,10 @@ use super::*;
 use crate::backend::JobEventReceiver;
 use crate::backend::process::discovery::{declared_host_nodes, device_table};
 use crate::builtin::{NodeSpec, QueueSpec};
+use crate::test_jobs::{assignment, job_spec};
 
 /// Longest any single expectation may take.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn node(name: &str, gpus: u32) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        shape: format!("h100x{gpus}"),
-        gpu_type: "h100".into(),
-        gpu_memory_gib: 80,
-        gpus,
-        cpu: 64,
-        memory_gib: 512,
-        labels: Default::default(),
-    }
-}
 
 /// A job of `replicas` × `gpus` running `sh -c script`.
 fn job(job_id: &str, replicas: u32, gpus: u32, script: &str) -> Assignment {
@@ -34,23 +20,10 @@ fn job(job_id: &str, replicas: u32, gpus: u32, script: &str) -> Assignment {
 }
 
 fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> Assignment {
-    let spec = JobSpec {
-        name: "train".into(),
-        tenant: "a".into(),
-        priority: 50,
-        preemptible: false,
-        labels: BTreeMap::new(),
-        idempotency_key: None,
-        gang: GangSpec {
-            replicas,
-            resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
-        },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(60), limit: None, deadline: None },
-        data: Vec::new(),
-        placement: PlacementRules::default(),
-        payload: Payload { image: None, command, env: BTreeMap::new(), secret_env: Default::default() },
-    };
-    Assignment { job_id: job_id.into(), fencing_token: 1, spec, last_preempted_at_ms: None }
+    let mut spec = job_spec("a", replicas, gpus, 60);
+    spec.payload.image = None;
+    spec.payload.command = command;
+    assignment(job_id, 1, spec)
 }
 
 /// One 4-GPU node, the given kill grace, 1 MiB of output per job.

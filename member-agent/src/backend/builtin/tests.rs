@@ -1,53 +1,11 @@
 //! The builtin backend with the simulated runner.
-use std::collections::BTreeMap;
-
-use meridian_proto::spec::{GangSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+use meridian_scheduler::testkit::node;
 use tokio::sync::mpsc;
 
 use super::*;
 use crate::backend::JobEventReceiver;
-use crate::builtin::{NodeSpec, QueuePolicy, QueueSpec};
-
-fn node(name: &str, gpus: u32) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        shape: "h100x8".into(),
-        gpu_type: "h100".into(),
-        gpu_memory_gib: 80,
-        gpus,
-        cpu: 64,
-        memory_gib: 512,
-        labels: Default::default(),
-    }
-}
-
-fn spec(tenant: &str, gpus: u32, estimate_secs: u64) -> JobSpec {
-    JobSpec {
-        name: "train".into(),
-        tenant: tenant.into(),
-        priority: 50,
-        preemptible: false,
-        labels: BTreeMap::new(),
-        idempotency_key: None,
-        gang: GangSpec {
-            replicas: 1,
-            resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 1, memory_gib: 1 },
-        },
-        runtime: RuntimeSpec { estimate: HumanDuration::from_secs(estimate_secs), limit: None, deadline: None },
-        data: Vec::new(),
-        placement: PlacementRules::default(),
-        payload: Payload {
-            image: Some("img".into()),
-            command: Vec::new(),
-            env: BTreeMap::new(),
-            secret_env: Default::default(),
-        },
-    }
-}
-
-fn assignment(job_id: &str, token: u64, spec: JobSpec) -> Assignment {
-    Assignment { job_id: job_id.into(), fencing_token: token, spec, last_preempted_at_ms: None }
-}
+use crate::builtin::{QueuePolicy, QueueSpec};
+use crate::test_jobs::{assignment, job_spec};
 
 /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
 fn backend() -> (BuiltinBackend, JobEventReceiver) {
@@ -80,7 +38,7 @@ async fn next_change(events: &mut JobEventReceiver) -> JobEvent {
 async fn a_job_that_fits_starts_at_once_and_succeeds_after_its_estimate() {
     let (backend, mut events) = backend();
     let started = Instant::now();
-    let admission = backend.submit(&assignment("j-1", 7, spec("a", 4, 60))).await.unwrap();
+    let admission = backend.submit(&assignment("j-1", 7, job_spec("a", 1, 4, 60))).await.unwrap();
     assert_eq!(admission, Admission::Started { nodes: vec!["n-0".into()] });
     assert_eq!(backend.inventory().await.unwrap().gpus_free(), 4, "inventory shows the GPUs taken at once");
     let event = next_event(&mut events).await;
@@ -94,8 +52,8 @@ async fn a_job_that_fits_starts_at_once_and_succeeds_after_its_estimate() {
 #[tokio::test(start_paused = true)]
 async fn a_job_queues_locally_when_the_cluster_is_busy_and_starts_when_capacity_frees() {
     let (backend, mut events) = backend();
-    backend.submit(&assignment("big", 1, spec("a", 8, 100))).await.unwrap();
-    let admission = backend.submit(&assignment("next", 2, spec("a", 8, 10))).await.unwrap();
+    backend.submit(&assignment("big", 1, job_spec("a", 1, 8, 100))).await.unwrap();
+    let admission = backend.submit(&assignment("next", 2, job_spec("a", 1, 8, 10))).await.unwrap();
     let Admission::Queued { reason } = admission else { panic!("expected queued, got {admission:?}") };
     assert!(reason.contains("local queue `a`") && reason.contains("0 of 8 free"), "{reason}");
     assert_eq!(backend.pressure().await.unwrap().pending_gpus(), 8);
@@ -115,13 +73,13 @@ async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() 
     // (before `b-1` arrives) and keep it, so it would go first.
     let (backend, mut events) = backend_with(QueuePolicy::Strict);
     // Queue `a` holds the whole node; `a` and then `b` queue one job each behind it.
-    backend.submit(&assignment("a-1", 1, spec("a", 8, 100))).await.unwrap();
+    backend.submit(&assignment("a-1", 1, job_spec("a", 1, 8, 100))).await.unwrap();
     assert!(matches!(
-        backend.submit(&assignment("a-2", 1, spec("a", 8, 100))).await.unwrap(),
+        backend.submit(&assignment("a-2", 1, job_spec("a", 1, 8, 100))).await.unwrap(),
         Admission::Queued { .. }
     ));
     assert!(matches!(
-        backend.submit(&assignment("b-1", 1, spec("b", 8, 100))).await.unwrap(),
+        backend.submit(&assignment("b-1", 1, job_spec("b", 1, 8, 100))).await.unwrap(),
         Admission::Queued { .. }
     ));
     assert_eq!(next_change(&mut events).await.job_id, "a-1");
@@ -135,7 +93,7 @@ async fn fair_share_between_two_queues_decides_who_starts_when_capacity_frees() 
 #[tokio::test(start_paused = true)]
 async fn a_job_that_can_never_fit_is_refused_permanently() {
     let (backend, _events) = backend();
-    let admission = backend.submit(&assignment("huge", 1, spec("a", 16, 10))).await.unwrap();
+    let admission = backend.submit(&assignment("huge", 1, job_spec("a", 1, 16, 10))).await.unwrap();
     assert!(matches!(admission, Admission::Refused { permanent: true, .. }), "{admission:?}");
     assert!(backend.list().await.unwrap().is_empty());
 }
@@ -143,17 +101,20 @@ async fn a_job_that_can_never_fit_is_refused_permanently() {
 #[tokio::test(start_paused = true)]
 async fn a_second_binding_of_a_held_job_is_refused_until_the_first_is_cancelled() {
     let (backend, _events) = backend();
-    backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
-    let admission = backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap();
+    backend.submit(&assignment("j", 1, job_spec("a", 1, 1, 100))).await.unwrap();
+    let admission = backend.submit(&assignment("j", 2, job_spec("a", 1, 1, 100))).await.unwrap();
     assert!(matches!(admission, Admission::Refused { permanent: false, .. }), "{admission:?}");
     backend.cancel("j", 1).await.unwrap();
-    assert!(matches!(backend.submit(&assignment("j", 2, spec("a", 1, 100))).await.unwrap(), Admission::Started { .. }));
+    assert!(matches!(
+        backend.submit(&assignment("j", 2, job_spec("a", 1, 1, 100))).await.unwrap(),
+        Admission::Started { .. }
+    ));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_job_cut_at_its_runtime_limit_fails() {
     let (backend, mut events) = backend();
-    let mut limited = spec("a", 1, 100);
+    let mut limited = job_spec("a", 1, 1, 100);
     limited.runtime.limit = Some(HumanDuration::from_secs(30));
     backend.submit(&assignment("j", 1, limited)).await.unwrap();
     let event = next_event(&mut events).await;
@@ -163,7 +124,7 @@ async fn a_job_cut_at_its_runtime_limit_fails() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_backend_stops_its_driver() {
     let (backend, mut events) = backend();
-    backend.submit(&assignment("j", 1, spec("a", 1, 100))).await.unwrap();
+    backend.submit(&assignment("j", 1, job_spec("a", 1, 1, 100))).await.unwrap();
     drop(backend);
     // The driver held the only other sender; once it is stopped the channel closes.
     assert_eq!(tokio::time::timeout(Duration::from_secs(1000), events.recv()).await.unwrap(), None);
@@ -173,16 +134,16 @@ async fn dropping_the_backend_stops_its_driver() {
 /// a runtime limit shorter than its estimate.
 fn fixture() -> super::fixture::Fixture {
     let (first, events) = backend();
-    let mut fails = assignment("fails", 3, spec("a", 1, 600));
+    let mut fails = assignment("fails", 3, job_spec("a", 1, 1, 600));
     fails.spec.runtime.limit = Some(HumanDuration::from_secs(30));
     super::fixture::Fixture {
         backend: Arc::new(first),
         events,
-        runs: assignment("runs", 3, spec("a", 2, 86_400)),
-        fills: assignment("fills", 3, spec("a", 8, 86_400)),
-        succeeds: assignment("succeeds", 3, spec("a", 1, 5)),
+        runs: assignment("runs", 3, job_spec("a", 1, 2, 86_400)),
+        fills: assignment("fills", 3, job_spec("a", 1, 8, 86_400)),
+        succeeds: assignment("succeeds", 3, job_spec("a", 1, 1, 5)),
         fails,
-        never_fits: assignment("never", 3, spec("a", 64, 60)),
+        never_fits: assignment("never", 3, job_spec("a", 1, 64, 60)),
         reopen: Arc::new(|| {
             let (again, events) = backend();
             (Arc::new(again), events)
@@ -202,9 +163,9 @@ async fn the_builtin_backend_passes_the_conformance_suite() {
 async fn a_higher_priority_job_preempts_a_preemptible_one_after_the_grace() {
     let (backend, mut events) = backend();
     let t0 = Instant::now();
-    let low = JobSpec { priority: 10, preemptible: true, ..spec("a", 8, 1000) };
+    let low = JobSpec { priority: 10, preemptible: true, ..job_spec("a", 1, 8, 1000) };
     backend.submit(&assignment("low", 1, low)).await.unwrap();
-    let urgent = JobSpec { priority: 90, ..spec("b", 8, 60) };
+    let urgent = JobSpec { priority: 90, ..job_spec("b", 1, 8, 60) };
     assert!(matches!(backend.submit(&assignment("urgent", 2, urgent)).await.unwrap(), Admission::Queued { .. }));
 
     let stopped = next_change(&mut events).await;
@@ -222,12 +183,12 @@ async fn a_higher_priority_job_preempts_a_preemptible_one_after_the_grace() {
 #[tokio::test(start_paused = true)]
 async fn a_job_preempted_recently_is_not_preempted_again() {
     let (backend, mut events) = backend();
-    let low = JobSpec { priority: 10, preemptible: true, ..spec("a", 8, 100) };
+    let low = JobSpec { priority: 10, preemptible: true, ..job_spec("a", 1, 8, 100) };
     let now_ms =
         i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
     let recent = Assignment { last_preempted_at_ms: Some(now_ms - 60_000), ..assignment("low", 1, low) };
     backend.submit(&recent).await.unwrap();
-    let urgent = JobSpec { priority: 90, ..spec("b", 8, 60) };
+    let urgent = JobSpec { priority: 90, ..job_spec("b", 1, 8, 60) };
     backend.submit(&assignment("urgent", 2, urgent)).await.unwrap();
     // The victim would be protected for 9 more minutes; it runs to its end instead.
     let first = next_change(&mut events).await;

@@ -26,10 +26,8 @@ use meridian_proto::protocol::Assignment;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use super::{
-    Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
-    LogChunk, Result,
-};
+use super::logs::LogRequest;
+use super::{Admission, BackendError, HeldJob, JobEvent, JobEventSender, JobPhase, LogChunk, Result};
 
 pub mod config;
 pub mod inventory;
@@ -118,7 +116,7 @@ impl KubernetesBackend {
         shared.scan().await?;
         let snapshot = shared.snapshot().await?;
         {
-            let mut tracked = shared.lock();
+            let mut tracked = shared.lock_tracked();
             for binding in &snapshot.bindings {
                 let phase = snapshot.phase_of(binding, shared.config.mode);
                 if !phase.is_terminal() {
@@ -126,7 +124,7 @@ impl KubernetesBackend {
                 }
             }
         }
-        let poller = tokio::spawn(poll(Arc::clone(&shared)));
+        let poller = tokio::spawn(run_status_loop(Arc::clone(&shared)));
         Ok(Self { shared, poller })
     }
 }
@@ -200,7 +198,7 @@ pub(crate) fn refusal(error: &kube::Error) -> Option<Admission> {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Tracked>> {
+    fn lock_tracked(&self) -> MutexGuard<'_, BTreeMap<String, Tracked>> {
         self.tracked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -228,6 +226,10 @@ impl Shared {
         self.deadline(what, call).await?.map_err(|e| api_error(what, e))
     }
 
+    async fn inventory_now(&self) -> Result<Inventory> {
+        Ok(self.scan().await?.inventory)
+    }
+
     /// Nodes and pods of the whole cluster → inventory.
     async fn scan(&self) -> Result<Scan> {
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -253,7 +255,7 @@ impl Shared {
         Ok(Snapshot { bindings, pods: pods.items, groups })
     }
 
-    async fn submit(&self, job: &Assignment) -> Result<Admission> {
+    async fn submit_now(&self, job: &Assignment) -> Result<Admission> {
         let spec = &job.spec;
         if spec.payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
             return Ok(Admission::Refused {
@@ -290,10 +292,12 @@ impl Shared {
         };
         // Tracked before the call, so the poller reports a start that races the answer.
         let pending = JobPhase::Pending { reason: reason.clone() };
-        self.lock().insert(job.job_id.clone(), Tracked { since: None, ..Tracked::new(job.fencing_token, pending) });
+        self.lock_tracked()
+            .insert(job.job_id.clone(), Tracked { since: None, ..Tracked::new(job.fencing_token, pending) });
         let created = self.deadline("create job", self.jobs().create(&PostParams::default(), &object)).await;
         if matches!(created, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))))
-            && let Some(entry) = self.lock().get_mut(&job.job_id).filter(|t| t.fencing_token == job.fencing_token)
+            && let Some(entry) =
+                self.lock_tracked().get_mut(&job.job_id).filter(|t| t.fencing_token == job.fencing_token)
         {
             entry.since.get_or_insert_with(tokio::time::Instant::now);
         }
@@ -318,13 +322,13 @@ impl Shared {
     }
 
     fn untrack(&self, job_id: &str, fencing_token: u64) {
-        let mut tracked = self.lock();
+        let mut tracked = self.lock_tracked();
         if tracked.get(job_id).is_some_and(|t| t.fencing_token == fencing_token) {
             tracked.remove(job_id);
         }
     }
 
-    async fn cancel(&self, job_id: &str, fencing_token: u64) -> Result<()> {
+    async fn cancel_now(&self, job_id: &str, fencing_token: u64) -> Result<()> {
         self.untrack(job_id, fencing_token);
         let name = objects::object_name(job_id, fencing_token);
         let jobs = self.jobs();
@@ -340,7 +344,7 @@ impl Shared {
         }
     }
 
-    async fn list(&self) -> Result<Vec<HeldJob>> {
+    async fn list_now(&self) -> Result<Vec<HeldJob>> {
         let snapshot = self.snapshot().await?;
         Ok(snapshot
             .bindings
@@ -353,7 +357,7 @@ impl Shared {
             .collect())
     }
 
-    async fn logs(&self, job_id: &str, fencing_token: u64, from: Option<u64>, max_bytes: usize) -> Result<LogChunk> {
+    async fn logs_now(&self, job_id: &str, fencing_token: u64, request: LogRequest) -> Result<LogChunk> {
         let snapshot = self.snapshot().await?;
         let Some(binding) = snapshot.bindings.iter().find(|b| b.job_id == job_id && b.fencing_token == fencing_token)
         else {
@@ -383,21 +387,21 @@ impl Shared {
             }
             all.push_str(&text);
         }
-        Ok(chunk_of(&all, from, max_bytes, complete))
+        Ok(request.window(all.as_bytes(), 0, complete))
     }
 
-    async fn pressure(&self) -> Result<QueuePressure> {
+    async fn pressure_now(&self) -> Result<QueuePressure> {
         let groups: Api<DynamicObject> = Api::all_with(self.client.clone(), &group_resource(self.config.mode));
         let groups = self.call("list pod groups", groups.list(&ListParams::default())).await?;
         let groups: Vec<Value> = groups.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()).collect();
         Ok(pressure::pressure_of(&groups, self.config.mode))
     }
 
-    /// One poll round: report every tracked binding whose phase changed.
-    async fn poll_once(&self) -> Result<()> {
+    /// One status sync: report every tracked binding whose phase changed.
+    async fn sync_status(&self) -> Result<()> {
         let started = tokio::time::Instant::now();
         let snapshot = self.snapshot().await?;
-        let mut tracked = self.lock();
+        let mut tracked = self.lock_tracked();
         let mut gone = Vec::new();
         for (job_id, entry) in tracked.iter_mut() {
             let token = entry.fencing_token;
@@ -427,11 +431,11 @@ impl Shared {
 }
 
 /// Polls until aborted (the backend aborts it when dropped); a failed round is logged and retried.
-async fn poll(shared: Arc<Shared>) {
+async fn run_status_loop(shared: Arc<Shared>) {
     let interval = shared.config.poll_interval.0.max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(interval).await;
-        if let Err(error) = shared.poll_once().await {
+        if let Err(error) = shared.sync_status().await {
             tracing::warn!(%error, "kubernetes: status poll failed");
         }
     }
@@ -513,57 +517,4 @@ fn never_fits(job: &Assignment, inventory: &Inventory, gpu_type: Option<&str>) -
     })
 }
 
-/// The piece of `all` that a `logs` call asks for.
-fn chunk_of(all: &str, from: Option<u64>, max_bytes: usize, complete: bool) -> LogChunk {
-    let bytes = all.as_bytes();
-    let len = bytes.len();
-    let start = match from {
-        Some(from) => usize::try_from(from).unwrap_or(usize::MAX).min(len),
-        None => len.saturating_sub(max_bytes),
-    };
-    let end = start.saturating_add(max_bytes).min(len);
-    LogChunk {
-        data: String::from_utf8_lossy(&bytes[start..end]).into_owned(),
-        offset: start as u64,
-        next_offset: end as u64,
-        complete: complete && end == len,
-    }
-}
-
-impl LocalBackend for KubernetesBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Kubernetes
-    }
-
-    fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission> {
-        Box::pin(self.shared.submit(job))
-    }
-
-    fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()> {
-        Box::pin(self.shared.cancel(job_id, fencing_token))
-    }
-
-    fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {
-        Box::pin(self.shared.list())
-    }
-
-    fn logs<'a>(
-        &'a self,
-        job_id: &'a str,
-        fencing_token: u64,
-        from: Option<u64>,
-        max_bytes: usize,
-    ) -> BackendFuture<'a, LogChunk> {
-        Box::pin(self.shared.logs(job_id, fencing_token, from, max_bytes))
-    }
-}
-
-impl InventorySource for KubernetesBackend {
-    fn inventory(&self) -> BackendFuture<'_, Inventory> {
-        Box::pin(async move { Ok(self.shared.scan().await?.inventory) })
-    }
-
-    fn pressure(&self) -> BackendFuture<'_, QueuePressure> {
-        Box::pin(self.shared.pressure())
-    }
-}
+super::delegate_to_shared_state!(KubernetesBackend, BackendKind::Kubernetes);

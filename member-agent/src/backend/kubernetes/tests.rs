@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::protocol::Assignment;
-use meridian_proto::spec::{GangSpec, JobSpec, Payload, PlacementRules, Resources, RuntimeSpec};
+use meridian_proto::spec::Payload;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -17,36 +17,16 @@ use super::fake::{self, FakeApi};
 use super::inventory::{GpuTypeMapper, scan};
 use super::*;
 use crate::backend::conformance::{self, Reopened};
-use crate::backend::{JobEventReceiver, JobPhase};
+use crate::backend::{InventorySource, JobEventReceiver, JobPhase, LocalBackend};
+use crate::test_jobs::{self, job_spec};
 
 /// A job of `replicas` × `gpus` for `tenant`, with an image.
 pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, gpus: u32) -> Assignment {
-    Assignment {
-        job_id: job_id.into(),
-        fencing_token: token,
-        spec: JobSpec {
-            name: "train".into(),
-            tenant: tenant.into(),
-            priority: 50,
-            preemptible: false,
-            labels: BTreeMap::new(),
-            idempotency_key: None,
-            gang: GangSpec {
-                replicas,
-                resources: Resources { gpus, gpu_types: Vec::new(), gpu_memory_gib: 0, cpu: 4, memory_gib: 16 },
-            },
-            runtime: RuntimeSpec { estimate: HumanDuration::from_secs(600), limit: None, deadline: None },
-            data: Vec::new(),
-            placement: PlacementRules::default(),
-            payload: Payload {
-                image: Some("registry.example/train:1".into()),
-                command: Vec::new(),
-                env: BTreeMap::new(),
-                secret_env: Default::default(),
-            },
-        },
-        last_preempted_at_ms: None,
-    }
+    let mut spec = job_spec(tenant, replicas, gpus, 600);
+    spec.gang.resources.cpu = 4;
+    spec.gang.resources.memory_gib = 16;
+    spec.payload.image = Some("registry.example/train:1".into());
+    test_jobs::assignment(job_id, token, spec)
 }
 
 fn with_command(mut job: Assignment, script: &str) -> Assignment {
@@ -202,8 +182,7 @@ async fn submit_creates_one_volcano_job_with_the_node_selector_of_its_gpu_type()
 async fn a_command_only_payload_is_refused_permanently() {
     let (api, backend, _rx) = member(Mode::Volcano, false).await;
     let mut job = assignment("bare", 1, "t", 1, 1);
-    job.spec.payload =
-        Payload { image: None, command: vec!["true".into()], env: BTreeMap::new(), secret_env: Default::default() };
+    job.spec.payload = Payload { image: None, command: vec!["true".into()], ..Payload::default() };
     let admission = backend.submit(&job).await.unwrap();
     assert!(
         matches!(&admission, Admission::Refused { permanent: true, reason } if reason.contains("image")),
@@ -377,15 +356,4 @@ fn the_example_rbac_grants_what_the_backend_calls() {
         assert!(rbac.contains("resources: [\"pods/log\"]"));
         assert!(rbac.contains("resources: [\"nodes\", \"pods\"]"));
     }
-}
-
-#[test]
-fn log_chunks_follow_offsets_and_the_tail_is_bounded() {
-    let all = "line one\nline two\n";
-    let tail = chunk_of(all, None, 9, true);
-    assert_eq!((tail.data.as_str(), tail.offset, tail.next_offset, tail.complete), ("line two\n", 9, 18, true));
-    let head = chunk_of(all, Some(0), 5, true);
-    assert_eq!((head.data.as_str(), head.next_offset, head.complete), ("line ", 5, false));
-    let past = chunk_of(all, Some(100), 5, false);
-    assert_eq!((past.data.as_str(), past.offset), ("", 18));
 }

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::backend::LogChunk;
+use crate::backend::logs::{LogRequest, log_chunk};
 
 /// How many ended jobs' output the store keeps, oldest dropped first.
 pub const ENDED_JOBS_KEPT: usize = 256;
@@ -69,21 +70,15 @@ impl OutputLog {
     }
 
     /// At most `max_bytes` from absolute offset `from` (or the last `max_bytes` when None); bytes
-    /// no longer kept are answered from the oldest kept byte.
+    /// no longer kept are answered from the oldest kept byte (the window rule of
+    /// [`crate::backend::logs`]).
     pub fn read(&self, from: Option<u64>, max_bytes: usize) -> LogChunk {
         let ring = self.lock();
         let end = ring.start + ring.bytes.len() as u64;
-        let wanted = from.unwrap_or_else(|| end.saturating_sub(max_bytes as u64));
-        let offset = wanted.clamp(ring.start, end);
-        let skip = usize::try_from(offset - ring.start).unwrap_or(usize::MAX);
-        let data: Vec<u8> = ring.bytes.iter().skip(skip).take(max_bytes).copied().collect();
-        let next_offset = offset + data.len() as u64;
-        LogChunk {
-            data: String::from_utf8_lossy(&data).into_owned(),
-            offset,
-            next_offset,
-            complete: ring.ended && next_offset == end,
-        }
+        let range = LogRequest { from, max_bytes }.range(ring.start..end);
+        let index = |offset: u64| usize::try_from(offset - ring.start).unwrap_or(ring.bytes.len());
+        let data: Vec<u8> = ring.bytes.range(index(range.start)..index(range.end)).copied().collect();
+        log_chunk(&data, range.start, end, ring.ended)
     }
 
     /// The last `max_lines` lines, at most `max_bytes` long (cut at a line start where possible),

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::live_tests::{ONE_AT_A_TIME, PATIENCE, assignment, clean, cluster, config, event_where};
 use super::*;
+use crate::backend::LocalBackend;
 
 /// How long Slurm may take to charge teama's usage and recompute the pending jobs' priorities.
 const USAGE_PATIENCE: Duration = Duration::from_secs(240);

@@ -14,8 +14,8 @@ use meridian_proto::spec::JobSpec;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::backend::JobEventReceiver;
 use crate::backend::conformance;
+use crate::backend::{InventorySource, JobEventReceiver, LocalBackend};
 
 pub(super) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub(super) const PATIENCE: Duration = Duration::from_secs(90);

@@ -25,9 +25,8 @@ use meridian_proto::protocol::Assignment;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::task::JoinHandle;
 
-use super::{
-    Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEventSender, JobPhase, LocalBackend, LogChunk,
-};
+use super::logs::{LogRequest, log_chunk};
+use super::{Admission, BackendError, HeldJob, JobEventSender, JobPhase, LogChunk};
 
 mod command;
 mod config;
@@ -93,7 +92,7 @@ impl SlurmBackend {
             submit_lock: tokio::sync::Mutex::new(()),
         });
         shared.inventory_now().await?;
-        let poller = tokio::spawn(poll::run(Arc::downgrade(&shared)));
+        let poller = tokio::spawn(poll::run_status_loop(Arc::downgrade(&shared)));
         Ok(Self { shared, poller })
     }
 
@@ -109,7 +108,7 @@ impl SlurmBackend {
     /// Runs one status sync now (what the loop does every `pollInterval`); returns how many
     /// events it sent. For benchmarks and tests.
     pub async fn sync_status(&self) -> Result<usize, BackendError> {
-        poll::sync(&self.shared).await
+        poll::sync_status(&self.shared).await
     }
 }
 
@@ -132,6 +131,13 @@ impl Shared {
             job_id.to_string(),
             Tracked { fencing_token, slurm_id: slurm_id.to_string(), phase: phase.clone() },
         );
+    }
+
+    fn untrack(&self, job_id: &str, fencing_token: u64) {
+        let mut tracked = self.lock_tracked();
+        if tracked.get(job_id).is_some_and(|t| t.fencing_token == fencing_token) {
+            tracked.remove(job_id);
+        }
     }
 
     async fn nodes(&self) -> Result<Vec<SlurmNode>, BackendError> {
@@ -226,12 +232,7 @@ impl Shared {
             })
             .map(|r| r.slurm_id.clone())
             .collect();
-        {
-            let mut tracked = self.lock_tracked();
-            if tracked.get(job_id).is_some_and(|t| t.fencing_token == fencing_token) {
-                tracked.remove(job_id);
-            }
-        }
+        self.untrack(job_id, fencing_token);
         for id in &targets {
             let comment = format!("Comment={}", cancelled_comment_for(&self.config.job_tag, job_id, fencing_token));
             // Rewrite the comment first: a restarted agent must not adopt or report it.
@@ -356,13 +357,7 @@ impl Shared {
         Ok(QueuePressure { queues, releases, estimated_wait_secs })
     }
 
-    async fn logs_now(
-        &self,
-        job_id: &str,
-        fencing_token: u64,
-        from: Option<u64>,
-        max_bytes: usize,
-    ) -> Result<LogChunk, BackendError> {
+    async fn logs_now(&self, job_id: &str, fencing_token: u64, request: LogRequest) -> Result<LogChunk, BackendError> {
         let rows = poll::squeue_all(&self.runner).await?;
         let row = rows.iter().find(|r| r.binding(&self.config.job_tag) == Some((job_id.to_string(), fencing_token)));
         let path: PathBuf = script::output_path(&self.config.work_dir, job_id, fencing_token);
@@ -371,7 +366,7 @@ impl Shared {
             Err(_) if row.is_some() => {
                 // Submitted, but it has not written anything yet.
                 let live = row.is_some_and(|r| poll::is_live(&r.state));
-                return Ok(LogChunk { data: String::new(), offset: 0, next_offset: 0, complete: !live });
+                return Ok(log_chunk(&[], 0, 0, !live));
             }
             Err(e) => {
                 return Err(BackendError::Permanent {
@@ -383,31 +378,20 @@ impl Shared {
                 });
             }
         };
-        read_chunk(file, from, max_bytes, row.is_none_or(|r| !poll::is_live(&r.state))).await.map_err(|e| {
+        read_chunk(file, request, row.is_none_or(|r| !poll::is_live(&r.state))).await.map_err(|e| {
             BackendError::Transient { message: format!("reading `{}`", path.display()), source: Some(Box::new(e)) }
         })
     }
 }
 
-async fn read_chunk(
-    mut file: tokio::fs::File,
-    from: Option<u64>,
-    max_bytes: usize,
-    ended: bool,
-) -> std::io::Result<LogChunk> {
+async fn read_chunk(mut file: tokio::fs::File, request: LogRequest, ended: bool) -> std::io::Result<LogChunk> {
     let len = file.metadata().await?.len();
-    let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
-    let offset = from.unwrap_or(len.saturating_sub(max)).min(len);
-    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    // Slurm's output file holds everything the job wrote.
+    let range = request.range(0..len);
+    file.seek(std::io::SeekFrom::Start(range.start)).await?;
     let mut bytes = Vec::new();
-    file.take(max).read_to_end(&mut bytes).await?;
-    let next_offset = offset + u64::try_from(bytes.len()).unwrap_or(0);
-    Ok(LogChunk {
-        data: String::from_utf8_lossy(&bytes).into_owned(),
-        offset,
-        next_offset,
-        complete: ended && next_offset >= len,
-    })
+    file.take(u64::try_from(request.max_bytes).unwrap_or(u64::MAX)).read_to_end(&mut bytes).await?;
+    Ok(log_chunk(&bytes, range.start, len, ended))
 }
 
 fn admission_of(phase: JobPhase) -> Admission {
@@ -421,40 +405,4 @@ fn admission_of(phase: JobPhase) -> Admission {
     }
 }
 
-impl LocalBackend for SlurmBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Slurm
-    }
-
-    fn submit<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, Admission> {
-        Box::pin(self.shared.submit_now(job))
-    }
-
-    fn cancel<'a>(&'a self, job_id: &'a str, fencing_token: u64) -> BackendFuture<'a, ()> {
-        Box::pin(self.shared.cancel_now(job_id, fencing_token))
-    }
-
-    fn list(&self) -> BackendFuture<'_, Vec<HeldJob>> {
-        Box::pin(self.shared.list_now())
-    }
-
-    fn logs<'a>(
-        &'a self,
-        job_id: &'a str,
-        fencing_token: u64,
-        from: Option<u64>,
-        max_bytes: usize,
-    ) -> BackendFuture<'a, LogChunk> {
-        Box::pin(self.shared.logs_now(job_id, fencing_token, from, max_bytes))
-    }
-}
-
-impl InventorySource for SlurmBackend {
-    fn inventory(&self) -> BackendFuture<'_, Inventory> {
-        Box::pin(self.shared.inventory_now())
-    }
-
-    fn pressure(&self) -> BackendFuture<'_, QueuePressure> {
-        Box::pin(self.shared.pressure_now())
-    }
-}
+super::delegate_to_shared_state!(SlurmBackend, BackendKind::Slurm);

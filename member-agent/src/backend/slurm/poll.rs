@@ -110,7 +110,7 @@ async fn job_record(runner: &Runner, id: &str) -> Option<super::parse::JobRecord
 }
 
 /// Runs until the backend is dropped (its owner aborts this task).
-pub(crate) async fn run(shared: Weak<Shared>) {
+pub(crate) async fn run_status_loop(shared: Weak<Shared>) {
     let interval = match shared.upgrade() {
         Some(shared) => shared.config.poll_interval.0,
         None => return,
@@ -120,14 +120,14 @@ pub(crate) async fn run(shared: Weak<Shared>) {
     loop {
         ticker.tick().await;
         let Some(shared) = shared.upgrade() else { return };
-        if let Err(e) = sync(&shared).await {
+        if let Err(e) = sync_status(&shared).await {
             tracing::warn!(error = %e, "slurm status poll failed; retrying");
         }
     }
 }
 
 /// One status sync: reads every job once and reports what changed for tracked bindings.
-pub(crate) async fn sync(shared: &Arc<Shared>) -> Result<usize, BackendError> {
+pub(crate) async fn sync_status(shared: &Arc<Shared>) -> Result<usize, BackendError> {
     let rows = squeue_all(&shared.runner).await?;
     let tracked: Vec<(String, super::Tracked)> =
         shared.lock_tracked().iter().map(|(job, t)| (job.clone(), t.clone())).collect();

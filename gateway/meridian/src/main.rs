@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use meridian_gateway::cli::{ClientArgs, UserCommand};
+use meridian_cli::{ClientArgs, UserCommand};
 use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::server;
-use meridian_gateway::store::RedbStore;
+use meridian_store::RedbStore;
 
 /// Meridian: submit GPU jobs once, run them on the best cluster of the federation.
 #[derive(Parser)]
@@ -26,12 +26,12 @@ enum Command {
     /// Run the federation gateway (control plane).
     Gateway(GatewayArgs),
     /// Run a self-contained demo: a gateway and three member clusters in this process.
-    Demo(meridian_gateway::demo::DemoArgs),
+    Demo(meridian::demo::DemoArgs),
     /// Replay a workload over a simulated federation and compare placement policies.
-    Sim(meridian_gateway::sim::command::SimArgs),
+    Sim(meridian_sim::command::SimArgs),
     /// Make a development CA and certificates for the gateway and its agents.
     #[command(subcommand)]
-    Certs(meridian_gateway::certs::CertsCommand),
+    Certs(meridian::certs::CertsCommand),
     #[command(flatten)]
     User(UserCommand),
 }
@@ -67,7 +67,7 @@ async fn main() -> ExitCode {
         }
         Command::Demo(args) => {
             meridian_process::init_logging("error");
-            match meridian_gateway::demo::run(args, &mut std::io::stdout()).await {
+            match meridian::demo::run(args, &mut std::io::stdout()).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
@@ -75,16 +75,14 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Sim(args) => {
-            match meridian_gateway::sim::command::run(&args, cli.client.output, &mut std::io::stdout()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::Sim(args) => match meridian_sim::command::run(&args, cli.client.output, &mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
             }
-        }
-        Command::Certs(command) => match meridian_gateway::certs::run(command, &mut std::io::stdout()) {
+        },
+        Command::Certs(command) => match meridian::certs::run(command, &mut std::io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -93,7 +91,7 @@ async fn main() -> ExitCode {
         },
         Command::User(command) => {
             let mut out = std::io::stdout();
-            match meridian_gateway::cli::run(command, &cli.client, &mut out).await {
+            match meridian_cli::run(command, &cli.client, &mut out).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -25,13 +25,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::pb;
 use crate::duration::HumanDuration;
 use crate::gpu::GpuCatalog;
 use crate::inventory::{
     BackendKind, ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure, Tier,
 };
 use crate::job::JobState;
-use crate::pb;
 use crate::selector::Selector;
 use crate::spec::{self, BurstPolicy, JobSpec};
 use crate::validate::{self, FieldError, SpecError};
@@ -775,7 +775,7 @@ mod tests {
 
     /// The fenced code blocks of `docs/job-spec.md` tagged `lang`, in order.
     fn doc_blocks(lang: &str) -> Vec<String> {
-        let doc = include_str!("../../docs/job-spec.md");
+        let doc = include_str!("../../../docs/job-spec.md");
         let fence = format!("```{lang}\n");
         doc.split(fence.as_str())
             .skip(1)

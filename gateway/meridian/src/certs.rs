@@ -21,7 +21,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use time::{Duration, OffsetDateTime};
 
-use crate::tls::identity::cluster_uri;
+use meridian_gateway::tls::identity::cluster_uri;
 
 /// The CA's common name. `certs issue` rebuilds the issuer from it and the CA key, so it must
 /// not change between versions.
@@ -378,7 +378,7 @@ mod tests {
         }
         let cert = std::fs::read(&issued[0]).unwrap();
         let der = CertificateDer::from_pem_slice(&cert).unwrap();
-        assert_eq!(crate::tls::identity::clusters_named(&der), ["onprem-east"]);
+        assert_eq!(meridian_gateway::tls::identity::clusters_named(&der), ["onprem-east"]);
     }
 
     #[test]

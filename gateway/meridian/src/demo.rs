@@ -22,18 +22,18 @@ use meridian_core::{ClusterSummary, Explanation, JobFilter, JobRecord};
 use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::validate::parse_job_spec;
 
-use crate::api::ApiError;
-use crate::config::GatewayConfig;
-use crate::placement::NetworkTable;
-use crate::runtime::{Handle, now_ms};
-use crate::server;
-use crate::store::MemoryStore;
+use meridian_gateway::api::ApiError;
+use meridian_gateway::config::GatewayConfig;
+use meridian_gateway::runtime::{Handle, now_ms};
+use meridian_gateway::server;
+use meridian_placement::NetworkTable;
+use meridian_store::MemoryStore;
 
-const GATEWAY_CONFIG: &str = include_str!("../../deploy/examples/local/gateway.yaml");
+const GATEWAY_CONFIG: &str = include_str!("../../../deploy/examples/local/gateway.yaml");
 const AGENT_CONFIGS: [(&str, &str); 3] = [
-    ("onprem-east.yaml", include_str!("../../deploy/examples/local/onprem-east.yaml")),
-    ("onprem-west.yaml", include_str!("../../deploy/examples/local/onprem-west.yaml")),
-    ("cloud-burst.yaml", include_str!("../../deploy/examples/local/cloud-burst.yaml")),
+    ("onprem-east.yaml", include_str!("../../../deploy/examples/local/onprem-east.yaml")),
+    ("onprem-west.yaml", include_str!("../../../deploy/examples/local/onprem-west.yaml")),
+    ("cloud-burst.yaml", include_str!("../../../deploy/examples/local/cloud-burst.yaml")),
 ];
 const GIB_TO_GB: f64 = 1.073_741_824;
 
@@ -138,7 +138,7 @@ pub async fn run(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let certs = tempfile::tempdir().context("a temporary directory for the demo's certificates")?;
     let dir = certs.path();
     crate::certs::init(dir, &[], 1, false)?;
-    config.tls = Some(crate::tls::TlsConfig {
+    config.tls = Some(meridian_gateway::tls::TlsConfig {
         cert: dir.join("gateway.pem"),
         key: dir.join("gateway.key"),
         client_ca: dir.join("ca.pem"),
@@ -263,7 +263,7 @@ async fn drive(
         stories.insert(record.id.clone(), job.story);
     }
     // A job no cluster could ever run is refused at submit, with the reason per cluster.
-    let giant = include_str!("../../deploy/examples/local/jobs/too-big.yaml");
+    let giant = include_str!("../../../deploy/examples/local/jobs/too-big.yaml");
     match gateway.submit(giant).await {
         Err(e) => writeln!(out, "refused at submit: giant-sweep (8x8 A100): {e}\n")?,
         Ok(_) => bail!("the never-fitting job was accepted"),
@@ -332,7 +332,7 @@ fn write_summary(
     out: &mut impl Write,
     jobs: &[JobRecord],
     clusters: &BTreeMap<String, AgentConfig>,
-    network: &crate::placement::NetworkTable,
+    network: &NetworkTable,
     time_scale: f64,
 ) -> anyhow::Result<()> {
     let to_hours = |ms: i64| ms as f64 / 1000.0 / 3600.0 / time_scale;

@@ -1,0 +1,156 @@
+//! Properties over random federations: placement never over-commits, a choice that starts now
+//! really fits, and the order of clusters does not matter.
+
+use proptest::prelude::*;
+
+use super::*;
+
+pub(super) const TYPES: [&str; 3] = ["h100", "a100-80g", "l4"];
+
+/// Node labels a random shape may carry, and node selectors a random job may have.
+const FABRICS: [Option<&str>; 3] = [None, Some("ib"), Some("roce")];
+const NODE_SELECTORS: [&str; 5] = ["", "", "fabric=ib", "fabric!=ib", "fabric"];
+
+fn arb_shape() -> impl Strategy<Value = NodeShape> {
+    (0..TYPES.len(), prop::sample::select(vec![1u32, 2, 4, 8]), 0usize..6, 0..FABRICS.len()).prop_flat_map(
+        |(t, per_node, nodes, fabric)| {
+            // Free CPUs vary independently of free GPUs, so some nodes have GPUs but not the CPUs.
+            prop::collection::vec((0..=per_node, 0..=16 * per_node), nodes).prop_map(move |free| {
+                let mut s = shape(TYPES[t], per_node, &[]);
+                s.free = free.into_iter().map(|(g, cpu)| NodeFree { gpus: g, cpu, memory_gib: 128 * g }).collect();
+                s.labels = FABRICS[fabric].map(|f| ("fabric".to_owned(), f.to_owned())).into_iter().collect();
+                s
+            })
+        },
+    )
+}
+
+fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
+    (prop::collection::vec(arb_shape(), 0..3), any::<bool>(), 0u64..7200, 0u32..16).prop_map(
+        move |(shapes, cloud, release_after, pending)| {
+            let tier = if cloud { Tier::Cloud } else { Tier::Owned };
+            let pressure = QueuePressure {
+                queues: vec![QueueLoad {
+                    queue: "q".into(),
+                    weight: 1.0,
+                    pending_jobs: 1,
+                    pending_gpus: pending,
+                    running_gpus: 0,
+                }],
+                releases: vec![GpuRelease { after_secs: release_after, gpus: 8 }],
+                estimated_wait_secs: release_after,
+            };
+            ClusterSnapshot::new(info(&format!("c{index:02}"), "us-east", tier), Inventory { shapes }, pressure, true)
+        },
+    )
+}
+
+fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
+    (1usize..6).prop_flat_map(|n| (0..n).map(arb_cluster).collect::<Vec<_>>().prop_map(federation))
+}
+
+pub(super) fn arb_job() -> impl Strategy<Value = JobSpec> {
+    (1u32..5, 1u32..9, prop::collection::vec(0..TYPES.len(), 0..2), any::<bool>(), 0..NODE_SELECTORS.len()).prop_map(
+        |(replicas, gpus, types, burst_never, selector)| {
+            let mut spec = job(replicas, gpus);
+            spec.gang.resources.gpu_types = types.into_iter().map(|t| TYPES[t].to_owned()).collect();
+            if burst_never {
+                spec.placement.burst = BurstPolicy::Never;
+            }
+            spec.placement.node_selector = NODE_SELECTORS[selector].parse().unwrap();
+            spec
+        },
+    )
+}
+
+fn acceptable<'a>(spec: &'a JobSpec, cluster: &'a ClusterSnapshot) -> impl Iterator<Item = &'a NodeShape> + 'a {
+    let r = &spec.gang.resources;
+    cluster.inventory().shapes.iter().filter(move |s| {
+        (r.gpu_types.is_empty() || r.gpu_types.contains(&s.gpu_type))
+            && s.gpu_memory_gib >= r.gpu_memory_gib
+            && spec.placement.node_selector.matches(&s.labels)
+    })
+}
+
+/// Independent per-node count: replicas of `spec` that fit on `nodes` (each replica on one node).
+fn replicas_on(spec: &JobSpec, nodes: impl Iterator<Item = NodeFree>) -> u64 {
+    let r = &spec.gang.resources;
+    nodes.map(|n| u64::from(n.replicas_fitting(r.gpus, r.cpu, r.memory_gib))).sum()
+}
+
+/// Reference best fit, the slow obvious way: sort nodes by free GPUs (then shape, node) and fill.
+fn reference_reserve(cluster: &ClusterSnapshot, spec: &JobSpec, gpu_type: &str) -> Inventory {
+    let r = &spec.gang.resources;
+    let mut inventory = cluster.inventory().clone();
+    let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
+    for (si, s) in inventory.shapes.iter().enumerate() {
+        if s.gpu_type == gpu_type
+            && s.gpu_memory_gib >= r.gpu_memory_gib
+            && spec.placement.node_selector.matches(&s.labels)
+        {
+            nodes.extend(s.free.iter().enumerate().map(|(ni, n)| (n.gpus, si, ni)));
+        }
+    }
+    nodes.sort();
+    let mut remaining = spec.gang.replicas;
+    for (_, si, ni) in nodes {
+        let node = &mut inventory.shapes[si].free[ni];
+        let used = node.replicas_fitting(r.gpus, r.cpu, r.memory_gib).min(remaining);
+        node.gpus -= used * r.gpus;
+        node.cpu -= used * r.cpu;
+        node.memory_gib -= used * r.memory_gib;
+        remaining -= used;
+    }
+    inventory
+}
+
+proptest! {
+    #[test]
+    fn never_picks_a_cluster_whose_shapes_cannot_hold_the_gang(fed in arb_federation(), spec in arb_job()) {
+        let d = place(&spec, &fed, &PlacementConfig::default());
+        if let Some(choice) = &d.chosen {
+            let c = fed.cluster(&choice.cluster).unwrap();
+            let empty = acceptable(&spec, c).flat_map(|s| {
+                let node = NodeFree { gpus: s.gpus_per_node, cpu: s.cpu_per_node, memory_gib: s.memory_gib_per_node };
+                std::iter::repeat_n(node, s.free.len())
+            });
+            prop_assert!(replicas_on(&spec, empty) >= u64::from(spec.gang.replicas));
+            prop_assert!(spec.placement.burst != BurstPolicy::Never || c.info().tier == Tier::Owned);
+        }
+    }
+
+    #[test]
+    fn a_starts_now_choice_really_has_free_nodes_and_reserve_takes_exactly_the_gang(
+        fed in arb_federation(), spec in arb_job()
+    ) {
+        let d = place(&spec, &fed, &PlacementConfig::default());
+        let Some(choice) = d.chosen.clone() else { return Ok(()) };
+        let c = fed.cluster(&choice.cluster).unwrap();
+        let same_type = |s: &&NodeShape| s.gpu_type == choice.gpu_type;
+        let now = replicas_on(&spec, acceptable(&spec, c).filter(same_type).flat_map(|s| s.free.iter().copied()));
+        prop_assert_eq!(choice.starts_now, now >= u64::from(spec.gang.replicas));
+
+        let mut reserved = c.clone();
+        prop_assert_eq!(reserved.reserve(&spec), choice.starts_now);
+        if choice.starts_now {
+            prop_assert_eq!(reserved.inventory(), &reference_reserve(c, &spec, &choice.gpu_type));
+            let before = c.inventory().gpus_free();
+            prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
+            for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
+                for (n0, n1) in s0.free.iter().zip(&s1.free) {
+                    prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_choice_does_not_depend_on_cluster_order(fed in arb_federation(), spec in arb_job()) {
+        let config = PlacementConfig::default();
+        let mut reversed = fed.clone();
+        reversed.clusters.reverse();
+        let a = place(&spec, &fed, &config).chosen;
+        let b = place(&spec, &reversed, &config).chosen;
+        prop_assert_eq!(a, b);
+    }
+}

@@ -1,0 +1,20 @@
+//! The wire edge (feature `wire`): the generated protobuf/gRPC types and the one home of every
+//! conversion between them and the domain types.
+//!
+//! - [`pb`]: generated from `proto/meridian/v1/meridian.proto` (service stubs only with the
+//!   `grpc` feature);
+//! - [`convert`]: job specs, cluster identities, inventories and queue pressure, with the rules
+//!   for fields the wire cannot express and the [`convert::ConvertError`] that names a bad field;
+//! - [`protocol`]: the agent ↔ gateway messages of [`crate::protocol`].
+//!
+//! Only edge code (the gateway's gRPC API, the agent's link, tests of the wire) turns this on;
+//! the pure crates (core, placement, scheduler, simulator) build without prost.
+
+pub mod convert;
+pub mod protocol;
+
+/// Generated protobuf and gRPC code for package `meridian.v1`.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/meridian.v1.rs"));
+}

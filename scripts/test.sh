@@ -46,30 +46,36 @@ else
 fi
 
 # --- browser (console) ---
-# The console's browser test (tests/tests/console.rs) drives a headless Chromium over the
-# DevTools protocol. Debian's `chromium` is installed when missing (fonts-dejavu-core for
-# readable screenshots); MERIDIAN_CHROMIUM names the binary. Without one the test fails, unless
-# MERIDIAN_SKIP_BROWSER=1 (then it says it was skipped). Screenshots land in
+# The console's browser test (tests/tests/console.rs) drives a headless Chromium through
+# chromedriver (WebDriver, with the `fantoccini` client). Debian's `chromium` and
+# `chromium-driver` are installed when missing (fonts-dejavu-core for readable screenshots);
+# MERIDIAN_CHROMIUM and MERIDIAN_CHROMEDRIVER name the binaries. Without them the test fails,
+# unless MERIDIAN_SKIP_BROWSER=1 (then it says it was skipped). Screenshots land in
 # target/artefacts/console/ (or $CARGO_TARGET_DIR/artefacts/console/).
 if [ "${MERIDIAN_SKIP_BROWSER:-}" = "1" ]; then
     echo "== browser: skipped (MERIDIAN_SKIP_BROWSER=1); the console test will say so"
-elif [ -z "${MERIDIAN_CHROMIUM:-}" ]; then
-    chromium_bin="$(command -v chromium || command -v chromium-browser || true)"
-    if [ -z "$chromium_bin" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== browser: installing Debian's chromium"
+else
+    chromium_bin="${MERIDIAN_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}"
+    chromedriver_bin="${MERIDIAN_CHROMEDRIVER:-$(command -v chromedriver || true)}"
+    browser_packages=()
+    [ -z "$chromium_bin" ] && browser_packages+=(chromium)
+    [ -z "$chromedriver_bin" ] && browser_packages+=(chromium-driver)
+    if [ "${#browser_packages[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== browser: installing Debian's ${browser_packages[*]}"
         apt_get=(apt-get)
         if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then apt_get=(sudo apt-get); fi
-        if ! DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends chromium fonts-dejavu-core; then
+        if ! DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "${browser_packages[@]}" fonts-dejavu-core; then
             "${apt_get[@]}" update
-            DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends chromium fonts-dejavu-core
+            DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "${browser_packages[@]}" fonts-dejavu-core
         fi
-        chromium_bin="$(command -v chromium || true)"
+        chromium_bin="${chromium_bin:-$(command -v chromium || true)}"
+        chromedriver_bin="${chromedriver_bin:-$(command -v chromedriver || true)}"
     fi
-    if [ -n "$chromium_bin" ]; then
-        export MERIDIAN_CHROMIUM="$chromium_bin"
-        echo "== browser: $("$MERIDIAN_CHROMIUM" --version 2>/dev/null || echo "$MERIDIAN_CHROMIUM")"
+    if [ -n "$chromium_bin" ] && [ -n "$chromedriver_bin" ]; then
+        export MERIDIAN_CHROMIUM="$chromium_bin" MERIDIAN_CHROMEDRIVER="$chromedriver_bin"
+        echo "== browser: $("$MERIDIAN_CHROMIUM" --version 2>/dev/null || echo "$MERIDIAN_CHROMIUM"), $("$MERIDIAN_CHROMEDRIVER" --version 2>/dev/null | cut -d' ' -f1-2 || echo "$MERIDIAN_CHROMEDRIVER")"
     else
-        echo "== browser: no Chromium and no apt-get to install it; the console test will fail (MERIDIAN_SKIP_BROWSER=1 skips it)" >&2
+        echo "== browser: no Chromium or chromedriver and no apt-get to install them; the console test will fail (MERIDIAN_SKIP_BROWSER=1 skips it)" >&2
     fi
 fi
 # --- end browser ---

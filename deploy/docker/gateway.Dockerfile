@@ -16,7 +16,7 @@ COPY . .
 # the cached target dir because a cache mount is not part of the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p meridian-gateway --bin meridian \
+    cargo build --release --locked -p meridian --bin meridian \
     && install -D -m 0755 target/release/meridian /out/meridian
 
 FROM debian:bookworm-slim

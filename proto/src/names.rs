@@ -1,3 +1,6 @@
+//! Names: the grammar of label keys and values (job labels, cluster labels, selectors), and of
+//! cluster names.
+//!
 //! Cluster names: the one grammar that every place accepting a cluster name checks — an agent's
 //! hello, the URI SAN of its client certificate, the agent's config and `meridian certs issue`.
 //!
@@ -93,6 +96,23 @@ impl fmt::Display for Shown {
 
 fn hint(character: char) -> &'static str {
     if character.is_ascii_uppercase() { " (use lowercase)" } else { "" }
+}
+
+/// Longest label key or value, in characters.
+const MAX_LABEL_LEN: usize = 63;
+
+/// Whether `value` is a valid label value: up to 63 letters, digits, `-`, `_`, `.` (may be
+/// empty).
+pub fn is_label_value(value: &str) -> bool {
+    value.len() <= MAX_LABEL_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Whether `key` is a valid label key (job and cluster labels, and label selectors).
+pub fn is_label_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_LABEL_LEN
+        && key.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use std::str::FromStr;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::validate::{is_label_key, is_label_value};
+use crate::names::{is_label_key, is_label_value};
 
 /// A parsed label selector: every requirement must hold. The default (empty) selector matches
 /// everything.

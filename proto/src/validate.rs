@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::gpu::GpuCatalog;
 use crate::inventory::{IMPLICIT_LABEL_PREFIX, LABEL_BACKEND, LABEL_CLUSTER, LABEL_REGION, LABEL_TIER};
+pub use crate::names::{is_label_key, is_label_value};
 use crate::selector::{Operator, Selector};
 use crate::spec::{BurstPolicy, JobSpec};
 
@@ -437,20 +438,6 @@ pub fn member_label_errors(field: &str, labels: &BTreeMap<String, String>) -> Ve
         });
     }
     errors
-}
-
-/// Whether `value` is a valid label value: up to 63 letters, digits, `-`, `_`, `.` (may be
-/// empty).
-pub fn is_label_value(value: &str) -> bool {
-    value.len() <= MAX_NAME_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-}
-
-/// Whether `key` is a valid label key (also used by label selectors).
-pub fn is_label_key(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= MAX_NAME_LEN
-        && key.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 /// The documented example spec (`docs/job-spec.md`), shared by the tests of this crate.

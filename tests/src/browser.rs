@@ -1,33 +1,38 @@
-//! A small driver for headless Chromium over the DevTools protocol (CDP), for tests of the web
-//! console: start a private browser, open a page, evaluate JavaScript in it, wait for a
-//! condition, take screenshots, and collect the page's script errors.
+//! Headless Chromium for tests of the web console, driven through Debian's `chromedriver` with the
+//! `fantoccini` WebDriver client: start a private browser, open a page, evaluate JavaScript in
+//! it, wait for a condition, take screenshots, and collect the page's script errors.
 //!
-//! It speaks CDP as JSON over a WebSocket written here (client frames masked, text messages,
-//! fragments, ping/pong, close); nothing beyond what CDP on loopback needs.
+//! Standard WebDriver commands open pages and take screenshots; the page's errors come from
+//! chromedriver's browser log (`goog:loggingPrefs`), which records uncaught exceptions, console
+//! calls and browser messages with their source. Two things WebDriver has no command for go
+//! through chromedriver's DevTools pass-through (`goog/cdp/execute`): evaluating a script as the
+//! console's address bar does (statements, completion value, promises awaited, the exception's
+//! text and place), and a phone's viewport (`mobile` applies `<meta name=viewport>`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use base64::Engine;
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, ClientBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::runtime::{Handle, RuntimeFlavor};
 
-/// How long one DevTools call may take.
+/// How long one WebDriver call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The Chromium binary to run: `MERIDIAN_CHROMIUM`, else `chromium`, `chromium-browser`,
 /// `google-chrome` on `PATH`; `None` when there is none.
 pub fn chromium() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("MERIDIAN_CHROMIUM").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(path));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|dir| ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name)))
-        .find(|candidate| candidate.is_file())
+    from_env_or_path("MERIDIAN_CHROMIUM", &["chromium", "chromium-browser", "google-chrome"])
+}
+
+/// The chromedriver binary that drives [`chromium()`]: `MERIDIAN_CHROMEDRIVER`, else
+/// `chromedriver` on `PATH` (Debian's `chromium-driver`); `None` when there is none.
+pub fn chromedriver() -> Option<PathBuf> {
+    from_env_or_path("MERIDIAN_CHROMEDRIVER", &["chromedriver"])
 }
 
 /// Whether browser tests were knowingly turned off (`MERIDIAN_SKIP_BROWSER=1`).
@@ -44,13 +49,14 @@ pub fn artefact_dir(name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// A headless Chromium with one page, stopped (and its profile removed) on drop.
+/// A headless Chromium with one page, quit (and its profile removed) on drop.
 pub struct Browser {
-    // Declared first: the browser stops before its profile directory is removed.
-    _child: KillOnDrop,
+    client: Client,
+    // Dropped after `client` (fields drop in order): chromedriver is killed once the session
+    // has quit Chromium, then the profile directory goes.
+    _driver: KillOnDrop,
     profile: tempfile::TempDir,
-    cdp: Cdp,
-    session: String,
+    errors: Vec<String>,
 }
 
 impl Browser {
@@ -62,56 +68,78 @@ impl Browser {
                  set MERIDIAN_SKIP_BROWSER=1 to skip the browser tests knowingly"
             )
         })?;
+        let driver_binary = chromedriver().ok_or_else(|| {
+            anyhow!(
+                "no chromedriver found: install Debian's `chromium-driver` (scripts/test.sh does) or set \
+                 MERIDIAN_CHROMEDRIVER; set MERIDIAN_SKIP_BROWSER=1 to skip the browser tests knowingly"
+            )
+        })?;
         let profile = tempfile::tempdir()?;
-        let log = std::fs::File::create(profile.path().join("chromium.log"))?;
-        let child = Command::new(&binary)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--no-default-browser-check",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-extensions",
-                "--hide-scrollbars",
-                "--mute-audio",
-                "--password-store=basic",
-                "--force-device-scale-factor=1",
-                "--remote-debugging-address=127.0.0.1",
-                "--remote-debugging-port=0",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().join("data").display()))
-            .arg(format!("--window-size={width},{height}"))
-            .arg("about:blank")
+        let log = std::fs::File::create(profile.path().join("chromedriver.log"))?;
+        // Port 0: chromedriver picks a free port and says which on stdout (kept in the log).
+        let child = Command::new(&driver_binary)
+            .args(["--port=0", "--enable-chrome-logs"])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let mut child = KillOnDrop(child);
-        let (port, path) = devtools_port(&mut child.0, profile.path()).await?;
-        let mut cdp = Cdp::connect(port, &path).await?;
-        let target = cdp.call(None, "Target.createTarget", json!({"url": "about:blank"})).await?;
-        let target_id = target["targetId"].as_str().ok_or_else(|| anyhow!("createTarget answered {target}"))?;
-        let attached = cdp.call(None, "Target.attachToTarget", json!({"targetId": target_id, "flatten": true})).await?;
-        let session =
-            attached["sessionId"].as_str().ok_or_else(|| anyhow!("attachToTarget answered {attached}"))?.to_string();
-        let mut browser = Browser { _child: child, profile, cdp, session };
-        for domain in ["Page.enable", "Runtime.enable", "Log.enable"] {
-            browser.call(domain, json!({})).await?;
-        }
+            .with_context(|| format!("starting {}", driver_binary.display()))?;
+        let mut driver = KillOnDrop(child);
+        let port = driver_port(&mut driver.0, profile.path()).await?;
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--hide-scrollbars",
+            "--mute-audio",
+            "--password-store=basic",
+            "--force-device-scale-factor=1",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([
+            format!("--user-data-dir={}", profile.path().join("data").display()),
+            format!("--window-size={width},{height}"),
+        ]);
+        let capabilities = json!({
+            "browserName": "chrome",
+            // Navigation returns once the document is parsed; the test waits for content itself.
+            "pageLoadStrategy": "eager",
+            "goog:chromeOptions": {"binary": binary, "args": args.collect::<Vec<_>>()},
+            "goog:loggingPrefs": {"browser": "ALL"},
+        });
+        let Value::Object(capabilities) = capabilities else { bail!("capabilities are not an object") };
+        let client = tokio::time::timeout(
+            CALL_TIMEOUT,
+            ClientBuilder::new(HttpConnector::new())
+                .capabilities(capabilities)
+                .connect(&format!("http://127.0.0.1:{port}")),
+        )
+        .await
+        .map_err(|_| anyhow!("chromedriver started no session within {CALL_TIMEOUT:?}"))?
+        .with_context(|| {
+            let log = std::fs::read_to_string(profile.path().join("chromedriver.log")).unwrap_or_default();
+            format!("starting a Chromium session through chromedriver:\n{log}")
+        })?;
+        let mut browser = Browser { client, _driver: driver, profile, errors: Vec::new() };
         browser.set_viewport(width, height, false).await?;
         Ok(browser)
     }
 
-    /// Calls `method` on the page.
+    /// Calls the DevTools method `method` on the page (through chromedriver) and returns its result.
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value> {
-        let session = self.session.clone();
-        self.cdp.call(Some(&session), method, params).await
+        let answer =
+            self.issue(ChromeCommand::cdp(method, params)).await.with_context(|| format!("{method} failed"))?;
+        self.collect_errors().await?;
+        Ok(answer)
     }
 
     /// Sets the page's viewport; `mobile` applies the page's `<meta name=viewport>` as a phone does.
@@ -124,13 +152,10 @@ impl Browser {
         Ok(())
     }
 
-    /// Opens `url` (returns once navigation started; wait for content with [`Self::wait_for`]).
+    /// Opens `url` (returns once the document is parsed; wait for content with [`Self::wait_for`]).
     pub async fn navigate(&mut self, url: &str) -> Result<()> {
-        let answer = self.call("Page.navigate", json!({"url": url})).await?;
-        if let Some(error) = answer["errorText"].as_str() {
-            bail!("navigating to {url}: {error}");
-        }
-        Ok(())
+        timed(self.client.goto(url)).await.with_context(|| format!("navigating to {url}"))?;
+        self.collect_errors().await
     }
 
     /// Evaluates `expression` in the page (promises awaited) and returns its value as JSON.
@@ -162,7 +187,7 @@ impl Browser {
                 bail!(
                     "`{expression}` was not true within {timeout:?} (last: {last}); the page shows:\n{}\nscript errors: {:?}",
                     text.as_str().unwrap_or_default(),
-                    self.cdp.errors
+                    self.errors
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -171,23 +196,87 @@ impl Browser {
 
     /// Saves a PNG of the viewport to `path`.
     pub async fn screenshot(&mut self, path: &Path) -> Result<()> {
-        let answer = self.call("Page.captureScreenshot", json!({"format": "png"})).await?;
-        let data = answer["data"].as_str().ok_or_else(|| anyhow!("captureScreenshot answered no data"))?;
-        let bytes = base64::engine::general_purpose::STANDARD.decode(data)?;
+        let bytes = timed(self.client.screenshot()).await.context("taking a screenshot")?;
         std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
+        self.collect_errors().await
     }
 
     /// Script errors the page raised so far: uncaught exceptions, `console.error` calls and
     /// browser errors other than failed requests (a refused request is the API's answer, seen
     /// by the page; a blocked script or style, a Content-Security-Policy violation, is here).
     pub fn errors(&self) -> &[String] {
-        &self.cdp.errors
+        &self.errors
     }
 
-    /// What Chromium wrote to stderr.
+    /// What chromedriver and Chromium wrote to stderr.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.profile.path().join("chromium.log")).unwrap_or_default()
+        std::fs::read_to_string(self.profile.path().join("chromedriver.log")).unwrap_or_default()
+    }
+
+    /// Sends a chromedriver command, within [`CALL_TIMEOUT`].
+    async fn issue(&self, command: ChromeCommand) -> Result<Value> {
+        Ok(timed(self.client.issue_cmd(command)).await?)
+    }
+
+    /// Moves the browser log's new errors into `errors`. Chromedriver hands each entry out once,
+    /// so every command ends with this, as a DevTools client sees events between its calls.
+    async fn collect_errors(&mut self) -> Result<()> {
+        let entries = self.issue(ChromeCommand::browser_log()).await.context("reading the browser log")?;
+        for entry in entries.as_array().into_iter().flatten() {
+            // Warnings and `console.log` are not errors; a failed request is the server's answer.
+            if entry["level"] == "SEVERE" && entry["source"] != "network" {
+                let source = entry["source"].as_str().unwrap_or("browser");
+                self.errors.push(format!("{source}: {}", entry["message"].as_str().unwrap_or_default()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Browser {
+    /// Ends the WebDriver session, which quits Chromium: killing chromedriver alone would leave
+    /// Chromium running. Blocking needs a multi-threaded runtime (the console tests use one);
+    /// elsewhere the session ends when fantoccini's task sees its client gone.
+    fn drop(&mut self) {
+        let Ok(runtime) = Handle::try_current() else { return };
+        if runtime.runtime_flavor() != RuntimeFlavor::MultiThread {
+            return;
+        }
+        let client = self.client.clone();
+        tokio::task::block_in_place(|| {
+            runtime.block_on(async {
+                let _ = tokio::time::timeout(CALL_TIMEOUT, client.close()).await;
+            });
+        });
+    }
+}
+
+/// A chromedriver extension command, posted to `/session/{id}/{path}`.
+#[derive(Debug)]
+struct ChromeCommand {
+    path: &'static str,
+    body: Value,
+}
+
+impl ChromeCommand {
+    /// A DevTools method run on the current page (`goog/cdp/execute`).
+    fn cdp(method: &str, params: Value) -> Self {
+        ChromeCommand { path: "goog/cdp/execute", body: json!({"cmd": method, "params": params}) }
+    }
+
+    /// The browser log's entries since the last read (`se/log`).
+    fn browser_log() -> Self {
+        ChromeCommand { path: "se/log", body: json!({"type": "browser"}) }
+    }
+}
+
+impl WebDriverCompatibleCommand for ChromeCommand {
+    fn endpoint(&self, base_url: &url::Url, session_id: Option<&str>) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!("session/{}/{}", session_id.unwrap_or_default(), self.path))
+    }
+
+    fn method_and_body(&self, _request_url: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(self.body.to_string()))
     }
 }
 
@@ -201,184 +290,48 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The DevTools port and browser path Chromium writes to `DevToolsActivePort` in its profile.
-async fn devtools_port(child: &mut Child, profile: &Path) -> Result<(u16, String)> {
-    let file = profile.join("data").join("DevToolsActivePort");
-    let log = || std::fs::read_to_string(profile.join("chromium.log")).unwrap_or_default();
+/// `future` (a WebDriver call), failing after [`CALL_TIMEOUT`].
+async fn timed<T, E>(future: impl Future<Output = Result<T, E>>) -> Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    tokio::time::timeout(CALL_TIMEOUT, future)
+        .await
+        .map_err(|_| anyhow!("chromedriver did not answer within {CALL_TIMEOUT:?}"))?
+        .map_err(anyhow::Error::from)
+}
+
+/// The port chromedriver says it listens on (`… started successfully on port N.`).
+async fn driver_port(child: &mut Child, profile: &Path) -> Result<u16> {
+    let log = || std::fs::read_to_string(profile.join("chromedriver.log")).unwrap_or_default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(text) = std::fs::read_to_string(&file) {
-            let mut lines = text.lines();
-            if let (Some(port), Some(path)) = (lines.next(), lines.next())
-                && let Ok(port) = port.trim().parse::<u16>()
-            {
-                return Ok((port, path.trim().to_string()));
-            }
+        let port = log().lines().find_map(|line| {
+            let rest = line.split("started successfully on port ").nth(1)?;
+            rest.trim_end_matches('.').trim().parse::<u16>().ok()
+        });
+        if let Some(port) = port {
+            return Ok(port);
         }
         if let Ok(Some(status)) = child.try_wait() {
-            bail!("chromium exited with {status}:\n{}", log());
+            bail!("chromedriver exited with {status}:\n{}", log());
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("chromium wrote no DevToolsActivePort within 30 s:\n{}", log());
+            bail!("chromedriver named no port within 30 s:\n{}", log());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// One DevTools WebSocket connection.
-struct Cdp {
-    socket: BufReader<TcpStream>,
-    next_id: u64,
-    errors: Vec<String>,
-}
-
-impl Cdp {
-    async fn connect(port: u16, path: &str) -> Result<Self> {
-        let stream = TcpStream::connect(("127.0.0.1", port)).await.context("connecting to DevTools")?;
-        let mut socket = BufReader::new(stream);
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: bWVyaWRpYW4tY29uc29sZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        );
-        socket.write_all(request.as_bytes()).await?;
-        let mut status = String::new();
-        socket.read_line(&mut status).await?;
-        if !status.contains(" 101 ") {
-            bail!("DevTools refused the WebSocket upgrade: {}", status.trim());
-        }
-        loop {
-            let mut line = String::new();
-            if socket.read_line(&mut line).await? == 0 {
-                bail!("DevTools closed the connection during the upgrade");
-            }
-            if line == "\r\n" {
-                break;
-            }
-        }
-        Ok(Self { socket, next_id: 1, errors: Vec::new() })
+/// The binary named by the environment variable `variable`, else the first of `names` on `PATH`.
+fn from_env_or_path(variable: &str, names: &[&str]) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(path));
     }
-
-    /// Sends one command and reads messages until its answer, keeping the events seen meanwhile.
-    async fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Result<Value> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut message = json!({"id": id, "method": method, "params": params});
-        if let Some(session) = session {
-            message["sessionId"] = json!(session);
-        }
-        let answer = tokio::time::timeout(CALL_TIMEOUT, async {
-            self.send(message.to_string().as_bytes()).await?;
-            loop {
-                let text = self.receive().await?;
-                let message: Value = serde_json::from_str(&text).context("DevTools sent invalid JSON")?;
-                if message["id"].as_u64() == Some(id) {
-                    return Ok::<_, anyhow::Error>(message);
-                }
-                self.observe(&message);
-            }
-        })
-        .await
-        .map_err(|_| anyhow!("DevTools did not answer {method} within {CALL_TIMEOUT:?}"))??;
-        if let Some(error) = answer.get("error") {
-            bail!("{method} failed: {error}");
-        }
-        Ok(answer["result"].clone())
-    }
-
-    /// Keeps the page's errors from an event.
-    fn observe(&mut self, event: &Value) {
-        let params = &event["params"];
-        match event["method"].as_str() {
-            Some("Runtime.exceptionThrown") => {
-                self.errors.push(format!("exception: {}", describe_exception(&params["exceptionDetails"])));
-            }
-            Some("Runtime.consoleAPICalled") if params["type"] == "error" => {
-                let args: Vec<String> = params["args"]
-                    .as_array()
-                    .map(|args| args.iter().map(|a| a["value"].to_string()).collect())
-                    .unwrap_or_default();
-                self.errors.push(format!("console.error: {}", args.join(" ")));
-            }
-            Some("Log.entryAdded") if params["entry"]["level"] == "error" && params["entry"]["source"] != "network" => {
-                self.errors.push(format!(
-                    "{}: {}",
-                    params["entry"]["source"].as_str().unwrap_or("browser"),
-                    params["entry"]["text"].as_str().unwrap_or_default()
-                ));
-            }
-            _ => {}
-        }
-    }
-
-    /// Sends one text message (one masked frame).
-    async fn send(&mut self, payload: &[u8]) -> Result<()> {
-        let mut frame = Vec::with_capacity(payload.len() + 14);
-        frame.push(0x81); // FIN, text
-        match payload.len() {
-            n if n < 126 => frame.push(0x80 | n as u8),
-            n if n <= usize::from(u16::MAX) => {
-                frame.push(0x80 | 126);
-                frame.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                frame.push(0x80 | 127);
-                frame.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        // Clients must mask; the key only has to vary between frames, not be secret, here.
-        let mask = (self.next_id as u32).wrapping_mul(0x9e37_79b9).to_be_bytes();
-        frame.extend_from_slice(&mask);
-        frame.extend(payload.iter().enumerate().map(|(i, byte)| byte ^ mask[i % 4]));
-        self.socket.write_all(&frame).await?;
-        Ok(())
-    }
-
-    /// Reads one whole text message (joining fragments, answering pings).
-    async fn receive(&mut self) -> Result<String> {
-        let mut message = Vec::new();
-        loop {
-            let mut head = [0u8; 2];
-            self.socket.read_exact(&mut head).await.context("reading from DevTools")?;
-            let fin = head[0] & 0x80 != 0;
-            let opcode = head[0] & 0x0f;
-            let masked = head[1] & 0x80 != 0;
-            let length = match head[1] & 0x7f {
-                126 => u64::from(self.socket.read_u16().await?),
-                127 => self.socket.read_u64().await?,
-                n => u64::from(n),
-            };
-            let mut mask = [0u8; 4];
-            if masked {
-                self.socket.read_exact(&mut mask).await?;
-            }
-            let length = usize::try_from(length).context("frame too large")?;
-            let mut payload = vec![0u8; length];
-            self.socket.read_exact(&mut payload).await?;
-            if masked {
-                for (i, byte) in payload.iter_mut().enumerate() {
-                    *byte ^= mask[i % 4];
-                }
-            }
-            match opcode {
-                0x0..=0x2 => {
-                    message.extend_from_slice(&payload);
-                    if fin {
-                        return String::from_utf8(message).context("DevTools sent a non-UTF-8 message");
-                    }
-                }
-                0x8 => bail!("DevTools closed the connection"),
-                0x9 => self.pong(&payload).await?,
-                _ => {}
-            }
-        }
-    }
-
-    async fn pong(&mut self, payload: &[u8]) -> Result<()> {
-        let mut frame = vec![0x8a, 0x80 | payload.len().min(125) as u8, 0, 0, 0, 0];
-        frame.extend_from_slice(&payload[..payload.len().min(125)]);
-        self.socket.write_all(&frame).await?;
-        Ok(())
-    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
 }
 
 /// Whether a JavaScript value is truthy (not null, false, 0 or "").

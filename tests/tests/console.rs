@@ -7,7 +7,8 @@
 //! - With authentication on: the page and its files load without a token, the console asks for
 //!   one, refuses a bad one, and with a member's token lists only that member's tenant's jobs.
 //!
-//! Needs Chromium (`scripts/test.sh` installs Debian's `chromium`; or set `MERIDIAN_CHROMIUM`).
+//! Needs Chromium and chromedriver (`scripts/test.sh` installs Debian's `chromium` and
+//! `chromium-driver`; or set `MERIDIAN_CHROMIUM` and `MERIDIAN_CHROMEDRIVER`).
 //! Without it the tests fail, unless `MERIDIAN_SKIP_BROWSER=1` says to skip them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
@@ -27,10 +28,10 @@ const H100_NODES: &str = "  - {shape: h100-node, count: 2, gpuType: h100, gpus: 
 const A100_NODES: &str = "  - {shape: a100-node, count: 2, gpuType: a100-80g, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
 const L4_NODES: &str = "  - {shape: l4-node, count: 4, gpuType: l4, gpus: 4, cpu: 32, memoryGiB: 256}\n";
 
-/// Whether this machine can run the browser tests; without Chromium, a failure unless skipping
-/// was asked for.
+/// Whether this machine can run the browser tests; without Chromium and chromedriver, a failure
+/// unless skipping was asked for.
 fn browser_available() -> bool {
-    if browser::chromium().is_some() {
+    if browser::chromium().is_some() && browser::chromedriver().is_some() {
         return true;
     }
     if browser::skipped() {
@@ -38,8 +39,9 @@ fn browser_available() -> bool {
         return false;
     }
     panic!(
-        "no Chromium to test the console with: run scripts/test.sh (it installs Debian's `chromium`), or set \
-         MERIDIAN_CHROMIUM to a Chromium binary, or MERIDIAN_SKIP_BROWSER=1 to skip the browser tests knowingly"
+        "no Chromium or chromedriver to test the console with: run scripts/test.sh (it installs Debian's \
+         `chromium` and `chromium-driver`), or set MERIDIAN_CHROMIUM and MERIDIAN_CHROMEDRIVER to their binaries, \
+         or MERIDIAN_SKIP_BROWSER=1 to skip the browser tests knowingly"
     );
 }
 
@@ -219,7 +221,7 @@ async fn the_console_follows_a_new_job_and_explains_it_against_every_cluster() {
         shot(&mut page, &artefacts, "job-cancelled-1280x800.png").await;
     }
 
-    assert!(page.errors().is_empty(), "the page raised errors: {:?}\nchromium log:\n{}", page.errors(), page.log());
+    assert!(page.errors().is_empty(), "the page raised errors: {:?}\nchromedriver log:\n{}", page.errors(), page.log());
     for path in [fleet_wide, job_wide, job_phone, fleet_phone] {
         assert!(path.exists());
     }

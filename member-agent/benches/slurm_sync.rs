@@ -17,6 +17,9 @@
 //! - The bench's jobs are cancelled at the end (also when a step fails).
 //!
 //! `MERIDIAN_BENCH_JOBS` and `MERIDIAN_BENCH_WINDOW_SECS` shrink the run for a quick check.
+//! Run without cargo bench's `--bench` flag (`cargo test --bench '*'`, as the test suite does) it
+//! makes one short pass: 20 jobs, 3 runs, a 3 s window. Without a Slurm it then fails like the
+//! Slurm tests do, unless `MERIDIAN_SKIP_SLURM=1` says to skip it knowingly.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +29,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use meridian_agent::backend::{InventorySource, LocalBackend, SlurmBackend, SlurmConfig};
 
-const RUNS: usize = 20;
 const CLK_TCK: f64 = 100.0; // Linux's USER_HZ (`getconf CLK_TCK`).
 
 fn main() {
@@ -37,7 +39,15 @@ fn main() {
 }
 
 fn run() -> Result<()> {
+    let quick = !std::env::args().any(|a| a == "--bench");
+    if quick {
+        println!("(short pass: `cargo bench` runs the full bench; these figures are no result)\n");
+    }
     let Ok(env_path) = std::env::var("MERIDIAN_SLURM_ENV") else {
+        if quick && std::env::var("MERIDIAN_SKIP_SLURM").is_ok_and(|v| v == "1") {
+            println!("slurm_sync: skipped (MERIDIAN_SKIP_SLURM=1)");
+            return Ok(());
+        }
         eprintln!(
             "slurm_sync: needs a real Slurm. Start one with `scripts/slurm/up.sh DIR` and run \
              `MERIDIAN_SLURM_ENV=DIR/env cargo bench -p meridian-agent --bench slurm_sync`"
@@ -45,8 +55,9 @@ fn run() -> Result<()> {
         std::process::exit(2);
     };
     let env = read_env(Path::new(&env_path))?;
-    let jobs: usize = number("MERIDIAN_BENCH_JOBS", 1000)?;
-    let window = Duration::from_secs(number("MERIDIAN_BENCH_WINDOW_SECS", 60)?);
+    let (jobs, window, runs) = if quick { (20, 3, 3) } else { (1000, 60, 20) };
+    let jobs: usize = number("MERIDIAN_BENCH_JOBS", jobs)?;
+    let window = Duration::from_secs(number("MERIDIAN_BENCH_WINDOW_SECS", window)?);
     let field = |key: &str| env.get(key).with_context(|| format!("{env_path}: no {key}"));
     let dir = PathBuf::from(field("MERIDIAN_SLURM_DIR")?);
     let bin_dir = PathBuf::from(field("MERIDIAN_SLURM_BIN_DIR")?);
@@ -70,13 +81,19 @@ fn run() -> Result<()> {
         };
         let controller_pid = std::fs::read_to_string(dir.join("run/slurmctld.pid")).ok();
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-        runtime.block_on(measure(config, jobs, window, controller_pid.as_deref().map(str::trim)))
+        runtime.block_on(measure(config, jobs, runs, window, controller_pid.as_deref().map(str::trim)))
     });
     cancel(&bin_dir, &slurm_conf, &ids);
     result
 }
 
-async fn measure(config: SlurmConfig, jobs: usize, window: Duration, controller_pid: Option<&str>) -> Result<()> {
+async fn measure(
+    config: SlurmConfig,
+    jobs: usize,
+    runs: usize,
+    window: Duration,
+    controller_pid: Option<&str>,
+) -> Result<()> {
     let poll_interval = config.poll_interval.0;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = SlurmBackend::new(config, tx).await.map_err(|e| anyhow::anyhow!("starting the backend: {e}"))?;
@@ -88,14 +105,14 @@ async fn measure(config: SlurmConfig, jobs: usize, window: Duration, controller_
     let mut rows = Vec::new();
     let mut times = Vec::new();
     let mut events = 0;
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let t = Instant::now();
         events += backend.sync_status().await.map_err(|e| anyhow::anyhow!("sync_status: {e}"))?;
         times.push(t.elapsed());
     }
     rows.push(("status sync (sync_status)", times));
     let mut times = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let t = Instant::now();
         let listed = backend.list().await.map_err(|e| anyhow::anyhow!("list: {e}"))?;
         times.push(t.elapsed());
@@ -105,7 +122,7 @@ async fn measure(config: SlurmConfig, jobs: usize, window: Duration, controller_
     }
     rows.push(("list", times));
     let mut times = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let t = Instant::now();
         backend.inventory().await.map_err(|e| anyhow::anyhow!("inventory: {e}"))?;
         times.push(t.elapsed());
@@ -113,7 +130,7 @@ async fn measure(config: SlurmConfig, jobs: usize, window: Duration, controller_
     rows.push(("inventory", times));
     let mut times = Vec::new();
     let mut pending = 0;
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let t = Instant::now();
         let pressure = backend.pressure().await.map_err(|e| anyhow::anyhow!("pressure: {e}"))?;
         times.push(t.elapsed());
@@ -132,7 +149,7 @@ async fn measure(config: SlurmConfig, jobs: usize, window: Duration, controller_
     }
     drop(backend);
 
-    println!("\n{jobs} held bindings, {RUNS} runs each (pressure counts {pending} pending jobs)\n");
+    println!("\n{jobs} held bindings, {runs} runs each (pressure counts {pending} pending jobs)\n");
     println!("| call | p50 | p99 | max |");
     println!("| --- | ---: | ---: | ---: |");
     for (name, mut times) in rows {

@@ -215,7 +215,7 @@ impl Browser {
 
     /// Sends a chromedriver command, within [`CALL_TIMEOUT`].
     async fn issue(&self, command: ChromeCommand) -> Result<Value> {
-        Ok(timed(self.client.issue_cmd(command)).await?)
+        timed(self.client.issue_cmd(command)).await
     }
 
     /// Moves the browser log's new errors into `errors`. Chromedriver hands each entry out once,

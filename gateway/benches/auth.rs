@@ -2,7 +2,8 @@
 //! 1,000), an unknown token, and JWTs verified with ES256 and RS256 (2048-bit), through
 //! [`Authenticator::authenticate`] as the APIs call it.
 //!
-//! `cargo bench -p meridian-gateway --bench auth` (release).
+//! `cargo bench -p meridian-gateway --bench auth` (release); under `cargo test --bench '*'` one
+//! short pass (see `common::quick`).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,12 +19,18 @@ use ring::signature::{
 };
 use serde_json::json;
 
+#[allow(dead_code)]
+mod common;
+
 type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 const TOKENS: usize = 1_000;
-const RUN: Duration = Duration::from_secs(2);
 
 fn main() -> Result<()> {
+    let quick = common::quick();
+    common::announce(quick);
+    // How long each case runs.
+    let run = if quick { Duration::from_millis(100) } else { Duration::from_secs(2) };
     let dir = tempfile::tempdir()?;
     let rng = SystemRandom::new();
     let mut tokens = String::from("tokens:\n");
@@ -90,7 +97,7 @@ fn main() -> Result<()> {
             return Err(format!("{name}: unexpected result").into());
         }
         let (mut calls, start) = (0u64, Instant::now());
-        while start.elapsed() < RUN {
+        while start.elapsed() < run {
             for _ in 0..64 {
                 let _ = black_box(auth.authenticate(Some(black_box(header.as_str()))));
             }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{BatchSize, Criterion, criterion_group};
+use criterion::{BatchSize, Criterion};
 use meridian_placement::{self as placement, ClusterSnapshot, FederationSnapshot, NetworkTable, PlacementConfig};
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::{
@@ -242,9 +242,9 @@ fn bench_placement(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_placement);
-
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    // What `criterion_group!`/`criterion_main!` would write, without their undocumented `pub fn`.
+    let mut criterion = Criterion::default().configure_from_args();
+    bench_placement(&mut criterion);
+    criterion.final_summary();
 }

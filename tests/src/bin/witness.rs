@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-#[allow(dead_code)] // the binary writes the format; reading it back is the tests' part
+#[allow(dead_code)]
+// the binary writes the format; reading it back is the tests' part
 // The library's module, compiled in so this small binary does not link the whole test library;
 // its `pub` items are the library's interface, unreachable only from here.
 #[allow(unreachable_pub)]

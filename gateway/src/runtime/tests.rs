@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use meridian_core::{Core, CoreConfig, Loaded};
 use meridian_proto::gpu::GpuCatalog;
-use meridian_proto::inventory::{BackendKind, ClusterInfo, Inventory, NodeFree, NodeShape, Tier};
+use meridian_proto::inventory::ClusterInfo;
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::{AgentEvent, AgentHello, GatewayCommand};
+use meridian_proto::testing;
 use meridian_proto::validate::parse_job_spec;
 use meridian_store::{BoxFuture, MemoryStore, Store, Write};
 use tokio::sync::watch;
@@ -75,36 +76,17 @@ fn start(store: Arc<dyn Store>) -> (Runtime, Handle, watch::Sender<bool>) {
     (runtime, handle, stop_tx)
 }
 
+/// The fixture hello of cluster `east`, without prices.
 fn hello() -> AgentHello {
     AgentHello {
-        info: ClusterInfo {
-            name: "east".into(),
-            region: "us-east".into(),
-            tier: Tier::Owned,
-            backend: BackendKind::Builtin,
-            prices: BTreeMap::new(),
-            supports_containers: true,
-            supports_bare_commands: true,
-            labels: Default::default(),
-        },
-        instance_id: "a1".into(),
-        agent_version: "test".into(),
+        info: ClusterInfo { prices: BTreeMap::new(), ..testing::cluster_info("east") },
+        ..testing::hello("east", "a1")
     }
 }
 
+/// One 8-GPU node, all free.
 fn inventory() -> AgentEvent {
-    AgentEvent::Inventory(Inventory {
-        shapes: vec![NodeShape {
-            name: "dgx".into(),
-            gpu_type: "h100".into(),
-            gpu_memory_gib: 80,
-            gpus_per_node: 8,
-            cpu_per_node: 96,
-            memory_gib_per_node: 1024,
-            free: vec![NodeFree { gpus: 8, cpu: 96, memory_gib: 1024 }],
-            labels: Default::default(),
-        }],
-    })
+    testing::inventory_event(&[8])
 }
 
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {

@@ -315,7 +315,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::inventory::{BackendKind, Tier};
     use crate::job::JobState;
 
     fn report(state: JobState) -> JobReport {
@@ -388,16 +387,7 @@ mod tests {
 
     #[test]
     fn a_hello_without_an_instance_id_is_refused() {
-        let info = ClusterInfo {
-            name: "east".into(),
-            region: "us-east".into(),
-            tier: Tier::Owned,
-            backend: BackendKind::Builtin,
-            prices: BTreeMap::new(),
-            supports_containers: true,
-            supports_bare_commands: true,
-            labels: Default::default(),
-        };
+        let info = ClusterInfo { prices: BTreeMap::new(), ..crate::testing::cluster_info("east") };
         let hello = AgentHello { info, instance_id: "abc".into(), agent_version: "0.1.0".into() };
         assert_eq!(AgentHello::try_from(pb::Hello::from(&hello)).unwrap(), hello);
         let mut wire = pb::Hello::from(&hello);

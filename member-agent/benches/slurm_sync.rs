@@ -27,6 +27,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use meridian_agent::backend::slurm::read_env_file;
 use meridian_agent::backend::{InventorySource, LocalBackend, SlurmBackend, SlurmConfig};
 
 const CLK_TCK: f64 = 100.0; // Linux's USER_HZ (`getconf CLK_TCK`).
@@ -223,12 +224,7 @@ fn number<T: std::str::FromStr>(key: &str, default: T) -> Result<T> {
 }
 
 fn read_env(path: &Path) -> Result<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("MERIDIAN_SLURM_ENV={}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect())
+    read_env_file(path).with_context(|| format!("MERIDIAN_SLURM_ENV={}", path.display()))
 }
 
 fn slurm(bin_dir: &Path, slurm_conf: &Path, tool: &str) -> Command {

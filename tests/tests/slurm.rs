@@ -28,12 +28,9 @@ fn cluster() -> Option<BTreeMap<String, String>> {
              MERIDIAN_SLURM_ENV=DIR/env, or set MERIDIAN_SKIP_SLURM=1 to skip it"
         )
     });
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}"));
     Some(
-        text.lines()
-            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        meridian_agent::backend::slurm::read_env_file(std::path::Path::new(&path))
+            .unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}")),
     )
 }
 

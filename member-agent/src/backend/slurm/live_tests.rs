@@ -33,13 +33,7 @@ pub(super) fn cluster() -> Option<BTreeMap<String, String>> {
              or set MERIDIAN_SKIP_SLURM=1 to skip them"
         )
     };
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}"));
-    Some(
-        text.lines()
-            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
+    Some(super::read_env_file(std::path::Path::new(&path)).unwrap_or_else(|e| panic!("MERIDIAN_SLURM_ENV={path}: {e}")))
 }
 
 pub(super) fn config(env: &BTreeMap<String, String>) -> SlurmConfig {

@@ -30,6 +30,7 @@ use super::{Admission, BackendError, HeldJob, JobEventSender, JobPhase, LogChunk
 
 mod command;
 mod config;
+mod env_file;
 #[cfg(test)]
 mod fair_share_tests;
 #[cfg(test)]
@@ -39,6 +40,7 @@ mod poll;
 mod script;
 
 pub use config::{QosRule, SlurmConfig};
+pub use env_file::read_env_file;
 
 use command::{Runner, args};
 use parse::{SlurmNode, cancelled_comment_for, parse_nodes};

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::kubernetes::KubernetesConfig;
 use crate::backend::process::{GpuDiscovery, ProcessConfig};
-use crate::builtin::{NodeSpec, QueuePolicy, QueueSpec};
 use crate::preemption::PreemptionConfig;
+use meridian_scheduler::{NodeSpec, QueuePolicy, QueueSpec};
 
 pub use meridian_proto::config_file::ConfigError as Error;
 

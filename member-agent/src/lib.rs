@@ -11,7 +11,6 @@
 use std::sync::Arc;
 
 use meridian_proto::inventory::BackendKind;
-use tokio::time::Instant;
 
 pub mod agent;
 pub mod backend;
@@ -175,11 +174,3 @@ fn settings(config: &config::AgentConfig) -> agent::Settings {
 }
 
 pub use meridian_process::{init_logging, shutdown_signal};
-
-/// Sleeps until `deadline`, or forever when there is none (a `select!` arm that never fires).
-pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::builtin::PreemptionPolicy;
+use meridian_scheduler::PreemptionPolicy;
 
 /// Longest grace or interval accepted: a day.
 const MAX_SECS: u64 = 86_400;

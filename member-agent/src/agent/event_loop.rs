@@ -90,7 +90,7 @@ impl EventLoop {
                     }
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
-                () = crate::sleep_until_opt(lease_deadline) => self.on_lease_expired(),
+                () = meridian_process::sleep_until_opt(lease_deadline) => self.on_lease_expired(),
                 () = tick_opt(sample_timer.as_mut()) => self.on_sample_tick(),
             }
             self.maybe_report();

@@ -1,5 +1,6 @@
-//! Process plumbing shared by Meridian's binaries (`meridian`, `meridian-agent`): logging set-up
-//! and shutdown signals, so every binary logs and stops the same way.
+//! Process plumbing shared by Meridian's binaries (`meridian`, `meridian-agent`): logging set-up,
+//! shutdown signals and an optional deadline for `select!` loops, so every binary logs, stops and
+//! waits the same way.
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -145,6 +146,15 @@ impl fmt::Display for ErrorChain<'_> {
             source = error.source();
         }
         Ok(())
+    }
+}
+
+/// Sleeps until `deadline`, or forever when there is none: a `select!` arm that never fires
+/// while no deadline is set.
+pub async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

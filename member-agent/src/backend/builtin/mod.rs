@@ -35,7 +35,7 @@ use super::{
     Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
     LogChunk, backend_name,
 };
-use crate::builtin::{BuiltinScheduler, Error as SchedulerError, LocalJob, Started};
+use meridian_scheduler::{BuiltinScheduler, Error as SchedulerError, LocalJob, Started};
 
 /// How the builtin backend runs the jobs its scheduler starts.
 #[derive(Debug, Clone)]
@@ -522,7 +522,7 @@ async fn drive(shared: Arc<Shared>, mut exits: Option<ExitReceiver>) {
     loop {
         let due = shared.next_due();
         tokio::select! {
-            () = crate::sleep_until_opt(due) => {}
+            () = meridian_process::sleep_until_opt(due) => {}
             () = shared.wake.notified() => {}
             Some(exit) = next_exit(&mut exits) => shared.finish(exit),
         }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use meridian_proto::gpu::GpuCatalog;
 
 use super::HostReadings;
-use crate::builtin::NodeSpec;
+use meridian_scheduler::NodeSpec;
 
 /// NVML product names the agent maps without configuration.
 pub const KNOWN_PRODUCTS: &[(&str, &str)] = &[
@@ -316,7 +316,8 @@ mod tests {
         for readings in [dgx_h100(), a100_with_mig(), l4_host()] {
             let nodes = host_nodes(&readings, &BTreeMap::new()).unwrap();
             let specs = nodes.into_iter().map(|n| n.spec).collect();
-            crate::builtin::BuiltinScheduler::new(specs, vec![crate::builtin::QueueSpec::new("default", 1.0)]).unwrap();
+            meridian_scheduler::BuiltinScheduler::new(specs, vec![meridian_scheduler::QueueSpec::new("default", 1.0)])
+                .unwrap();
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::config::{GpuDiscovery, ProcessConfig};
 use super::devices::DeviceTable;
 use crate::backend::nvml::{self, GpuProbe, HostNode, MappingError, ProbeError};
-use crate::builtin::NodeSpec;
+use meridian_scheduler::NodeSpec;
 
 /// Why the process runner has no nodes to schedule.
 #[derive(Debug, thiserror::Error)]

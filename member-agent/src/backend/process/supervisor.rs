@@ -132,7 +132,7 @@ pub async fn supervise(launch: Launch, mut stop: oneshot::Receiver<()>) -> Outco
                 Some(Err(e)) => break Ending::ReplicaFailed { index: 0, how: format!("lost its supervisor: {e}") },
                 None => break Ending::AllExited,
             },
-            () = crate::sleep_until_opt(deadline) => break Ending::Limit(launch.limit.unwrap_or_default()),
+            () = meridian_process::sleep_until_opt(deadline) => break Ending::Limit(launch.limit.unwrap_or_default()),
             _ = &mut stop => break Ending::Cancelled,
         }
     };

@@ -429,7 +429,7 @@ impl Drop for Keeper {
 /// `meridian-agent lease-watchdog …`: parses the arguments after [`MODE`], then watches until
 /// the agent shuts down or is gone. Exit status 0, or 64 for a bad command line.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    crate::init_logging("info");
+    meridian_process::init_logging("info");
     match WatchdogArgs::parse(args) {
         Ok(args) => {
             run(&args);

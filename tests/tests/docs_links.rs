@@ -1,6 +1,7 @@
 //! Every relative link in `README.md` and `docs/` leads somewhere: the file exists, and a
 //! `#fragment` into a markdown file names one of its headings (GitHub's anchors). Links in code
-//! blocks and code spans are text, not links, and are skipped; so are absolute URLs.
+//! blocks and code spans are text, not links, and are skipped; so are absolute URLs. And every
+//! docs file the code names (a start-up warning, an error, a comment) exists.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -219,4 +220,66 @@ fn the_link_reader_finds_links_and_skips_code_and_urls() {
         assert!(anchors.contains(anchor), "{anchor} missing from {anchors:?}");
     }
     assert!(!anchors.contains("not"));
+}
+
+/// Every `.rs` file of the workspace's crates (the `target` and `fuzz` folders left out).
+fn sources(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let entries = std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("{}: {e}", folder.display()));
+        for entry in entries {
+            let path = entry.unwrap_or_else(|e| panic!("{}: {e}", folder.display())).path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if path.is_dir() {
+                if !name.starts_with('.') && name != "target" && name != "fuzz" && name != "node_modules" {
+                    folders.push(path);
+                }
+            } else if name.ends_with(".rs") {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// The `docs/….md` paths named in `text` (warnings, errors and comments point users there).
+fn docs_paths(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for (at, _) in text.match_indices("docs/") {
+        if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '-' || c == '/') {
+            continue;
+        }
+        let path: String =
+            text[at..].chars().take_while(|c| c.is_alphanumeric() || matches!(c, '/' | '.' | '_' | '-')).collect();
+        if let Some(end) = path.find(".md") {
+            paths.push(path[..end + 3].to_string());
+        }
+    }
+    paths
+}
+
+#[test]
+fn every_docs_file_the_code_names_exists() {
+    let root = root();
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    // This file's own examples name files that do not exist, on purpose.
+    for source in sources(&root).into_iter().filter(|s| !s.ends_with("tests/tests/docs_links.rs")) {
+        let text = std::fs::read_to_string(&source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+        for path in docs_paths(&text) {
+            checked += 1;
+            if !root.join(&path).is_file() {
+                missing.push(format!("{}: names {path}, which does not exist", source.display()));
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} docs paths found in the code: is the reader broken?");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn the_docs_path_reader_finds_paths_in_strings_and_comments() {
+    let text = "see docs/security.md#users and (docs/security/tls.md) but not mydocs/x.md or src/docs/y.md";
+    assert_eq!(docs_paths(text), ["docs/security.md", "docs/security/tls.md"]);
 }

@@ -3,8 +3,9 @@
 //!
 //! - [`pb`]: generated from `proto/meridian/v1/meridian.proto` (service stubs only with the
 //!   `grpc` feature);
-//! - [`convert`]: job specs, cluster identities, inventories and queue pressure, with the rules
-//!   for fields the wire cannot express and the [`convert::ConvertError`] that names a bad field;
+//! - [`convert`]: the rules for fields the wire cannot express, the [`convert::ConvertError`]
+//!   that names a bad field, and the enums; job specs in `convert/job_spec.rs`, cluster
+//!   identities, inventories and queue pressure in `convert/cluster.rs`;
 //! - [`protocol`]: the agent ↔ gateway messages of [`crate::protocol`].
 //!
 //! Only edge code (the gateway's gRPC API, the agent's link, tests of the wire) turns this on;

@@ -9,8 +9,12 @@ use meridian_proto::duration::HumanDuration;
 use meridian_proto::gpu::GpuCatalog;
 use serde::{Deserialize, Serialize};
 
-use crate::api::limits::LimitsConfig;
 use meridian_placement::{NetworkTable, PlacementConfig};
+
+pub mod limits;
+pub mod metrics;
+
+pub use limits::LimitsConfig;
 
 pub use meridian_proto::config_file::ConfigError as Error;
 
@@ -75,7 +79,7 @@ pub struct GatewayConfig {
     /// agent measures it) stays under `threshold` for `after`.
     pub idle_gpu: IdleGpuSection,
     /// Who may scrape `GET /metrics` (see `docs/operations.md (Metrics)`).
-    pub metrics: crate::metrics::MetricsConfig,
+    pub metrics: metrics::MetricsConfig,
 }
 
 /// The `idleGpu:` section.
@@ -202,7 +206,7 @@ impl Default for GatewayConfig {
             limits: LimitsConfig::default(),
             auth: None,
             idle_gpu: IdleGpuSection::default(),
-            metrics: crate::metrics::MetricsConfig::default(),
+            metrics: metrics::MetricsConfig::default(),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! - [`runtime`]: the task that owns the core, group-commits to the store and publishes reads;
 //! - [`api`]: REST and gRPC adapters over the runtime's handle (wire ↔ domain, error mapping);
 //! - [`auth`]: tokens, JWTs and roles; [`tls`]: the agents' mTLS listener;
-//! - [`metrics`]: Prometheus metrics at `GET /metrics`; [`console`]: the web console;
+//! - [`metrics`]: Prometheus metrics at `GET /metrics`; `api::console`: the web console;
 //! - [`config`]: the gateway's configuration file;
 //! - [`server`]: wires store, runtime and APIs together;
 //! - crate `meridian-store`: the durable store seam (embedded redb by default);
@@ -15,7 +15,6 @@
 pub mod api;
 pub mod auth;
 pub mod config;
-pub mod console;
 pub mod metrics;
 pub mod runtime;
 pub mod server;

@@ -10,9 +10,9 @@ use meridian_core::{Core, Loaded};
 use meridian_store::Store;
 use tokio::sync::watch;
 
-use crate::api::conn::Plain;
 use crate::config::GatewayConfig;
 use crate::runtime::{Handle, Runtime, now_ms};
+use crate::tls::conn::Plain;
 use crate::tls::{Listener, TlsHandshake};
 
 /// Addresses the gateway listens on (after binding port 0, the real ports).

@@ -1,6 +1,6 @@
 //! The shape the architecture document promises stays true: inside the core, the placement
-//! crate, `meridian-proto` and the agent, files (the agent: modules) import one another one way
-//! only (no file circle), and the pure crates build without the wire edge. A circle added later fails here, naming the files on it.
+//! crate, `meridian-proto`, the gateway and the agent, files (gateway and agent: modules) import
+//! one another one way only (no file circle), and the pure crates build without the wire edge. A circle added later fails here, naming the files on it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -196,6 +196,11 @@ fn the_proto_files_import_one_way() {
 #[test]
 fn the_agent_modules_import_one_way() {
     assert_no_circles("member-agent/src");
+}
+
+#[test]
+fn the_gateway_modules_import_one_way() {
+    assert_no_circles("gateway/src");
 }
 
 #[test]

@@ -20,9 +20,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
-use super::conn::Handshake;
 use super::guard::{Access, Guard};
 use super::limits::{Admission, ConnectionTracker, LimitsConfig, MAX_HEAD_BYTES, Slot};
+use crate::tls::conn::Handshake;
 
 /// Pause after an accept error that is not the client's fault (out of file descriptors), so
 /// that the loop does not spin while connections close.
@@ -280,8 +280,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::api::conn::Plain;
     use crate::api::limits::ConnectionCounts;
+    use crate::tls::conn::Plain;
 
     /// Far above every timeout the tests set; only reached when a test fails.
     const DEADLINE: Duration = Duration::from_secs(20);

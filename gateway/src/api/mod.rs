@@ -2,7 +2,7 @@
 //! thin adapters over the runtime's [`Handle`]. Wire ↔ domain conversion and the mapping of
 //! errors to statuses ([`error`]) live here and nowhere else.
 
-pub mod conn;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod grpc;
@@ -22,7 +22,7 @@ use meridian_proto::gpu::GpuCatalog;
 use meridian_proto::pb;
 use tokio::sync::watch;
 
-use self::conn::Plain;
+use crate::tls::conn::{self, Plain};
 use crate::tls::{ConnLimits, Listener, ServerConfigs, TlsHandshake};
 
 pub use error::ApiError;

@@ -79,7 +79,7 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
         "watchEvents" => get(super::events::events),
         "health" => get(health),
         "openapi" => get(openapi),
-        "consoleSession" => get(crate::console::session),
+        "consoleSession" => get(super::console::session),
         _ => return None,
     })
 }
@@ -115,7 +115,7 @@ pub fn router(state: RestState) -> Router {
         // JSON error naming `spec`; larger ones are refused by the guard in front of the router
         // (`guard::MAX_BODY_BYTES`, the same limit) before they are read.
         .layer(DefaultBodyLimit::max(MAX_SPEC_BYTES * 4))
-        .merge(crate::console::router())
+        .merge(super::console::router())
         .with_state(state)
 }
 

@@ -15,7 +15,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
-use crate::api::conn::Handshake;
+use super::conn::Handshake;
 
 /// Limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +174,7 @@ async fn accept_loop<H: Handshake>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::conn::Plain;
+    use crate::tls::conn::Plain;
     use tokio::io::AsyncReadExt;
     use tokio_stream::StreamExt;
 

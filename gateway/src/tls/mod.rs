@@ -23,8 +23,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::api::conn::Handshake;
+use conn::Handshake;
 
+pub mod conn;
 pub mod identity;
 pub mod incoming;
 pub mod reload;

@@ -1,5 +1,5 @@
-//! The connection seam of the REST listener: what happens to an accepted TCP stream before HTTP
-//! is spoken on it. Plain text passes it through; TLS (see `crate::tls`) runs the handshake.
+//! The connection seam of the listeners: what happens to an accepted TCP stream before HTTP is
+//! spoken on it. Plain text passes it through; TLS (this module's parent) runs the handshake.
 //! The handshake runs on the connection's own task, under the header-read timeout, so a client
 //! that stalls mid-handshake holds only its own connection.
 

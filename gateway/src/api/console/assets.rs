@@ -31,10 +31,10 @@ impl Asset {
 
 /// Every file of the console.
 pub static ASSETS: &[Asset] = &[
-    Asset::new("index.html", "text/html; charset=utf-8", include_bytes!("../../console/index.html")),
-    Asset::new("app.js", "text/javascript; charset=utf-8", include_bytes!("../../console/app.js")),
-    Asset::new("style.css", "text/css; charset=utf-8", include_bytes!("../../console/style.css")),
-    Asset::new("icon.svg", "image/svg+xml", include_bytes!("../../console/icon.svg")),
+    Asset::new("index.html", "text/html; charset=utf-8", include_bytes!("../../../console/index.html")),
+    Asset::new("app.js", "text/javascript; charset=utf-8", include_bytes!("../../../console/app.js")),
+    Asset::new("style.css", "text/css; charset=utf-8", include_bytes!("../../../console/style.css")),
+    Asset::new("icon.svg", "image/svg+xml", include_bytes!("../../../console/icon.svg")),
 ];
 
 /// FNV-1a, 64 bits: enough to tell versions of a file apart, and computable in a `const`.

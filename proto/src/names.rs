@@ -12,6 +12,9 @@
 
 use std::fmt;
 
+/// Longest job name, tenant, label key or label value, in characters.
+pub const MAX_NAME_LEN: usize = 63;
+
 /// Longest accepted cluster name, in characters (a DNS label's limit).
 pub const MAX_CLUSTER_NAME_LEN: usize = 63;
 
@@ -98,19 +101,16 @@ fn hint(character: char) -> &'static str {
     if character.is_ascii_uppercase() { " (use lowercase)" } else { "" }
 }
 
-/// Longest label key or value, in characters.
-const MAX_LABEL_LEN: usize = 63;
-
 /// Whether `value` is a valid label value: up to 63 letters, digits, `-`, `_`, `.` (may be
 /// empty).
 pub fn is_label_value(value: &str) -> bool {
-    value.len() <= MAX_LABEL_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    value.len() <= MAX_NAME_LEN && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Whether `key` is a valid label key (job and cluster labels, and label selectors).
 pub fn is_label_key(key: &str) -> bool {
     !key.is_empty()
-        && key.len() <= MAX_LABEL_LEN
+        && key.len() <= MAX_NAME_LEN
         && key.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
         && key.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }

@@ -2,7 +2,6 @@
 //! `testing`): one owned cluster, one DGX-style node shape, a hello, a job report and a parsed
 //! job spec. Tests that need a different value change one field of these rather than writing the
 //! whole record again.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 

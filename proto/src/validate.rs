@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::gpu::GpuCatalog;
 use crate::inventory::{IMPLICIT_LABEL_PREFIX, LABEL_BACKEND, LABEL_CLUSTER, LABEL_REGION, LABEL_TIER};
-pub use crate::names::{is_label_key, is_label_value};
+pub use crate::names::{MAX_NAME_LEN, is_label_key, is_label_value};
 use crate::selector::{Operator, Selector};
 use crate::spec::{BurstPolicy, JobSpec};
 
@@ -23,8 +23,6 @@ pub const MAX_RUNTIME_SECS: u64 = 365 * 86_400;
 pub const MAX_BURST_AFTER_SECS: u64 = 30 * 86_400;
 /// Largest accepted dataset (10 PiB, in GiB).
 pub const MAX_DATA_GIB: f64 = 10.0 * 1024.0 * 1024.0;
-/// Longest name, tenant, label key or label value.
-pub const MAX_NAME_LEN: usize = 63;
 
 /// One problem with one field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -122,8 +122,14 @@ pub struct Answer {
     pub held: Option<JobReport>,
     /// The reply to the offer.
     pub reply: AgentEvent,
-    /// The status to send after the reply: the binding runs.
-    pub status: Option<JobReport>,
+}
+
+impl Answer {
+    /// The status to send after the reply when the binding runs: what is held, once it is
+    /// `Running` (a binding waiting `Bound` says so in the reply alone).
+    pub fn status(&self) -> Option<JobReport> {
+        self.held.as_ref().filter(|held| held.state == JobState::Running).cloned()
+    }
 }
 
 impl<R> OfferPlan<R> {
@@ -194,16 +200,11 @@ pub fn answer(job_id: &str, fencing_token: u64, admission: Admission) -> Answer 
     match admission {
         Admission::Started { nodes } => {
             let running = JobReport { nodes, ..report(job_id, fencing_token, JobState::Running, String::new()) };
-            Answer {
-                held: Some(running.clone()),
-                reply: accepted(job_id, fencing_token, String::new()),
-                status: Some(running),
-            }
+            Answer { held: Some(running), reply: accepted(job_id, fencing_token, String::new()) }
         }
         Admission::Queued { reason } => Answer {
             held: Some(report(job_id, fencing_token, JobState::Bound, reason.clone())),
             reply: accepted(job_id, fencing_token, reason),
-            status: None,
         },
         Admission::Refused { reason, permanent } => Answer {
             held: None,
@@ -212,7 +213,6 @@ pub fn answer(job_id: &str, fencing_token: u64, admission: Admission) -> Answer 
             } else {
                 declined(job_id, fencing_token, reason)
             },
-            status: None,
         },
     }
 }
@@ -323,12 +323,12 @@ mod tests {
         let running = started.held.clone().unwrap();
         assert_eq!((running.state, running.nodes.clone()), (JobState::Running, vec!["n-0".to_string()]));
         assert_eq!(started.reply, accepted("j", 2, String::new()));
-        assert_eq!(started.status, Some(running));
+        assert_eq!(started.status(), Some(running));
         let queued = answer("j", 2, Admission::Queued { reason: "waiting".into() });
-        let bound = queued.held.unwrap();
+        let bound = queued.held.clone().unwrap();
         assert_eq!((bound.state, bound.message.as_str()), (JobState::Bound, "waiting"));
         assert_eq!(queued.reply, accepted("j", 2, "waiting".into()));
-        assert_eq!(queued.status, None);
+        assert_eq!(queued.status(), None);
     }
 
     #[test]
@@ -344,7 +344,7 @@ mod tests {
                 permanent,
             };
             assert_eq!(refused.reply, expected);
-            assert_eq!(refused.status, None);
+            assert_eq!(refused.status(), None);
         }
     }
 }

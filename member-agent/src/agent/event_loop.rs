@@ -430,6 +430,7 @@ impl EventLoop {
                     }
                 }
                 let answer = offer::answer(&job_id, fencing_token, admission);
+                let status = answer.status();
                 // Held before the acceptance, so every heartbeat after it lists the job; inventory
                 // before the acceptance, so the gateway never places into these GPUs twice.
                 if let Some(held) = answer.held {
@@ -440,7 +441,7 @@ impl EventLoop {
                         self.send_report_opt(report);
                     }
                     self.send(answer.reply);
-                    if let Some(status) = answer.status {
+                    if let Some(status) = status {
                         self.send(AgentEvent::Status(status));
                     }
                 }

@@ -448,6 +448,9 @@ impl Replay<'_> {
                 answers.push_back(Input::Agent { conn, event });
                 return Ok(());
             }
+            // The live agent declines these and sends the result again, because there a reply
+            // can be lost. Here no message is lost, so an offer of a binding its agent already
+            // answered is a bug in the core: the replay fails rather than hide it.
             OfferPlan::AlreadySubmitting { .. } | OfferPlan::AlreadyFinished(()) => {
                 return Err(invariant(format!(
                     "the gateway offered binding {token} of job `{job_id}` to `{}` again after its agent answered it",
@@ -485,8 +488,9 @@ impl Replay<'_> {
             }
         };
         let answer = offer::answer(job_id, token, admission);
+        let status = answer.status();
         answers.push_back(Input::Agent { conn, event: answer.reply });
-        if let Some(status) = answer.status {
+        if let Some(status) = status {
             answers.push_back(Input::Agent { conn, event: AgentEvent::Status(status) });
         }
         Ok(())

@@ -8,8 +8,8 @@ use super::fixture::Fixture;
 use super::*;
 use crate::backend::JobEventReceiver;
 use crate::backend::process::discovery::{declared_host_nodes, device_table};
-use crate::builtin::{NodeSpec, QueueSpec};
 use crate::test_jobs::{assignment, job_spec};
+use meridian_scheduler::{NodeSpec, QueueSpec};
 
 /// Longest any single expectation may take.
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -4,8 +4,8 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::backend::JobEventReceiver;
-use crate::builtin::{QueuePolicy, QueueSpec};
 use crate::test_jobs::{assignment, job_spec};
+use meridian_scheduler::{QueuePolicy, QueueSpec};
 
 /// One 8-GPU node and two equal queues, `a` and `b`; jobs run for their estimate.
 fn backend() -> (BuiltinBackend, JobEventReceiver) {

@@ -103,7 +103,7 @@ async fn run(scale: Scale) -> Result<()> {
     // The submitters run for the same window as the lists (both stop after `run_for`).
     let submitters = tokio::spawn({
         let rest = gateway.rest;
-        async move { load(rest, 16, run_for).await.map(|(n, _)| n).unwrap_or(0) }
+        async move { load(rest, 16, run_for).await.map(|(n, _)| n) }
     });
     let mut client = Conn::open(gateway.rest).await?;
     let mut latencies = Vec::new();
@@ -116,7 +116,7 @@ async fn run(scale: Scale) -> Result<()> {
             return Err(format!("list answered {status}: {}", String::from_utf8_lossy(&body)).into());
         }
     }
-    let submitted = submitters.await?;
+    let submitted = submitters.await??;
     latencies.sort();
     println!(
         "\nGET /v1/jobs?limit=100 with {job_count} jobs stored, during 16-client submit load ({submitted} submits): \
@@ -138,6 +138,14 @@ async fn run(scale: Scale) -> Result<()> {
             .arg(&finished)
             .arg(retention.to_string())
             .output()?;
+        if !output.status.success() {
+            return Err(format!(
+                "the memory phase ({label}) failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into());
+        }
         let text = String::from_utf8_lossy(&output.stdout);
         println!("memory with {job_count} finished jobs, {label}: {}", text.trim());
     }

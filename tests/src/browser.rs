@@ -9,6 +9,7 @@
 //! console's address bar does (statements, completion value, promises awaited, the exception's
 //! text and place), and a phone's viewport (`mobile` applies `<meta name=viewport>`).
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -79,6 +80,9 @@ impl Browser {
         // Port 0: chromedriver picks a free port and says which on stdout (kept in the log).
         let child = Command::new(&driver_binary)
             .args(["--port=0", "--enable-chrome-logs"])
+            // Its own process group, which Chromium joins: dropping the driver kills them all,
+            // even when the session could not be ended first.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -280,11 +284,14 @@ impl WebDriverCompatibleCommand for ChromeCommand {
     }
 }
 
-/// A child process killed (and reaped) on drop.
+/// A child process leading its own process group: the whole group is killed, and the child
+/// reaped, on drop.
 struct KillOnDrop(Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

@@ -474,6 +474,11 @@ mod tests {
         assert!(err[0].starts_with("keys[0]") && err[0].contains("`y`"), "{err:?}");
         let foreign = jwks(&[json!({"kty": "EC", "crv": "secp256k1", "x": "AA"}), Signer::es256().jwk("k")]);
         assert_eq!(KeySet::parse(&foreign).unwrap().len(), 1);
+        // Another party's entry with fields the JWK types refuse is skipped, not a broken file.
+        let odd = json!({"kty": "OKP", "crv": "Ed25519", "kid": 7, "x5c": "x", "x": "AA"});
+        assert_eq!(KeySet::parse(&jwks(&[odd, Signer::es256().jwk("k")])).unwrap().len(), 1);
+        let other_use = json!({"kty": "RSA", "use": "enc", "kid": ["a"], "n": "AQAB", "e": "AQAB"});
+        assert_eq!(KeySet::parse(&jwks(&[other_use, Signer::es256().jwk("k")])).unwrap().len(), 1);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The public keys of a JSON Web Key Set file (`auth.jwt.jwksFile`), read with `jsonwebtoken`'s
 //! JWK types, and the choice of the key that verifies a token.
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
-use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm};
+use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::Value;
 
 use super::JwtError;
@@ -85,21 +87,29 @@ impl Key {
     /// key type: skipped, not an error, so one JWKS can serve several relying parties). The
     /// error is the rest of a problem that starts with `keys[i]`.
     fn from_entry(entry: &Value) -> Result<Option<Key>, String> {
-        let jwk: Jwk = serde_json::from_value(entry.clone()).map_err(|e| format!(": not a JWK: {e}"))?;
-        if jwk.common.public_key_use.as_ref().is_some_and(|u| *u != PublicKeyUse::Signature) {
+        // Foreign entries are told apart by their plain fields first, before the JWK types read
+        // the whole entry: another party's key may carry fields (`x5c`, a numeric `kid`) those
+        // types refuse, and it must be skipped, not fail the file.
+        let text_of = |field: &str| entry.get(field).and_then(Value::as_str);
+        let ours = match (text_of("kty"), text_of("alg")) {
+            (Some("RSA"), None | Some("RS256")) => true,
+            (Some("EC"), None | Some("ES256")) => text_of("crv") == Some("P-256"),
+            _ => false,
+        };
+        if !ours || text_of("use").is_some_and(|u| u != "sig") {
             return Ok(None);
         }
+        let jwk: Jwk = serde_json::from_value(entry.clone()).map_err(|e| format!(": not a JWK: {e}"))?;
         let kid = jwk.common.key_id.clone();
         // Some JWKS writers pad their base64url; `jsonwebtoken` reads it unpadded only.
         let unpadded = |text: &str| text.trim_end_matches('=').to_owned();
         let key = match (&jwk.algorithm, jwk.common.key_algorithm) {
             (AlgorithmParameters::RSA(rsa), None | Some(KeyAlgorithm::RS256)) => {
-                let decoding = DecodingKey::from_rsa_components(&unpadded(&rsa.n), &unpadded(&rsa.e))
-                    .map_err(|e| format!(".n, .e: not base64url: {e}"))?;
-                let DecodingKeyKind::RsaModulusExponent { n, e } = decoding.kind() else {
-                    return Err(": not an RSA key".into());
+                let decode = |field: &str, text: &str| {
+                    URL_SAFE_NO_PAD.decode(unpadded(text)).map_err(|e| format!(".{field}: not base64url: {e}"))
                 };
-                let (n, e) = (strip_leading_zeros(n), strip_leading_zeros(e));
+                let (n, e) = (decode("n", &rsa.n)?, decode("e", &rsa.e)?);
+                let (n, e) = (strip_leading_zeros(&n), strip_leading_zeros(&e));
                 if n.len() * 8 < 2048 {
                     return Err(".n: RSA keys must have at least 2048 bits".into());
                 }

@@ -38,9 +38,10 @@ struct Es256 {
 
 /// Makes the `ring` provider `jsonwebtoken`'s process-wide one. Cheap after the first call.
 ///
-/// `jsonwebtoken` picks its provider once per process; if another one was installed first (no
-/// other code in the gateway does), that one verifies instead: it is one of `jsonwebtoken`'s own
-/// backends, and the algorithm and key checks of [`super::verify`] do not depend on it.
+/// `jsonwebtoken` picks its provider once per process (a `OnceLock`, so no race). It is built
+/// here without a backend of its own and nothing else in the gateway installs one, so this is
+/// the provider in force; were another installed first, that one would verify instead, and the
+/// algorithm and key checks of [`super::verify`], which run before it, would still hold.
 pub(super) fn install() {
     let _ = RING.install_default();
 }

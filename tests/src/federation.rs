@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -93,13 +94,21 @@ impl Federation {
     }
 
     /// Stops cluster `name`'s agent if it still runs, starts it again with the same options,
-    /// and waits until every cluster is connected.
+    /// and waits until the new agent was welcomed by the gateway (the gateway may list the old
+    /// stream as connected for a while, so the cluster count alone would not tell) and every
+    /// cluster is connected.
     pub async fn restart_agent(&mut self, name: &str) -> Result<()> {
         let options = self.options.get(name).cloned().with_context(|| format!("no cluster {name}"))?;
         if let Some(mut agent) = self.agents.remove(name) {
             agent.proc.kill();
         }
-        self.join(name, options).await
+        self.join(name, options).await?;
+        let agent = self.agent(name);
+        crate::poll(Duration::from_secs(30), || async {
+            agent.proc.log().contains("welcomed by the gateway").then_some(())
+        })
+        .await
+        .with_context(|| format!("the restarted agent {name} was not welcomed:\n{}", agent.proc.log()))
     }
 
     /// Starts an agent process `name` that speaks for cluster `cluster`, beside the federation's

@@ -243,8 +243,10 @@ fn sources(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The `docs/….md` paths named in `text` (warnings, errors and comments point users there).
-fn docs_paths(text: &str) -> Vec<String> {
+/// The `docs/….md` paths named in `text` (warnings, errors and comments point users there),
+/// each with the `#anchor` that follows it, if any. A path after `/` or a word character
+/// (`../docs/`, `mydocs/`) is not one: relative includes are checked by the compiler.
+fn docs_paths(text: &str) -> Vec<(String, Option<String>)> {
     let mut paths = Vec::new();
     for (at, _) in text.match_indices("docs/") {
         if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '-' || c == '/') {
@@ -253,24 +255,34 @@ fn docs_paths(text: &str) -> Vec<String> {
         let path: String =
             text[at..].chars().take_while(|c| c.is_alphanumeric() || matches!(c, '/' | '.' | '_' | '-')).collect();
         if let Some(end) = path.find(".md") {
-            paths.push(path[..end + 3].to_string());
+            let after = &text[at + end + 3..];
+            let anchor = after.strip_prefix('#').map(|rest| {
+                rest.chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-').collect()
+            });
+            paths.push((path[..end + 3].to_string(), anchor.filter(|a: &String| !a.is_empty())));
         }
     }
     paths
 }
 
 #[test]
-fn every_docs_file_the_code_names_exists() {
+fn every_docs_file_and_heading_the_code_names_exists() {
     let root = root();
     let mut missing = Vec::new();
     let mut checked = 0;
     // This file's own examples name files that do not exist, on purpose.
     for source in sources(&root).into_iter().filter(|s| !s.ends_with("tests/tests/docs_links.rs")) {
         let text = std::fs::read_to_string(&source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
-        for path in docs_paths(&text) {
+        for (path, anchor) in docs_paths(&text) {
             checked += 1;
-            if !root.join(&path).is_file() {
+            let file = root.join(&path);
+            if !file.is_file() {
                 missing.push(format!("{}: names {path}, which does not exist", source.display()));
+            } else if let Some(anchor) = anchor {
+                let linked = std::fs::read_to_string(&file).unwrap_or_default();
+                if !anchors(&linked).contains(&anchor) {
+                    missing.push(format!("{}: names {path}#{anchor}, a heading it does not have", source.display()));
+                }
             }
         }
     }
@@ -279,7 +291,14 @@ fn every_docs_file_the_code_names_exists() {
 }
 
 #[test]
-fn the_docs_path_reader_finds_paths_in_strings_and_comments() {
-    let text = "see docs/security.md#users and (docs/security/tls.md) but not mydocs/x.md or src/docs/y.md";
-    assert_eq!(docs_paths(text), ["docs/security.md", "docs/security/tls.md"]);
+fn the_docs_path_reader_finds_paths_and_anchors_in_strings_and_comments() {
+    let text = "see docs/security.md#users-and-roles and (docs/security/tls.md) but not mydocs/x.md or src/docs/y.md";
+    let found = docs_paths(text);
+    assert_eq!(
+        found,
+        [
+            ("docs/security.md".to_string(), Some("users-and-roles".to_string())),
+            ("docs/security/tls.md".to_string(), None)
+        ]
+    );
 }

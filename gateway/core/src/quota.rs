@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::config::CoreConfig;
-pub use crate::config::TenantQuota;
+use crate::config::{CoreConfig, TenantQuota};
 use crate::record::JobRecord;
 
 /// Why a round left a queued job waiting because of its tenant's quota (the explanation).

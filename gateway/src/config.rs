@@ -13,6 +13,7 @@ use meridian_placement::{NetworkTable, PlacementConfig};
 
 pub mod limits;
 pub mod metrics;
+pub mod store;
 
 pub use limits::LimitsConfig;
 
@@ -80,6 +81,13 @@ pub struct GatewayConfig {
     pub idle_gpu: IdleGpuSection,
     /// Who may scrape `GET /metrics` (see `docs/operations.md (Metrics)`).
     pub metrics: metrics::MetricsConfig,
+    /// Where the state lives: the embedded file (default) or etcd (several gateways, see
+    /// `docs/operations.md#high-availability`).
+    pub store: store::StoreSection,
+    /// The key that seals stored secret values.
+    pub secrets: store::SecretsSection,
+    /// Leader election (with `store.kind: etcd`).
+    pub ha: store::HaSection,
 }
 
 /// The `idleGpu:` section.
@@ -205,6 +213,9 @@ impl Default for GatewayConfig {
             insecure: false,
             limits: LimitsConfig::default(),
             auth: None,
+            store: store::StoreSection::default(),
+            secrets: store::SecretsSection::default(),
+            ha: store::HaSection::default(),
             idle_gpu: IdleGpuSection::default(),
             metrics: metrics::MetricsConfig::default(),
         }
@@ -281,6 +292,7 @@ impl GatewayConfig {
             problems.push("idleGpu.after: must be longer than 0s".to_string());
         }
         problems.extend(self.metrics.problems(self.auth.is_some()));
+        problems.extend(store::problems(&self.store, &self.secrets, &self.ha));
         if self.listen == self.grpc_listen && self.listen.port() != 0 {
             problems.push(format!("listen and grpcListen: both are {}; use two ports", self.listen));
         }

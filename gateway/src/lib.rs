@@ -15,6 +15,8 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+#[cfg(feature = "etcd")]
+pub mod ha;
 pub mod metrics;
 pub mod runtime;
 pub mod server;

@@ -11,7 +11,7 @@ use meridian_store::Store;
 use tokio::sync::watch;
 
 use crate::config::GatewayConfig;
-use crate::runtime::{Handle, Runtime, now_ms};
+use crate::runtime::{Fence, Handle, Runtime, now_ms};
 use crate::tls::conn::Plain;
 use crate::tls::{Listener, TlsHandshake};
 
@@ -70,41 +70,97 @@ pub async fn load(config: &GatewayConfig, store: &dyn Store) -> Result<Core, Ser
 
 /// Loads the core from `store`, binds both listeners, then serves REST, gRPC and the runtime
 /// until `shutdown` resolves. `on_bound` hears the real addresses and gets a handle (for
-/// in-process callers such as the demo) before serving starts.
+/// in-process callers such as the demo) before serving starts. This gateway is always the
+/// leader (epoch 0): the embedded store allows one gateway.
 pub async fn serve(
     config: GatewayConfig,
     store: Arc<dyn Store>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(BoundAddrs, Handle),
 ) -> Result<(), ServeError> {
-    // Certificates are read before anything else starts: a bad file is a start-up error.
-    let reloader = match &config.tls {
-        Some(tls) => Some(crate::tls::Reloader::new(tls)?),
-        None => {
-            tracing::warn!(
-                "insecure: serving plain text on both ports; agents are not authenticated and anyone who reaches \
-                 the gRPC port can speak for any cluster"
-            );
-            None
-        }
-    };
-    let limits = config.tls.as_ref().map(crate::tls::TlsConfig::limits).unwrap_or_default();
-    let auth = Arc::new(crate::auth::Authenticator::from_config(config.auth.as_ref())?);
-    if !auth.is_on() {
-        tracing::warn!(
-            "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` \
-             (docs/security.md#users-authentication-authorization-and-secret-values)"
-        );
-    }
-    let scrape_access = crate::metrics::ScrapeAccess::load(&config.metrics, Arc::clone(&auth))?;
-    let core = load(&config, store.as_ref()).await?;
+    let prepared = Prepared::new(&config)?;
+    let mut core = load(&config, store.as_ref()).await?;
     tracing::info!(store = %store.describe(), jobs = core.job_count(), active = core.active_count(), "state loaded");
+    let handle = Handle::new(config.runtime_config(), core.view());
+    let terms = move |handle: Handle, _addrs: BoundAddrs, stop: watch::Receiver<bool>| async move {
+        Runtime::start_term(core, store, &handle, Fence::unelected(), false, stop).join().await;
+    };
+    serve_with(config, prepared, handle, terms, shutdown, on_bound).await
+}
+
+/// Serves as one of several gateways on etcd: binds both listeners, answers reads as a standby
+/// from a view it follows from etcd, and campaigns; while elected it runs leader terms (see
+/// [`crate::ha`]).
+#[cfg(feature = "etcd")]
+pub async fn serve_elected(
+    config: GatewayConfig,
+    elected: crate::ha::Elected,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(BoundAddrs, Handle),
+) -> Result<(), ServeError> {
+    let prepared = Prepared::new(&config)?;
+    let empty = Core::follower(config.core_config(), Loaded::default(), now_ms()).view();
+    let handle = Handle::new(config.runtime_config(), empty);
+    let ha_config = config.clone();
+    let terms = move |handle: Handle, addrs: BoundAddrs, stop: watch::Receiver<bool>| {
+        crate::ha::run(ha_config, elected, handle, addrs, stop)
+    };
+    serve_with(config, prepared, handle, terms, shutdown, on_bound).await
+}
+
+/// What is read before anything listens: a bad file is a start-up error.
+struct Prepared {
+    reloader: Option<crate::tls::Reloader>,
+    auth: Arc<crate::auth::Authenticator>,
+    scrape_access: crate::metrics::ScrapeAccess,
+}
+
+impl Prepared {
+    fn new(config: &GatewayConfig) -> Result<Prepared, ServeError> {
+        let reloader = match &config.tls {
+            Some(tls) => Some(crate::tls::Reloader::new(tls)?),
+            None => {
+                tracing::warn!(
+                    "insecure: serving plain text on both ports; agents are not authenticated and anyone who reaches \
+                     the gRPC port can speak for any cluster"
+                );
+                None
+            }
+        };
+        let auth = Arc::new(crate::auth::Authenticator::from_config(config.auth.as_ref())?);
+        if !auth.is_on() {
+            tracing::warn!(
+                "authentication is off: every REST and gRPC Jobs caller is an anonymous admin; configure `auth` \
+                 (docs/security.md#users-authentication-authorization-and-secret-values)"
+            );
+        }
+        let scrape_access = crate::metrics::ScrapeAccess::load(&config.metrics, Arc::clone(&auth))?;
+        Ok(Prepared { reloader, auth, scrape_access })
+    }
+}
+
+/// Binds both listeners, runs `terms` (what steps the core: one term, or elections) and serves
+/// the APIs on `handle` until `shutdown`.
+async fn serve_with<T, F>(
+    config: GatewayConfig,
+    prepared: Prepared,
+    handle: Handle,
+    terms: T,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(BoundAddrs, Handle),
+) -> Result<(), ServeError>
+where
+    T: FnOnce(Handle, BoundAddrs, watch::Receiver<bool>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Prepared { reloader, auth, scrape_access } = prepared;
+    let limits = config.tls.as_ref().map(crate::tls::TlsConfig::limits).unwrap_or_default();
     let rest_listener = tokio::net::TcpListener::bind(config.listen).await?;
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_listen).await?;
     let addrs = BoundAddrs { rest: rest_listener.local_addr()?, grpc: grpc_listener.local_addr()? };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (runtime, handle) = Runtime::start(core, store, config.runtime_config(), stop_rx.clone());
+    let terms = tokio::spawn(terms(handle.clone(), addrs, stop_rx.clone()));
     on_bound(addrs, handle.clone());
     tracing::info!(rest = %addrs.rest, grpc = %addrs.grpc, "gateway listening");
     let metrics = Arc::new(crate::metrics::Metrics::new(handle.clone(), scrape_access));
@@ -112,7 +168,7 @@ pub async fn serve(
     let metrics_routes = metrics.router();
     let auth_files = tokio::spawn(Arc::clone(&auth).watch_files(stop_rx.clone()));
     let services = crate::api::Services {
-        handle,
+        handle: handle.clone(),
         catalog: config.gpu_catalog(),
         submit_rate: Arc::new(crate::api::SubmitRate::from_config(&config)),
         auth,
@@ -140,12 +196,15 @@ pub async fn serve(
     let reload = reloader.map(|reloader| tokio::spawn(reloader.run(stop_rx.clone())));
     shutdown.await;
     tracing::info!("gateway shutting down");
+    handle.close();
     let _ = stop_tx.send(true);
     let (rest, grpc, _) = tokio::join!(rest, grpc, auth_files);
     if let Some(reload) = reload {
         let _ = reload.await;
     }
-    runtime.join().await;
+    if let Err(e) = terms.await {
+        tracing::error!(error = %e, "the runtime task ended abnormally");
+    }
     rest.map_err(std::io::Error::other)??;
     grpc.map_err(std::io::Error::other)??;
     Ok(())

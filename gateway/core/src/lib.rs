@@ -136,6 +136,16 @@ impl Core {
     /// ids of two gateway processes apart (the runtime passes a random number; the simulator a
     /// fixed one).
     pub fn new(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16) -> Self {
+        Self::build(config, loaded, now_ms, id_salt, true)
+    }
+
+    /// What a standby shows: the store's records as they are (a running job stays `Running`:
+    /// the leader still hears its cluster), for [`Core::view`] only; it is never stepped.
+    pub fn follower(config: CoreConfig, loaded: Loaded, now_ms: i64) -> Self {
+        Self::build(config, loaded, now_ms, 0, false)
+    }
+
+    fn build(config: CoreConfig, loaded: Loaded, now_ms: i64, id_salt: u16, restart: bool) -> Self {
         let mut jobs = JobTable::new(id_salt);
         let mut timers = Timers::default();
         for (id, decision) in loaded.decisions {
@@ -143,7 +153,9 @@ impl Core {
             jobs.decide(&id, Decided::Stored(decision));
         }
         for mut job in loaded.jobs {
-            job.after_restart();
+            if restart {
+                job.after_restart();
+            }
             if job.state == meridian_proto::job::JobState::Unknown {
                 timers.unknown(job.id.clone(), now_ms);
             }

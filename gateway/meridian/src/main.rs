@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 use meridian_cli::{ClientArgs, UserCommand};
 use meridian_gateway::config::GatewayConfig;
 use meridian_gateway::server;
-use meridian_store::RedbStore;
+use meridian_gateway::config::store::StoreKind;
+use meridian_store::{KeyRing, RedbStore, SealedStore};
 
 /// Meridian: submit GPU jobs once, run them on the best cluster of the federation.
 #[derive(Parser)]
@@ -127,15 +128,8 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(64);
     }
-    let store = match RedbStore::open(&config.data_dir) {
-        Ok(store) => Arc::new(store),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let ready_file = args.ready_file;
-    let result = server::serve(config, store, meridian_process::shutdown_signal(), move |addrs, _| {
+    let on_bound = move |addrs: server::BoundAddrs, _| {
         println!("meridian gateway listening: rest={} grpc={}", addrs.rest, addrs.grpc);
         if let Some(path) = &ready_file {
             let text = format!("{{\"rest\":\"{}\",\"grpc\":\"{}\"}}\n", addrs.rest, addrs.grpc);
@@ -144,8 +138,38 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
                 eprintln!("warning: cannot write ready file {}: {e}", path.display());
             }
         }
-    })
-    .await;
+    };
+    let result = match config.store.kind {
+        StoreKind::Embedded => {
+            let keys = match open_keys(&config) {
+                Ok(keys) => keys,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(64);
+                }
+            };
+            let store = match RedbStore::open(&config.data_dir) {
+                Ok(store) => SealedStore::new(store, keys),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match store.reseal().await {
+                Ok(0) => {}
+                Ok(n) => println!("resealed {n} stored values with secrets key `{}`", store.keys().primary_id()),
+                Err(e) => {
+                    eprintln!("error: resealing stored values: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            server::serve(config, Arc::new(store), meridian_process::shutdown_signal(), on_bound).await
+        }
+        StoreKind::Etcd => match run_elected(config, on_bound).await {
+            Ok(result) => result,
+            Err(code) => return code,
+        },
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // A bad tokens, key or scrape token file is bad configuration.
@@ -158,4 +182,47 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The secrets key ring: `secrets.keyFile` when set (it must exist), else
+/// `<dataDir>/secrets.key`, created on first start.
+fn open_keys(config: &GatewayConfig) -> Result<Arc<KeyRing>, meridian_store::Error> {
+    let keys = match &config.secrets.key_file {
+        Some(path) => KeyRing::load(path)?,
+        None => KeyRing::load_or_create(&config.data_dir.join("secrets.key"))?,
+    };
+    Ok(Arc::new(keys))
+}
+
+/// Serves as one of several gateways on etcd. Err: the exit code of a start-up failure.
+#[cfg(feature = "etcd")]
+async fn run_elected(
+    config: GatewayConfig,
+    on_bound: impl FnOnce(server::BoundAddrs, meridian_gateway::runtime::Handle),
+) -> Result<Result<(), server::ServeError>, ExitCode> {
+    let keys = open_keys(&config).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(64)
+    })?;
+    let Some(etcd) = config.store.etcd.as_ref() else {
+        eprintln!("error: store.etcd: required with `kind: etcd`");
+        return Err(ExitCode::from(64));
+    };
+    let store = meridian_store::etcd::EtcdStore::connect(etcd.to_store_config()).await.map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::FAILURE
+    })?;
+    println!("meridian gateway: store {}", meridian_store::Store::describe(&store));
+    let elected = meridian_gateway::ha::Elected { store, keys };
+    Ok(server::serve_elected(config, elected, meridian_process::shutdown_signal(), on_bound).await)
+}
+
+/// Without the etcd store built in, `config.check` has already refused `kind: etcd`.
+#[cfg(not(feature = "etcd"))]
+async fn run_elected(
+    _config: GatewayConfig,
+    _on_bound: impl FnOnce(server::BoundAddrs, meridian_gateway::runtime::Handle),
+) -> Result<Result<(), server::ServeError>, ExitCode> {
+    eprintln!("error: store.kind: etcd needs a gateway built with `--features etcd`");
+    Err(ExitCode::from(64))
 }

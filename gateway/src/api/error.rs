@@ -91,6 +91,13 @@ pub enum ApiError {
     /// The gateway has no connection to spare (503); `/healthz` is still answered.
     #[error("{0}")]
     Overloaded(String),
+    /// This gateway is a standby: only the leader takes changes (503 with `Retry-After` and,
+    /// when known, the leader's address in `meridian-leader`).
+    #[error("{}", crate::runtime::CallError::NotLeader { leader: leader.clone() })]
+    NotLeader {
+        /// The leader, when one is known.
+        leader: Option<crate::runtime::LeaderAddrs>,
+    },
     /// A rejection from the HTTP layer that has no variant of its own, kept with its status.
     #[error("{message}")]
     Rejected {
@@ -131,6 +138,7 @@ impl From<CallError> for ApiError {
         match error {
             CallError::Stopped => ApiError::ShuttingDown,
             CallError::Core(core) => ApiError::Core(core),
+            CallError::NotLeader { leader } => ApiError::NotLeader { leader },
         }
     }
 }
@@ -194,6 +202,8 @@ pub fn classify(error: &ApiError) -> (StatusCode, &'static str, Vec<FieldError>)
             vec![FieldError { field: "uri".into(), reason: error.to_string() }],
         ),
         ApiError::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Vec::new()),
+        ApiError::NotLeader { leader: Some(_) } => (StatusCode::SERVICE_UNAVAILABLE, "not_leader", Vec::new()),
+        ApiError::NotLeader { leader: None } => (StatusCode::SERVICE_UNAVAILABLE, "no_leader", Vec::new()),
         ApiError::Rejected { status, .. } => (*status, code_of(*status), Vec::new()),
     }
 }
@@ -229,6 +239,13 @@ pub fn http(error: &ApiError) -> Response {
             .headers_mut()
             .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(*retry_after_secs));
     }
+    if let ApiError::NotLeader { leader } = error {
+        let headers = response.headers_mut();
+        headers.insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(1u64));
+        if let Some(value) = leader.as_ref().and_then(|l| axum::http::HeaderValue::from_str(&l.rest).ok()) {
+            headers.insert(LEADER_HEADER, value);
+        }
+    }
     if let ApiError::Unauthenticated(_) = error {
         response
             .headers_mut()
@@ -237,9 +254,20 @@ pub fn http(error: &ApiError) -> Response {
     response
 }
 
+/// The header (REST) and metadata key (gRPC) that name the leader's address on a standby's
+/// refusal: its REST base URL on REST, its gRPC URL on gRPC.
+pub const LEADER_HEADER: &str = "meridian-leader";
+
 /// The gRPC status: the code that matches the HTTP status, with the same message.
 pub fn grpc(error: &ApiError) -> Status {
     let message = error.to_string();
+    if let ApiError::NotLeader { leader } = error {
+        let mut status = Status::unavailable(message);
+        if let Some(value) = leader.as_ref().and_then(|l| l.grpc.parse().ok()) {
+            status.metadata_mut().insert(LEADER_HEADER, value);
+        }
+        return status;
+    }
     match classify(error).0 {
         StatusCode::NOT_FOUND => Status::not_found(message),
         // Not a duplicate: the job is in the wrong state for the call.

@@ -95,7 +95,8 @@ impl pb::federation_server::Federation for FederationApi {
             )));
         }
         let conn = self.handle.next_conn();
-        let outbox = self.handle.attach(conn, hello).await.map_err(|e| error::grpc(&ApiError::from(e)))?;
+        let (outbox, fence) =
+            self.handle.attach_fenced(conn, hello).await.map_err(|e| error::grpc(&ApiError::from(e)))?;
         let handle = self.handle.clone();
         let mut shutdown = self.shutdown.clone();
         // The reader lives exactly as long as the agent's stream (or until shutdown).
@@ -124,7 +125,15 @@ impl pb::federation_server::Federation for FederationApi {
             }
             handle.agent_gone(conn).await;
         });
-        let outgoing = ReceiverStream::new(outbox).map(|command| Ok(pb::GatewayMessage::from(&command)));
+        // Every message carries the term's epoch, and none leaves once the term's fence has
+        // turned invalid (a leader paused or cut from etcd past its lease): the stream ends
+        // instead, and the agent looks for the leader again.
+        let epoch = fence.epoch();
+        let outgoing = ReceiverStream::new(outbox).take_while(move |_| fence.is_valid()).map(move |command| {
+            let mut message = pb::GatewayMessage::from(&command);
+            message.epoch = epoch;
+            Ok(message)
+        });
         Ok(tonic::Response::new(Box::pin(outgoing)))
     }
 }

@@ -78,6 +78,7 @@ fn handler(operation: &str) -> Option<MethodRouter<RestState>> {
         "listTenants" => get(list_tenants),
         "watchEvents" => get(super::events::events),
         "health" => get(health),
+        "ready" => get(ready),
         "openapi" => get(openapi),
         "consoleSession" => get(super::console::session),
         _ => return None,
@@ -130,6 +131,20 @@ async fn health(State(state): State<RestState>) -> Response {
         None => "ok".into_response(),
         Some(reason) => ApiError::Core(meridian_core::Error::Unavailable(reason.to_string())).into_response(),
     }
+}
+
+/// `/readyz`: the role, for load balancers and probes. A leader is ready unless its store
+/// failed; a standby once its view is loaded.
+async fn ready(State(state): State<RestState>) -> Response {
+    use crate::runtime::Role;
+    let failure = state.handle.view().failure().map(str::to_string);
+    let (ready, body) = match state.handle.role() {
+        Role::Leader { epoch } => (failure.is_none(), json!({"role": "leader", "epoch": epoch, "failure": failure})),
+        Role::Standby { leader, warm } => (warm, json!({"role": "standby", "leader": leader, "warm": warm})),
+        Role::Stopped => (false, json!({"role": "stopping"})),
+    };
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
 }
 
 /// Media types a job spec may be sent as (parameters such as `charset` aside).

@@ -10,10 +10,10 @@ use meridian_store::{Store, Write};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::events::{EventKind, Publisher};
+use super::events::Publisher;
 use super::shared::Shared;
 use super::stats::Stats;
-use super::{Command, MAX_BATCH, Request, RuntimeConfig};
+use super::{Command, Fence, MAX_BATCH, Request, Role, RuntimeConfig, TermEnd, TermState};
 
 /// Current Unix time in milliseconds.
 pub fn now_ms() -> i64 {
@@ -37,14 +37,36 @@ impl Clock {
     }
 }
 
+/// What a driver is built from (one leader term).
+pub(super) struct Parts {
+    pub(super) core: Core,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) rx: mpsc::Receiver<Command>,
+    pub(super) view: Shared<Arc<ReadView>>,
+    pub(super) stats: Shared<Stats>,
+    pub(super) events: Shared<Option<Arc<Publisher>>>,
+    pub(super) config: RuntimeConfig,
+    pub(super) term: Shared<Arc<TermState>>,
+    pub(super) fence: Fence,
+    pub(super) end_on_failure: bool,
+}
+
 pub(super) struct Driver {
     core: Core,
     store: Arc<dyn Store>,
     rx: mpsc::Receiver<Command>,
     view: Shared<Arc<ReadView>>,
     stats: Shared<Stats>,
-    events: Publisher,
+    /// Taken at shutdown: subscriptions end once they have read what was published.
+    events: Shared<Option<Arc<Publisher>>>,
     config: RuntimeConfig,
+    term: Shared<Arc<TermState>>,
+    fence: Fence,
+    end_on_failure: bool,
+    /// Set when the term must end after this batch.
+    ending: Option<TermEnd>,
+    /// This batch's records, encoded as they are produced.
+    pending: Pending,
     clock: Clock,
     streams: HashMap<ConnId, mpsc::Sender<GatewayCommand>>,
     waiting: HashMap<ReplyTo, oneshot::Sender<Result<Reply, Error>>>,
@@ -61,15 +83,8 @@ enum Wake {
 }
 
 impl Driver {
-    pub(super) fn new(
-        core: Core,
-        store: Arc<dyn Store>,
-        rx: mpsc::Receiver<Command>,
-        view: Shared<Arc<ReadView>>,
-        stats: Shared<Stats>,
-        events: Publisher,
-        config: RuntimeConfig,
-    ) -> Self {
+    pub(super) fn new(parts: Parts) -> Self {
+        let Parts { core, store, rx, view, stats, events, config, term, fence, end_on_failure } = parts;
         Self {
             core,
             store,
@@ -78,6 +93,11 @@ impl Driver {
             stats,
             events,
             config,
+            term,
+            fence,
+            end_on_failure,
+            ending: None,
+            pending: Pending::default(),
             clock: Clock::new(),
             streams: HashMap::new(),
             waiting: HashMap::new(),
@@ -86,7 +106,7 @@ impl Driver {
         }
     }
 
-    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> TermEnd {
         let mut tick = tokio::time::interval(self.config.tick_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_round = Instant::now();
@@ -109,11 +129,21 @@ impl Driver {
                 self.core.step(input, now, &mut effects);
             }
             match wake {
-                Wake::Stop => break,
+                Wake::Stop => {
+                    self.ending = Some(TermEnd::Shutdown);
+                    break;
+                }
                 Wake::Command(command) => {
                     self.apply(command, now, &mut effects);
                     let mut taken = 1;
-                    while taken < MAX_BATCH {
+                    // Half the store's limits go to commands; the round and timers that share
+                    // the commit get the rest.
+                    let limits = self.store.limits();
+                    let budget = meridian_store::Limits {
+                        max_writes: limits.max_writes / 2,
+                        max_bytes: limits.max_bytes / 2,
+                    };
+                    while taken < MAX_BATCH && self.pending.absorb(&effects.persist).fits(budget) {
                         let Ok(command) = self.rx.try_recv() else { break };
                         self.apply(command, now, &mut effects);
                         taken += 1;
@@ -131,10 +161,39 @@ impl Driver {
                 last_round = Instant::now();
             }
             self.finish(effects).await;
+            if self.ending.is_some() {
+                break;
+            }
         }
-        // Callers still waiting learn that the gateway stopped (their oneshot is dropped).
+        let end = self.ending.take().unwrap_or(TermEnd::Shutdown);
+        // Handles stop sending here before anything is dropped: a call made from now on is
+        // answered at once (not leader, or stopping) instead of waiting on a dead channel.
+        self.term.with(|term| {
+            if term.role != Role::Stopped {
+                let role = match end {
+                    TermEnd::Shutdown => Role::Stopped,
+                    _ => Role::Standby { leader: None, warm: true },
+                };
+                *term = Arc::new(TermState { tx: None, role, fence: Fence::unelected() });
+            }
+        });
+        // Callers still waiting learn that the term ended (their oneshot is dropped), and agent
+        // streams end (their outbox is dropped), so agents look for the leader again.
         self.waiting.clear();
         self.streams.clear();
+        if end == TermEnd::Shutdown {
+            self.events.set(None);
+        }
+        match &end {
+            TermEnd::Shutdown => {}
+            TermEnd::LostLeadership => {
+                tracing::warn!(epoch = self.fence.epoch(), "leadership may have lapsed; this term sent nothing more")
+            }
+            TermEnd::StoreFailed(reason) => {
+                tracing::error!(epoch = self.fence.epoch(), %reason, "a commit failed; this term stepped down")
+            }
+        }
+        end
     }
 
     /// How long after the end of the last round the next may start. Rounds run when something
@@ -206,22 +265,48 @@ impl Driver {
 
     /// Commits the batch's records, publishes the view, then delivers sends and replies.
     async fn finish(&mut self, mut effects: Effects) {
-        if !effects.persist.is_empty()
-            && let Err(reason) = self.commit(&effects).await
-        {
-            tracing::error!(error = %reason, "commit failed; the gateway refuses changes until it is restarted");
-            let public = "the gateway could not save a change and refuses changes until it is restarted".to_string();
-            self.core.fail(public.clone());
-            effects.fail_all(&Error::Unavailable(public.clone()));
-            // Readers keep the last durable view, marked failed; the core's memory is now ahead
-            // of the disk and is never published again.
-            let frozen = self.view.get().with_failure(public);
-            self.view.set(Arc::new(frozen));
+        let committed = if effects.persist.is_empty() { Ok(()) } else { self.commit(&effects).await };
+        if let Err(reason) = committed {
+            if self.end_on_failure {
+                // An elected leader does not run on with memory ahead of the store: it answers
+                // the batch as unavailable (clients retry) and steps down; the next leader
+                // reloads from the store.
+                effects.fail_all(&Error::Unavailable(
+                    "the gateway could not save the change and is stepping down; nothing may be assumed saved, retry"
+                        .to_string(),
+                ));
+                effects.sends.clear();
+                self.ending = Some(TermEnd::StoreFailed(reason));
+            } else {
+                tracing::error!(error = %reason, "commit failed; the gateway refuses changes until it is restarted");
+                let public =
+                    "the gateway could not save a change and refuses changes until it is restarted".to_string();
+                self.core.fail(public.clone());
+                effects.fail_all(&Error::Unavailable(public.clone()));
+                // Readers keep the last durable view, marked failed; the core's memory is now
+                // ahead of the disk and is never published again.
+                let frozen = self.view.get().with_failure(public);
+                self.view.set(Arc::new(frozen));
+            }
         }
-        if self.core.failure().is_none() {
+        if self.core.failure().is_none() && self.ending.is_none() {
             let before = self.view.get();
             self.publish();
-            self.publish_events(&before, &effects.persist);
+            if let Some(events) = self.events.get() {
+                super::events::publish_changes(
+                    &events,
+                    &before,
+                    &self.view.get(),
+                    job_ids(&effects.persist),
+                    self.clock.now_ms(),
+                );
+            }
+        }
+        // The fence is read after the commit and right before sending: a leader whose lease may
+        // have run out (a pause, a cut from etcd) sends nothing, and its term ends.
+        if !effects.sends.is_empty() && !self.fence.is_valid() {
+            effects.sends.clear();
+            self.ending.get_or_insert(TermEnd::LostLeadership);
         }
         for (conn, command) in effects.sends {
             let Some(stream) = self.streams.get(&conn) else { continue };
@@ -255,20 +340,28 @@ impl Driver {
         }
     }
 
-    /// One group commit: the last write of each key, in one durable transaction.
-    async fn commit(&self, effects: &Effects) -> Result<(), String> {
-        let mut writes: BTreeMap<String, Write> = BTreeMap::new();
-        for record in &effects.persist {
-            let encoded = record.encode().map_err(|e| format!("encoding {}: {e}", record.key()))?;
-            let write = match encoded.value {
-                Some(value) => Write::Put { key: encoded.key.clone(), value },
-                None => Write::Delete { key: encoded.key.clone() },
-            };
-            writes.insert(encoded.key, write);
+    /// One group commit: the last write of each key, in one durable transaction when the batch
+    /// fits the store's limits. Commands are only taken while the batch stays within half of
+    /// them; a single step that changes more (a lost cluster with thousands of jobs, a large
+    /// round) is committed as consecutive transactions that each fit, and nothing is answered or
+    /// sent before all of them are durable.
+    async fn commit(&mut self, effects: &Effects) -> Result<(), String> {
+        self.pending.absorb(&effects.persist);
+        let pending = std::mem::take(&mut self.pending);
+        if let Some(error) = pending.error {
+            return Err(error);
         }
+        let writes = pending.writes;
         let records = writes.len();
         let started = std::time::Instant::now();
-        let result = self.store.commit(writes.into_values().collect()).await.map_err(|e| e.to_string());
+        let limits = self.store.limits();
+        let mut result = Ok(());
+        for chunk in split(writes.into_values(), limits) {
+            result = self.store.commit(chunk).await.map_err(|e| e.to_string());
+            if result.is_err() {
+                break;
+            }
+        }
         self.stats.with(|stats| stats.commit(started.elapsed(), records));
         result
     }
@@ -276,38 +369,73 @@ impl Driver {
     fn publish(&mut self) {
         self.view.set(Arc::new(self.core.view()));
     }
+}
 
-    /// Tells watchers what this batch changed: each job record it wrote (once, as the view now
-    /// holds it) and each cluster whose summary changed (the time it last reported aside).
-    fn publish_events(&self, before: &ReadView, persisted: &[meridian_core::Record]) {
-        let after = self.view.get();
-        let mut changes = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for record in persisted {
-            let meridian_core::Record::Job(job) = record else { continue };
-            if !seen.insert(job.id.as_str()) {
-                continue;
-            }
-            if let Some(current) = after.job(&job.id) {
-                changes.push(EventKind::Job { previous: before.job(&job.id).map(|j| j.state), job: current });
-            }
-        }
-        if !after.same_clusters(before) {
-            let old: HashMap<&str, &meridian_core::ClusterSummary> =
-                before.cluster_summaries().iter().map(|c| (c.name.as_str(), c)).collect();
-            for cluster in after.cluster_summaries().iter() {
-                let changed = old.get(cluster.name.as_str()).is_none_or(|previous| {
-                    let mut previous = (*previous).clone();
-                    previous.last_seen_ms = cluster.last_seen_ms;
-                    previous != *cluster
-                });
-                if changed {
-                    changes.push(EventKind::Cluster(cluster.clone()));
+/// A batch's records encoded as they are produced, the last write of each key, so the driver
+/// knows the batch's real size while it takes commands (and encodes each record once).
+#[derive(Default)]
+struct Pending {
+    writes: BTreeMap<String, Write>,
+    bytes: usize,
+    /// How many records of the batch's `persist` are encoded.
+    seen: usize,
+    /// The first record that could not be encoded: the commit fails with it.
+    error: Option<String>,
+}
+
+impl Pending {
+    /// Encodes the records of `persist` not seen yet.
+    fn absorb(&mut self, persist: &[meridian_core::Record]) -> &Self {
+        for record in persist.iter().skip(self.seen) {
+            match record.encode() {
+                Ok(encoded) => {
+                    let write = match encoded.value {
+                        Some(value) => Write::Put { key: encoded.key.clone(), value },
+                        None => Write::Delete { key: encoded.key.clone() },
+                    };
+                    self.bytes += write.size();
+                    if let Some(old) = self.writes.insert(encoded.key, write) {
+                        self.bytes -= old.size();
+                    }
+                }
+                Err(e) => {
+                    self.error.get_or_insert_with(|| format!("encoding {}: {e}", record.key()));
                 }
             }
         }
-        if !changes.is_empty() {
-            self.events.publish(self.clock.now_ms(), changes);
+        self.seen = persist.len();
+        self
+    }
+
+    fn fits(&self, limits: meridian_store::Limits) -> bool {
+        limits.fits(self.writes.len(), self.bytes)
+    }
+}
+
+/// The ids of the job records in `persist`.
+fn job_ids(persist: &[meridian_core::Record]) -> impl Iterator<Item = &str> {
+    persist.iter().filter_map(|record| match record {
+        meridian_core::Record::Job(job) => Some(job.id.as_str()),
+        _ => None,
+    })
+}
+
+/// `writes` in consecutive batches that each fit `limits` (one batch when all fit). A single
+/// write larger than the limits goes alone, and the store refuses it.
+fn split(writes: impl Iterator<Item = Write>, limits: meridian_store::Limits) -> Vec<Vec<Write>> {
+    let mut batches = vec![Vec::new()];
+    let mut bytes = 0;
+    for write in writes {
+        let size = write.size();
+        let current = batches.last().map_or(0, |batch| batch.len());
+        if current > 0 && !limits.fits(current + 1, bytes + size) {
+            batches.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        if let Some(batch) = batches.last_mut() {
+            batch.push(write);
         }
     }
+    batches
 }

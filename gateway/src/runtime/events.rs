@@ -189,6 +189,44 @@ impl Publisher {
     }
 }
 
+/// Tells watchers what changed between two views: each job in `changed_jobs` (once, as `after`
+/// holds it) and each cluster whose summary changed (the time it last reported aside).
+pub(crate) fn publish_changes<'a>(
+    publisher: &Publisher,
+    before: &meridian_core::ReadView,
+    after: &meridian_core::ReadView,
+    changed_jobs: impl IntoIterator<Item = &'a str>,
+    at_ms: i64,
+) {
+    let mut changes = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for id in changed_jobs {
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Some(current) = after.job(id) {
+            changes.push(EventKind::Job { previous: before.job(id).map(|j| j.state), job: current });
+        }
+    }
+    if !after.same_clusters(before) {
+        let old: std::collections::HashMap<&str, &ClusterSummary> =
+            before.cluster_summaries().iter().map(|c| (c.name.as_str(), c)).collect();
+        for cluster in after.cluster_summaries().iter() {
+            let changed = old.get(cluster.name.as_str()).is_none_or(|previous| {
+                let mut previous = (*previous).clone();
+                previous.last_seen_ms = cluster.last_seen_ms;
+                previous != *cluster
+            });
+            if changed {
+                changes.push(EventKind::Cluster(cluster.clone()));
+            }
+        }
+    }
+    if !changes.is_empty() {
+        publisher.publish(at_ms, changes);
+    }
+}
+
 /// One watcher's place in the stream.
 pub struct Subscription {
     hub: Arc<Hub>,

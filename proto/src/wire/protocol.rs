@@ -266,7 +266,7 @@ impl From<&GatewayCommand> for pb::GatewayMessage {
                 })
             }
         };
-        pb::GatewayMessage { body: Some(body) }
+        pb::GatewayMessage { body: Some(body), epoch: 0 }
     }
 }
 

@@ -1,0 +1,195 @@
+//! Several gateways on etcd, one leader (built with feature `etcd`).
+//!
+//! Every gateway campaigns in an etcd election. While it waits it is a **standby**: it follows
+//! the store into a read view ([`follower`]) and refuses writes and agents with the leader's
+//! address. The winner runs a **leader term**: it loads the state from etcd through a store
+//! handle whose every commit is guarded by its election key, rewrites values sealed with an
+//! old secrets key, and runs the runtime with a [`Fence`] that carries its epoch (the election
+//! key's revision) and turns false before its lease can expire. A term ends when the fence
+//! turns false (the lease could not be renewed: a cut from etcd, a pause), when a commit fails,
+//! or at shutdown (the leader then resigns, so another takes over at once). After a term the
+//! gateway is a standby again and campaigns anew.
+//!
+//! See `docs/operations.md#high-availability` for what clients and agents see in each failure.
+
+pub mod follower;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_store::etcd::{EtcdStore, Leader, Leadership};
+use meridian_store::{KeyRing, SealedStore};
+use tokio::sync::watch;
+
+use crate::config::GatewayConfig;
+use crate::runtime::{Fence, Handle, LeaderAddrs, Runtime, TermEnd};
+use crate::server::BoundAddrs;
+
+/// What an elected gateway needs beyond its configuration.
+pub struct Elected {
+    /// The etcd store (unguarded; each term guards its own handle).
+    pub store: EtcdStore,
+    /// The key that seals stored values.
+    pub keys: Arc<KeyRing>,
+}
+
+/// The election's name under the store prefix.
+const ELECTION: &str = "leader";
+
+/// How long to wait before campaigning again after etcd refused or could not be reached.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Runs standby phases and leader terms until `stop` flips.
+pub(crate) async fn run(
+    config: GatewayConfig,
+    elected: Elected,
+    handle: Handle,
+    addrs: BoundAddrs,
+    mut stop: watch::Receiver<bool>,
+) {
+    let me = advertised(&config, addrs);
+    let value = match serde_json::to_vec(&me) {
+        Ok(value) => value,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode this gateway's address for the election");
+            return;
+        }
+    };
+    let election = match elected.store.election(ELECTION, config.ha.lease_ttl.0, config.ha.step_down_margin.0) {
+        Ok(election) => election,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot take part in the election");
+            return;
+        }
+    };
+    let observer = tokio::spawn(observe(election.observe(), handle.clone(), stop.clone()));
+    loop {
+        // A standby: follow the store into the read view while campaigning.
+        let (follower_stop, follower_stopped) = watch::channel(false);
+        let follower = tokio::spawn(follower::run(
+            elected.store.clone(),
+            Arc::clone(&elected.keys),
+            config.core_config(),
+            handle.clone(),
+            follower_stopped,
+        ));
+        let campaign = tokio::select! {
+            result = election.campaign(value.clone()) => Some(result),
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        let _ = follower_stop.send(true);
+        if let Err(e) = follower.await {
+            tracing::error!(error = %e, "the standby's follower ended abnormally");
+        }
+        let leadership = match campaign {
+            None => break,
+            Some(Ok(leadership)) => Arc::new(leadership),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "campaign failed; trying again");
+                if sleep_or_stop(RETRY, &mut stop).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        tracing::info!(epoch = leadership.epoch(), name = %me.name, "elected leader; loading the state");
+        let end = lead(&config, &elected, &handle, &leadership, &mut stop).await;
+        let epoch = leadership.epoch();
+        match Arc::try_unwrap(leadership) {
+            // Resigning lets another gateway take over at once instead of after the lease.
+            Ok(leadership) => leadership.resign().await,
+            Err(_) => tracing::warn!(epoch, "the leadership is still shared; letting its lease run out"),
+        }
+        tracing::info!(epoch, reason = ?end, "leader term ended");
+        if end == TermEnd::Shutdown || *stop.borrow() {
+            break;
+        }
+    }
+    observer.abort();
+}
+
+/// One leader term: load, reseal, run the runtime until the fence lapses, a commit fails or
+/// shutdown.
+async fn lead(
+    config: &GatewayConfig,
+    elected: &Elected,
+    handle: &Handle,
+    leadership: &Arc<Leadership>,
+    stop: &mut watch::Receiver<bool>,
+) -> TermEnd {
+    let epoch = leadership.epoch();
+    let store = SealedStore::new(elected.store.with_guard(leadership.guard()), Arc::clone(&elected.keys));
+    let started = std::time::Instant::now();
+    let core = match crate::server::load(config, &store).await {
+        Ok(core) => core,
+        Err(e) => {
+            tracing::error!(epoch, error = %e, "the new leader cannot load the state; stepping down");
+            return TermEnd::StoreFailed(e.to_string());
+        }
+    };
+    match store.reseal().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(epoch, values = n, key = store.keys().primary_id(), "resealed values with the primary key"),
+        Err(e) => {
+            tracing::error!(epoch, error = %e, "resealing stored values failed; stepping down");
+            return TermEnd::StoreFailed(e.to_string());
+        }
+    }
+    tracing::info!(
+        epoch,
+        jobs = core.job_count(),
+        active = core.active_count(),
+        took_ms = started.elapsed().as_millis() as u64,
+        "leading"
+    );
+    let valid = {
+        let leadership = Arc::clone(leadership);
+        Arc::new(move || leadership.is_valid())
+    };
+    let (term_stop, term_stopped) = watch::channel(false);
+    let runtime = Runtime::start_term(core, Arc::new(store), handle, Fence::elected(epoch, valid), true, term_stopped);
+    let mut joined = std::pin::pin!(runtime.join());
+    let mut lost = leadership.lost();
+    let end = tokio::select! {
+        end = &mut joined => return end,
+        _ = lost.wait_for(|lost| *lost) => TermEnd::LostLeadership,
+        _ = stop.wait_for(|s| *s) => TermEnd::Shutdown,
+    };
+    let _ = term_stop.send(true);
+    joined.await;
+    end
+}
+
+/// Keeps the standby's idea of the leader current.
+async fn observe(mut leaders: watch::Receiver<Option<Leader>>, handle: Handle, mut stop: watch::Receiver<bool>) {
+    loop {
+        let leader = leaders.borrow_and_update().clone();
+        let addrs = leader.and_then(|leader| serde_json::from_slice::<LeaderAddrs>(&leader.value).ok());
+        handle.set_standby_leader(addrs);
+        tokio::select! {
+            changed = leaders.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+}
+
+/// Sleeps `pause`; true when `stop` flipped meanwhile.
+async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(pause) => *stop.borrow(),
+        _ = stop.wait_for(|s| *s) => true,
+    }
+}
+
+/// This gateway's name and addresses, as the leader advertises them.
+fn advertised(config: &GatewayConfig, addrs: BoundAddrs) -> LeaderAddrs {
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let name = config.ha.name.clone().unwrap_or_else(|| {
+        rustix::system::uname().nodename().to_string_lossy().into_owned()
+    });
+    LeaderAddrs {
+        rest: config.ha.advertise_rest.clone().unwrap_or_else(|| format!("{scheme}://{}", addrs.rest)),
+        grpc: config.ha.advertise_grpc.clone().unwrap_or_else(|| format!("{scheme}://{}", addrs.grpc)),
+        name,
+    }
+}

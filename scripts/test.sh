@@ -2,9 +2,16 @@
 # The test command (README): sets up what the tests need on a fresh machine, runs them all, and
 # stops what it started.
 #
-# Meridian's own build needs no system protoc (protox compiles proto/ in Rust). The end-to-end
-# tests start the real `meridian` and `meridian-agent` binaries on loopback; they build them
-# through cargo themselves.
+# Meridian's own build needs no system protoc (protox compiles proto/ in Rust), but the etcd
+# store (cargo feature `etcd`, which the tests turn on) builds etcd-client, whose build script
+# runs `protoc`: Debian's protobuf-compiler and libprotobuf-dev are installed when missing. The
+# end-to-end tests start the real `meridian` and `meridian-agent` binaries on loopback; they
+# build them through cargo themselves.
+#
+# - etcd: a three-member cluster on loopback (`scripts/etcd/up.sh`; Debian's etcd-server is
+#   installed when missing) for the etcd store's and the HA gateway's tests, stopped on exit by
+#   its PIDs. Tests that kill etcd members start their own members. The etcd tests fail (they do
+#   not skip) without etcd; MERIDIAN_SKIP_ETCD=1 skips them knowingly.
 #
 # Real services:
 # - Slurm (controller, four fake-GPU nodes, munge) from Debian's packages, for the Slurm
@@ -27,12 +34,49 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 slurm_dir=""
+etcd_dir=""
 stop_services() {
     if [ -n "$slurm_dir" ]; then
         scripts/slurm/down.sh "$slurm_dir" || echo "warning: could not stop the test Slurm in $slurm_dir" >&2
     fi
+    if [ -n "$etcd_dir" ]; then
+        scripts/etcd/down.sh "$etcd_dir" || echo "warning: could not stop the test etcd in $etcd_dir" >&2
+    fi
 }
 trap stop_services EXIT
+
+apt_install() {
+    local apt_get=(apt-get)
+    if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then apt_get=(sudo apt-get); fi
+    if ! DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "$@"; then
+        "${apt_get[@]}" update
+        DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "$@"
+    fi
+}
+
+# --- protoc (etcd-client's build script) ---
+if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "== protoc: installing protobuf-compiler and libprotobuf-dev (the etcd store's build needs them)"
+        apt_install protobuf-compiler libprotobuf-dev
+    else
+        echo "== protoc: missing and no apt-get; the etcd store will not build (install protoc and its includes)" >&2
+    fi
+fi
+
+# --- etcd ---
+if [ "${MERIDIAN_SKIP_ETCD:-}" = "1" ]; then
+    echo "== etcd: skipped (MERIDIAN_SKIP_ETCD=1); the etcd tests will say so"
+elif [ -n "${MERIDIAN_ETCD_ENDPOINTS:-}" ]; then
+    echo "== etcd: using the running cluster at $MERIDIAN_ETCD_ENDPOINTS"
+else
+    etcd_dir="$(mktemp -d /tmp/meridian-etcd.XXXXXX)"
+    echo "== etcd: starting a three-member test cluster under $etcd_dir"
+    scripts/etcd/up.sh "$etcd_dir"
+    # shellcheck disable=SC1091
+    . "$etcd_dir/env"
+    export MERIDIAN_ETCD_ENDPOINTS
+fi
 
 if [ "${MERIDIAN_SKIP_SLURM:-}" = "1" ]; then
     echo "== Slurm: skipped (MERIDIAN_SKIP_SLURM=1); the Slurm tests will say so"

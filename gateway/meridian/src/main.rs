@@ -157,7 +157,7 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
             };
             match store.reseal().await {
                 Ok(0) => {}
-                Ok(n) => println!("resealed {n} stored values with secrets key `{}`", store.keys().primary_id()),
+                Ok(n) => tracing::info!(values = n, key = store.keys().primary_id(), "resealed values with the primary key"),
                 Err(e) => {
                     eprintln!("error: resealing stored values: {e}");
                     return ExitCode::FAILURE;

@@ -89,6 +89,48 @@ pub enum Error {
         cause: String,
     },
 
+    /// A batch is larger than the store takes in one transaction; nothing was written and the
+    /// store has not failed.
+    #[error(
+        "a batch of {writes} writes and {bytes} bytes is larger than {store} takes in one transaction ({max_writes} writes, {max_bytes} bytes); nothing was written"
+    )]
+    TooLarge {
+        /// What the store is.
+        store: String,
+        /// Writes in the batch.
+        writes: usize,
+        /// Bytes in the batch.
+        bytes: usize,
+        /// The store's limit on writes.
+        max_writes: usize,
+        /// The store's limit on bytes.
+        max_bytes: usize,
+    },
+
+    /// etcd could not be reached or refused a request.
+    #[error("etcd at {endpoints}: {detail}")]
+    Etcd {
+        /// The endpoints asked.
+        endpoints: String,
+        /// What etcd or the connection reported.
+        detail: String,
+    },
+
+    /// This gateway is no longer the leader, so its commit was refused (etcd's compare on the
+    /// election key failed); nothing was written.
+    #[error("this gateway is no longer the leader (election key {key} is gone or newer); nothing was written")]
+    NotLeader {
+        /// The election key this gateway held.
+        key: String,
+    },
+
+    /// A sealed (encrypted) value or the key file could not be used.
+    #[error("secrets at rest: {detail}")]
+    Sealing {
+        /// What is wrong, worded for operators (names the key file or key id, never a secret).
+        detail: String,
+    },
+
     /// The database engine reported an error not covered above.
     #[error("the database {} reported an error: {source}", path.display())]
     Database {
@@ -111,6 +153,10 @@ impl Error {
             Error::UnsupportedFormat { .. } => "the gateway's store was written by a newer release",
             Error::Failed { .. } => "the gateway's store failed to write; it refuses writes until restarted",
             Error::Database { .. } => "the gateway's store reported an internal error",
+            Error::TooLarge { .. } => "the change is larger than the gateway's store takes at once",
+            Error::Etcd { .. } => "the gateway cannot reach its store (etcd)",
+            Error::NotLeader { .. } => "this gateway is no longer the leader",
+            Error::Sealing { .. } => "the gateway cannot encrypt or decrypt a stored secret",
         }
     }
 

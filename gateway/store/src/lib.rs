@@ -28,15 +28,39 @@
 
 mod dir_lock;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod memory;
 mod old_log;
 mod redb_store;
+pub mod sealed;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use error::{Error, Result};
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
+pub use sealed::{KeyRing, SealedStore};
+
+/// How large one commit may be. The runtime never hands [`Store::commit`] a batch beyond these
+/// (a batch is one transaction, so it cannot be split without losing atomicity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Writes (puts and deletes) in one batch at most.
+    pub max_writes: usize,
+    /// Bytes of keys and values in one batch at most.
+    pub max_bytes: usize,
+}
+
+impl Limits {
+    /// No limit (the embedded stores).
+    pub const UNLIMITED: Limits = Limits { max_writes: usize::MAX, max_bytes: usize::MAX };
+
+    /// Whether a batch of `writes` writes holding `bytes` bytes fits.
+    pub fn fits(&self, writes: usize, bytes: usize) -> bool {
+        writes <= self.max_writes && bytes <= self.max_bytes
+    }
+}
 
 /// One change in a batch handed to [`Store::commit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,4 +129,20 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short description for logs, e.g. "redb at /var/lib/meridian/meridian.redb".
     fn describe(&self) -> String;
+
+    /// The largest batch [`Store::commit`] takes; a larger one is refused with
+    /// [`Error::TooLarge`] before anything is written (and the store does not fail).
+    fn limits(&self) -> Limits {
+        Limits::UNLIMITED
+    }
+}
+
+impl Write {
+    /// Bytes this write counts against [`Limits::max_bytes`]: its key plus its value.
+    pub fn size(&self) -> usize {
+        match self {
+            Write::Put { key, value } => key.len() + value.len(),
+            Write::Delete { key } => key.len(),
+        }
+    }
 }

@@ -118,20 +118,25 @@ pub(crate) async fn run(
         changed.clear();
         let mut changes = store.follow(revision);
         let mut next_build = Instant::now() + gap;
+        let mut dirty = false;
         loop {
             tokio::select! {
                 batch = changes.recv() => match batch {
-                    Some(Ok(batch)) => absorb(&mut mirror, &keys, batch, &mut changed),
+                    Some(Ok(batch)) => {
+                        absorb(&mut mirror, &keys, batch, &mut changed);
+                        dirty = true;
+                    }
                     Some(Err(e)) => {
                         tracing::info!(error = %e, "a standby's watch ended; reading the store again");
                         break;
                     }
                     None => break,
                 },
-                () = tokio::time::sleep_until(next_build), if !changed.is_empty() => {
+                () = tokio::time::sleep_until(next_build), if dirty => {
                     let started = std::time::Instant::now();
                     handle.publish_standby_view(mirror.build(&config), &changed);
                     changed.clear();
+                    dirty = false;
                     gap = MIN_REBUILD_GAP.max(started.elapsed() * 2);
                     next_build = Instant::now() + gap;
                 }
@@ -146,9 +151,6 @@ fn absorb(mirror: &mut Mirror, keys: &KeyRing, batch: Vec<Change>, changed: &mut
     for change in batch {
         if let Some(id) = change.key.strip_prefix(JOB_PREFIX) {
             changed.push(id.to_string());
-        } else if changed.is_empty() {
-            // Not a job, but the view still changes (a cluster, a decision): rebuild.
-            changed.push(String::new());
         }
         mirror.apply(keys, change.key, change.value);
     }

@@ -176,9 +176,10 @@ async fn observe(mut leaders: watch::Receiver<Option<Leader>>, handle: Handle, m
 /// Sleeps `pause`; true when `stop` flipped meanwhile.
 async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     tokio::select! {
-        () = tokio::time::sleep(pause) => *stop.borrow(),
-        _ = stop.wait_for(|s| *s) => true,
+        () = tokio::time::sleep(pause) => {}
+        _ = stop.wait_for(|s| *s) => return true,
     }
+    *stop.borrow()
 }
 
 /// This gateway's name and addresses, as the leader advertises them.

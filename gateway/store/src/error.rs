@@ -189,6 +189,36 @@ mod tests {
     }
 
     #[test]
+    fn etcd_errors_name_hosts_and_keys_for_operators_only() {
+        let errors = [
+            Error::Etcd { endpoints: "http://10.0.0.1:2379".into(), detail: "commit: no answer within 3s".into() },
+            Error::NotLeader { key: "/meridian/election/gateway/694d".into() },
+            Error::TooLarge {
+                store: "etcd at http://10.0.0.1:2379 under /meridian/".into(),
+                writes: 129,
+                bytes: 10,
+                max_writes: 128,
+                max_bytes: 1_000_000,
+            },
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(text.contains("10.0.0.1") || text.contains("/meridian/election/gateway/694d"), "{text}");
+            let public = error.public_message();
+            assert!(!public.contains('/') && !public.contains("10.0.0.1"), "{public}");
+        }
+    }
+
+    #[test]
+    fn a_too_large_error_says_the_batch_and_the_limits() {
+        let error = Error::TooLarge { store: "etcd".into(), writes: 129, bytes: 10, max_writes: 128, max_bytes: 99 };
+        assert_eq!(
+            error.to_string(),
+            "a batch of 129 writes and 10 bytes is larger than etcd takes in one transaction (128 writes, 99 bytes); nothing was written"
+        );
+    }
+
+    #[test]
     fn a_lock_error_names_the_holder() {
         let error = Error::Locked { path: "/data/LOCK".into(), holder: "pid=42 host=gw-1 since=5".into() };
         assert!(error.to_string().contains("pid=42 host=gw-1"));

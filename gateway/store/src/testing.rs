@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::{Store, Write};
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
+
 /// Runs the behaviour every [`Store`] implementation must show, panicking on the first deviation.
 ///
 /// `store` must hold no keys under `conformance/`. Atomicity under failure needs a way to make a

@@ -251,7 +251,7 @@ impl Elected {
         let elected = meridian_gateway::ha::Elected { store, keys };
         let (stop, stop_rx) = watch::channel(false);
         let (bound_tx, bound_rx) = oneshot::channel();
-        let task = tokio::spawn(server::serve_elected(
+        let task = tokio::spawn(meridian_gateway::ha::serve_elected(
             config,
             elected,
             async move {

@@ -88,35 +88,15 @@ pub async fn serve(
     serve_with(config, prepared, handle, terms, shutdown, on_bound).await
 }
 
-/// Serves as one of several gateways on etcd: binds both listeners, answers reads as a standby
-/// from a view it follows from etcd, and campaigns; while elected it runs leader terms (see
-/// [`crate::ha`]).
-#[cfg(feature = "etcd")]
-pub async fn serve_elected(
-    config: GatewayConfig,
-    elected: crate::ha::Elected,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    on_bound: impl FnOnce(BoundAddrs, Handle),
-) -> Result<(), ServeError> {
-    let prepared = Prepared::new(&config)?;
-    let empty = Core::follower(config.core_config(), Loaded::default(), now_ms()).view();
-    let handle = Handle::new(config.runtime_config(), empty);
-    let ha_config = config.clone();
-    let terms = move |handle: Handle, addrs: BoundAddrs, stop: watch::Receiver<bool>| {
-        crate::ha::run(ha_config, elected, handle, addrs, stop)
-    };
-    serve_with(config, prepared, handle, terms, shutdown, on_bound).await
-}
-
 /// What is read before anything listens: a bad file is a start-up error.
-struct Prepared {
+pub(crate) struct Prepared {
     reloader: Option<crate::tls::Reloader>,
     auth: Arc<crate::auth::Authenticator>,
     scrape_access: crate::metrics::ScrapeAccess,
 }
 
 impl Prepared {
-    fn new(config: &GatewayConfig) -> Result<Prepared, ServeError> {
+    pub(crate) fn new(config: &GatewayConfig) -> Result<Prepared, ServeError> {
         let reloader = match &config.tls {
             Some(tls) => Some(crate::tls::Reloader::new(tls)?),
             None => {
@@ -141,7 +121,7 @@ impl Prepared {
 
 /// Binds both listeners, runs `terms` (what steps the core: one term, or elections) and serves
 /// the APIs on `handle` until `shutdown`.
-async fn serve_with<T, F>(
+pub(crate) async fn serve_with<T, F>(
     config: GatewayConfig,
     prepared: Prepared,
     handle: Handle,

@@ -214,7 +214,7 @@ async fn run_elected(
     })?;
     println!("meridian gateway: store {}", meridian_store::Store::describe(&store));
     let elected = meridian_gateway::ha::Elected { store, keys };
-    Ok(server::serve_elected(config, elected, meridian_process::shutdown_signal(), on_bound).await)
+    Ok(meridian_gateway::ha::serve_elected(config, elected, meridian_process::shutdown_signal(), on_bound).await)
 }
 
 /// Without the etcd store built in, `config.check` has already refused `kind: etcd`.

@@ -23,7 +23,10 @@ use tokio::sync::watch;
 
 use crate::config::GatewayConfig;
 use crate::runtime::{Fence, Handle, LeaderAddrs, Runtime, TermEnd};
-use crate::server::BoundAddrs;
+use crate::server::{BoundAddrs, ServeError};
+use meridian_core::{Core, Loaded};
+use std::future::Future;
+use crate::runtime::now_ms;
 
 /// What an elected gateway needs beyond its configuration.
 pub struct Elected {
@@ -38,6 +41,25 @@ const ELECTION: &str = "leader";
 
 /// How long to wait before campaigning again after etcd refused or could not be reached.
 const RETRY: Duration = Duration::from_millis(500);
+
+/// Serves as one of several gateways on etcd: binds both listeners, answers reads as a standby
+/// from a view it follows from etcd, and campaigns; while elected it runs leader terms (see
+/// this module).
+pub async fn serve_elected(
+    config: GatewayConfig,
+    elected: Elected,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(BoundAddrs, Handle),
+) -> Result<(), ServeError> {
+    let prepared = crate::server::Prepared::new(&config)?;
+    let empty = Core::follower(config.core_config(), Loaded::default(), now_ms()).view();
+    let handle = Handle::new(config.runtime_config(), empty);
+    let ha_config = config.clone();
+    let terms = move |handle: Handle, addrs: BoundAddrs, stop: watch::Receiver<bool>| {
+        run(ha_config, elected, handle, addrs, stop)
+    };
+    crate::server::serve_with(config, prepared, handle, terms, shutdown, on_bound).await
+}
 
 /// Runs standby phases and leader terms until `stop` flips.
 pub(crate) async fn run(

@@ -238,11 +238,8 @@ impl Elected {
     async fn start(endpoints: &[String], prefix: &str, key_file: &std::path::Path, name: &str) -> Result<Self> {
         let mut config: GatewayConfig = bench_config();
         config.store.kind = StoreKind::Etcd;
-        config.store.etcd = Some(EtcdSection {
-            endpoints: endpoints.to_vec(),
-            prefix: prefix.to_string(),
-            ..EtcdSection::default()
-        });
+        config.store.etcd =
+            Some(EtcdSection { endpoints: endpoints.to_vec(), prefix: prefix.to_string(), ..EtcdSection::default() });
         config.secrets.key_file = Some(key_file.to_path_buf());
         config.ha.name = Some(name.to_string());
         config.insecure = true;

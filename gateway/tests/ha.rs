@@ -178,9 +178,13 @@ async fn a_standby_reads_refuses_writes_with_the_leaders_address_and_takes_over_
     assert_eq!(listed["jobs"].as_array().unwrap().len(), 1, "the refused write created nothing: {listed}");
 
     // No stored value holds the secret: etcd has sealed bytes only.
-    let raw = EtcdStore::connect(EtcdConfig { endpoints: endpoints.clone(), prefix: prefix.clone(), ..EtcdConfig::default() })
-        .await
-        .unwrap();
+    let raw = EtcdStore::connect(EtcdConfig {
+        endpoints: endpoints.clone(),
+        prefix: prefix.clone(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
     let entries = raw.scan("").await.unwrap();
     assert!(entries.iter().any(|(key, _)| key == &format!("jobs/{id}")), "the job is stored: {entries:?}");
     for (key, value) in &entries {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use meridian_cli::{ClientArgs, UserCommand};
 use meridian_gateway::config::GatewayConfig;
-use meridian_gateway::server;
 use meridian_gateway::config::store::StoreKind;
+use meridian_gateway::server;
 use meridian_store::{KeyRing, RedbStore, SealedStore};
 
 /// Meridian: submit GPU jobs once, run them on the best cluster of the federation.
@@ -157,7 +157,9 @@ async fn run_gateway(args: GatewayArgs) -> ExitCode {
             };
             match store.reseal().await {
                 Ok(0) => {}
-                Ok(n) => tracing::info!(values = n, key = store.keys().primary_id(), "resealed values with the primary key"),
+                Ok(n) => {
+                    tracing::info!(values = n, key = store.keys().primary_id(), "resealed values with the primary key")
+                }
                 Err(e) => {
                     eprintln!("error: resealing stored values: {e}");
                     return ExitCode::FAILURE;

@@ -212,7 +212,10 @@ fn etcd_problems(etcd: &EtcdSection) -> Vec<String> {
         }
     }
     if etcd.max_txn_ops < 16 {
-        problems.push(format!("store.etcd.maxTxnOps: {} is too small; at least 16 (etcd's default is 128)", etcd.max_txn_ops));
+        problems.push(format!(
+            "store.etcd.maxTxnOps: {} is too small; at least 16 (etcd's default is 128)",
+            etcd.max_txn_ops
+        ));
     }
     if etcd.max_request_bytes < 1024 * 1024 {
         problems.push(format!(

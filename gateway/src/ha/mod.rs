@@ -22,11 +22,11 @@ use meridian_store::{KeyRing, SealedStore};
 use tokio::sync::watch;
 
 use crate::config::GatewayConfig;
+use crate::runtime::now_ms;
 use crate::runtime::{Fence, Handle, LeaderAddrs, Runtime, TermEnd};
 use crate::server::{BoundAddrs, ServeError};
 use meridian_core::{Core, Loaded};
 use std::future::Future;
-use crate::runtime::now_ms;
 
 /// What an elected gateway needs beyond its configuration.
 pub struct Elected {
@@ -151,7 +151,9 @@ async fn lead(
     };
     match store.reseal().await {
         Ok(0) => {}
-        Ok(n) => tracing::info!(epoch, values = n, key = store.keys().primary_id(), "resealed values with the primary key"),
+        Ok(n) => {
+            tracing::info!(epoch, values = n, key = store.keys().primary_id(), "resealed values with the primary key")
+        }
         Err(e) => {
             tracing::error!(epoch, error = %e, "resealing stored values failed; stepping down");
             return TermEnd::StoreFailed(e.to_string());
@@ -207,9 +209,8 @@ async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> boo
 /// This gateway's name and addresses, as the leader advertises them.
 fn advertised(config: &GatewayConfig, addrs: BoundAddrs) -> LeaderAddrs {
     let scheme = if config.tls.is_some() { "https" } else { "http" };
-    let name = config.ha.name.clone().unwrap_or_else(|| {
-        rustix::system::uname().nodename().to_string_lossy().into_owned()
-    });
+    let name =
+        config.ha.name.clone().unwrap_or_else(|| rustix::system::uname().nodename().to_string_lossy().into_owned());
     LeaderAddrs {
         rest: config.ha.advertise_rest.clone().unwrap_or_else(|| format!("{scheme}://{}", addrs.rest)),
         grpc: config.ha.advertise_grpc.clone().unwrap_or_else(|| format!("{scheme}://{}", addrs.grpc)),

@@ -139,10 +139,8 @@ impl Driver {
                     // Half the store's limits go to commands; the round and timers that share
                     // the commit get the rest.
                     let limits = self.store.limits();
-                    let budget = meridian_store::Limits {
-                        max_writes: limits.max_writes / 2,
-                        max_bytes: limits.max_bytes / 2,
-                    };
+                    let budget =
+                        meridian_store::Limits { max_writes: limits.max_writes / 2, max_bytes: limits.max_bytes / 2 };
                     while taken < MAX_BATCH && self.pending.absorb(&effects.persist).fits(budget) {
                         let Ok(command) = self.rx.try_recv() else { break };
                         self.apply(command, now, &mut effects);
@@ -422,7 +420,7 @@ fn job_ids(persist: &[meridian_core::Record]) -> impl Iterator<Item = &str> {
 
 /// `writes` in consecutive batches that each fit `limits` (one batch when all fit). A single
 /// write larger than the limits goes alone, and the store refuses it.
-fn split(writes: impl Iterator<Item = Write>, limits: meridian_store::Limits) -> Vec<Vec<Write>> {
+pub(super) fn split(writes: impl Iterator<Item = Write>, limits: meridian_store::Limits) -> Vec<Vec<Write>> {
     let mut batches = vec![Vec::new()];
     let mut bytes = 0;
     for write in writes {

@@ -335,7 +335,8 @@ impl Handle {
             if let (None, Role::Standby { leader, warm }) = (&term.tx, &term.role) {
                 let (mut leader, mut warm) = (leader.clone(), *warm);
                 change(&mut leader, &mut warm);
-                *term = Arc::new(TermState { tx: None, role: Role::Standby { leader, warm }, fence: Fence::unelected() });
+                *term =
+                    Arc::new(TermState { tx: None, role: Role::Standby { leader, warm }, fence: Fence::unelected() });
             }
         });
     }

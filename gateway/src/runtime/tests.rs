@@ -458,3 +458,120 @@ async fn watchers_see_each_committed_job_change_and_cluster_change_in_order() {
     // The driver is gone: the watcher reads what was published last, then ends instead of hanging.
     while within("end", watcher.next()).await.is_some() {}
 }
+
+/// A memory store with small limits that refuses (and counts) any batch beyond them.
+struct LimitedStore {
+    inner: MemoryStore,
+    limits: meridian_store::Limits,
+    batches: std::sync::Mutex<Vec<usize>>,
+    oversize: AtomicUsize,
+    gate: watch::Sender<bool>,
+}
+
+impl Store for LimitedStore {
+    fn commit(&self, batch: Vec<Write>) -> BoxFuture<'_, meridian_store::Result<()>> {
+        Box::pin(async move {
+            let _ = self.gate.subscribe().wait_for(|open| *open).await;
+            let bytes = batch.iter().map(Write::size).sum();
+            if !self.limits.fits(batch.len(), bytes) {
+                self.oversize.fetch_add(1, Ordering::SeqCst);
+            }
+            self.batches.lock().unwrap().push(batch.len());
+            self.inner.commit(batch).await
+        })
+    }
+
+    fn scan(&self, prefix: &str) -> BoxFuture<'_, meridian_store::Result<Vec<(String, Vec<u8>)>>> {
+        self.inner.scan(prefix)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
+    fn describe(&self) -> String {
+        "limited memory".into()
+    }
+
+    fn limits(&self) -> meridian_store::Limits {
+        self.limits
+    }
+}
+
+#[tokio::test]
+async fn batches_never_exceed_the_stores_limits_and_everything_is_answered() {
+    let store = Arc::new(LimitedStore {
+        inner: MemoryStore::new(),
+        limits: meridian_store::Limits { max_writes: 4, max_bytes: 64 * 1024 },
+        batches: std::sync::Mutex::new(Vec::new()),
+        oversize: AtomicUsize::new(0),
+        gate: watch::Sender::new(false),
+    });
+    let (runtime, handle, stop) = start(store.clone());
+    // Forty submits wait together while the first commit is held: without limits they would
+    // share one or two commits.
+    let submits: Vec<_> = (0..40)
+        .map(|i| {
+            tokio::spawn({
+                let handle = handle.clone();
+                async move { handle.submit(spec(&format!("j{i}"))).await }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store.gate.send_replace(true);
+    for submit in submits {
+        within("submit", submit).await.unwrap().unwrap();
+    }
+    let batches = store.batches.lock().unwrap().clone();
+    assert_eq!(store.oversize.load(Ordering::SeqCst), 0, "a batch beyond the limits: {batches:?}");
+    assert!(batches.len() >= 10, "forty submits cannot fit in fewer than ten commits of four: {batches:?}");
+    assert_eq!(store.inner.scan("jobs/").await.unwrap().len(), 40);
+    let _ = stop.send(true);
+    assert_eq!(runtime.join().await, TermEnd::Shutdown);
+}
+
+#[test]
+fn a_step_larger_than_the_limits_is_split_into_batches_that_fit() {
+    let writes: Vec<Write> = (0..10).map(|i| Write::put(format!("k{i}"), vec![0u8; 100])).collect();
+    let limits = meridian_store::Limits { max_writes: 4, max_bytes: 250 };
+    let batches = driver::split(writes.into_iter(), limits);
+    assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 2, 2, 2], "bytes bind first");
+    for batch in &batches {
+        assert!(limits.fits(batch.len(), batch.iter().map(Write::size).sum()));
+    }
+    let keys: Vec<_> = batches.iter().flatten().map(|w| w.key().to_string()).collect();
+    assert_eq!(keys, (0..10).map(|i| format!("k{i}")).collect::<Vec<_>>(), "in order, none lost");
+}
+
+#[tokio::test]
+async fn a_term_whose_fence_lapses_sends_nothing_more_and_hands_back_to_standby() {
+    let valid = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let fence = Fence::elected(7, {
+        let valid = Arc::clone(&valid);
+        Arc::new(move || valid.load(Ordering::SeqCst))
+    });
+    let core = Core::new(CoreConfig::default(), Loaded::default(), now_ms(), 1);
+    let handle =
+        Handle::new(RuntimeConfig::default(), Core::new(CoreConfig::default(), Loaded::default(), now_ms(), 1).view());
+    let (_stop, stop_rx) = watch::channel(false);
+    let runtime = Runtime::start_term(core, Arc::new(MemoryStore::new()), &handle, fence, true, stop_rx);
+    assert_eq!(handle.role(), Role::Leader { epoch: 7 });
+    let conn = handle.next_conn();
+    let (mut outbox, term_fence) = within("attach", handle.attach_fenced(conn, hello())).await.unwrap();
+    assert_eq!(term_fence.epoch(), 7);
+    assert!(matches!(outbox.recv().await, Some(GatewayCommand::Welcome { .. })));
+    handle.agent_event(conn, inventory()).await.unwrap();
+    // The lease may have run out: the job's offer must never reach the agent.
+    valid.store(false, Ordering::SeqCst);
+    let submitted = handle.submit(spec("after")).await;
+    assert_eq!(within("term end", runtime.join()).await, TermEnd::LostLeadership);
+    while let Some(command) = outbox.recv().await {
+        assert!(!matches!(command, GatewayCommand::Offer(_)), "an offer left a lapsed term: {command:?}");
+    }
+    // The submit was durable before the term noticed (the store took it), or refused; either
+    // way the caller got an answer, and calls now name no leader instead of waiting.
+    let _ = submitted;
+    assert!(matches!(handle.role(), Role::Standby { .. }), "{:?}", handle.role());
+    assert!(matches!(handle.submit(spec("later")).await, Err(CallError::NotLeader { leader: None })));
+}

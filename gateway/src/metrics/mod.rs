@@ -217,7 +217,7 @@ impl Collector for GatewayCollector {
         fleet::encode(&view, now, &mut encoder)?;
         queues::encode(&view, now, &mut encoder)?;
         history::encode(view.tally(), &mut encoder)?;
-        runtime::encode(&self.handle.stats(), &view, &mut encoder)?;
+        runtime::encode(&self.handle.stats(), &view, &self.handle.role(), &mut encoder)?;
         Ok(())
     }
 }

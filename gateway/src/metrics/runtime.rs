@@ -5,10 +5,11 @@ use meridian_core::ReadView;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::encode::{self, HistogramSeries, counters, flag, gauges, histograms};
+use crate::runtime::Role;
 use crate::runtime::stats::Stats;
 
 /// Encodes the runtime families from the driver's `stats` and `view`.
-pub fn encode(stats: &Stats, view: &ReadView, encoder: &mut DescriptorEncoder) -> encode::Result {
+pub fn encode(stats: &Stats, view: &ReadView, role: &Role, encoder: &mut DescriptorEncoder) -> encode::Result {
     histograms(
         encoder,
         "meridian_store_commit_seconds",
@@ -44,6 +45,18 @@ pub fn encode(stats: &Stats, view: &ReadView, encoder: &mut DescriptorEncoder) -
         "meridian_gateway_store_failed",
         "1 once a commit to the store failed: the gateway then refuses changes until it is restarted.",
         [(Vec::new(), flag(view.failure().is_some()))],
+    )?;
+    gauges(
+        encoder,
+        "meridian_gateway_leader",
+        "1 while this gateway leads (it steps the core and talks to agents); 0 on a standby or while stopping.",
+        [(Vec::new(), flag(matches!(role, Role::Leader { .. })))],
+    )?;
+    gauges(
+        encoder,
+        "meridian_gateway_epoch",
+        "The epoch this gateway leads in (its etcd election revision; 0 for a gateway without election or a standby).",
+        [(Vec::new(), match role { Role::Leader { epoch } => *epoch as f64, _ => 0.0 })],
     )?;
     Ok(())
 }

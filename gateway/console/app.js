@@ -246,8 +246,23 @@
     const tenants = session.role === "admin" ? "all tenants" : (session.tenants || []).join(", ") || "no tenant";
     $("who").textContent = session.authentication ? session.subject + " · " + session.role + " · " + tenants : "authentication off (anonymous admin)";
     $("signout").hidden = !session.authentication;
+    showRole();
     startStream();
     render();
+  }
+
+  // With several gateways on etcd, this one may be a standby: it shows what it follows from the
+  // store, and changes (cancel) go to the leader, whose address it names.
+  async function showRole() {
+    try {
+      const response = await fetch("/readyz", { cache: "no-store" });
+      const ready = await response.json();
+      if (ready.role !== "standby") return;
+      const leader = ready.leader ? "the leader is " + ready.leader.name + " at " + ready.leader.rest : "no leader is elected right now";
+      banner("This gateway is a standby: it shows the federation as stored and takes no changes; " + leader + ".", "info");
+    } catch (e) {
+      // An older gateway without /readyz, or none reachable: nothing to say.
+    }
   }
 
   function mayCancel(job) {

@@ -62,7 +62,17 @@ pub enum ServeError {
 /// Reads everything the core starts from.
 pub async fn load(config: &GatewayConfig, store: &dyn Store) -> Result<Core, ServeError> {
     let entries = store.scan("").await.map_err(|source| ServeError::Store { store: store.describe(), source })?;
-    let loaded = Loaded::decode(entries).map_err(|source| ServeError::Decode { store: store.describe(), source })?;
+    load_entries(config, entries, &store.describe())
+}
+
+/// Builds the core from a scan's `entries` of the store `described`.
+pub fn load_entries(
+    config: &GatewayConfig,
+    entries: Vec<(String, Vec<u8>)>,
+    described: &str,
+) -> Result<Core, ServeError> {
+    let loaded =
+        Loaded::decode(entries).map_err(|source| ServeError::Decode { store: described.to_string(), source })?;
     // RandomState is seeded randomly per process: enough to keep ids of two gateways apart.
     let salt = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), now_ms()) as u16;
     Ok(Core::new(config.core_config(), loaded, now_ms(), salt))

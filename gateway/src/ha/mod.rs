@@ -142,23 +142,30 @@ async fn lead(
     let epoch = leadership.epoch();
     let store = SealedStore::new(elected.store.with_guard(leadership.guard()), Arc::clone(&elected.keys));
     let started = std::time::Instant::now();
-    let core = match crate::server::load(config, &store).await {
-        Ok(core) => core,
+    // One read of the whole state: opened for the core, and checked for values sealed with an
+    // older key (rewritten only when there are some, which is rare: after a key rotation).
+    let core = match load_sealed(config, &store).await {
+        Ok((core, 0)) => core,
+        Ok((core, _stale)) => match store.reseal().await {
+            Ok(n) => {
+                tracing::info!(
+                    epoch,
+                    values = n,
+                    key = store.keys().primary_id(),
+                    "resealed values with the primary key"
+                );
+                core
+            }
+            Err(e) => {
+                tracing::error!(epoch, error = %e, "resealing stored values failed; stepping down");
+                return TermEnd::StoreFailed(e.to_string());
+            }
+        },
         Err(e) => {
             tracing::error!(epoch, error = %e, "the new leader cannot load the state; stepping down");
             return TermEnd::StoreFailed(e.to_string());
         }
     };
-    match store.reseal().await {
-        Ok(0) => {}
-        Ok(n) => {
-            tracing::info!(epoch, values = n, key = store.keys().primary_id(), "resealed values with the primary key")
-        }
-        Err(e) => {
-            tracing::error!(epoch, error = %e, "resealing stored values failed; stepping down");
-            return TermEnd::StoreFailed(e.to_string());
-        }
-    }
     tracing::info!(
         epoch,
         jobs = core.job_count(),
@@ -182,6 +189,21 @@ async fn lead(
     let _ = term_stop.send(true);
     joined.await;
     end
+}
+
+/// The core from the sealed store's state, read once, and how many values need resealing.
+async fn load_sealed(config: &GatewayConfig, store: &SealedStore<EtcdStore>) -> Result<(Core, usize), ServeError> {
+    let described = meridian_store::Store::describe(store);
+    let failed = |source| ServeError::Store { store: described.clone(), source };
+    let raw = meridian_store::Store::scan(store.inner(), "").await.map_err(failed)?;
+    let keys = store.keys();
+    let stale = raw.iter().filter(|(_, value)| keys.needs_reseal(value)).count();
+    let mut entries = Vec::with_capacity(raw.len());
+    for (key, value) in raw {
+        let opened = keys.open(&key, &value).map_err(failed)?;
+        entries.push((key, opened));
+    }
+    Ok((crate::server::load_entries(config, entries, &described)?, stale))
 }
 
 /// Keeps the standby's idea of the leader current.

@@ -56,7 +56,13 @@ pub fn encode(stats: &Stats, view: &ReadView, role: &Role, encoder: &mut Descrip
         encoder,
         "meridian_gateway_epoch",
         "The epoch this gateway leads in (its etcd election revision; 0 for a gateway without election or a standby).",
-        [(Vec::new(), match role { Role::Leader { epoch } => *epoch as f64, _ => 0.0 })],
+        [(
+            Vec::new(),
+            match role {
+                Role::Leader { epoch } => *epoch as f64,
+                _ => 0.0,
+            },
+        )],
     )?;
     Ok(())
 }

@@ -15,10 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use meridian_agent::config::AgentConfig;
 use meridian_e2e::manifests::{External, FileSource, Manifests, PodTemplate, Render, helm, repo_root};
 use meridian_gateway::config::GatewayConfig;
+use meridian_gateway::config::store::StoreKind;
 use serde_json::Value;
 
 /// The Secret names the charts derive when the values name none (release `meridian-gateway`,
@@ -38,7 +41,30 @@ fn helm_or_skip() -> Option<PathBuf> {
 }
 
 fn assert_clean(manifests: &Manifests, external: External<'_>, case: &str) {
-    let problems = manifests.problems(external);
+    let mut problems = manifests.problems(external);
+    // `Manifests::problems` has no typed struct for PodDisruptionBudgets (the gateway chart's,
+    // with etcd): each is checked here instead, and the "not a kind" problem set aside.
+    for doc in manifests.of_kind("PodDisruptionBudget") {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(doc["apiVersion"], "policy/v1", "{case}: PodDisruptionBudget/{name}");
+        let typed: PodDisruptionBudget = serde_json::from_value(doc.clone())
+            .unwrap_or_else(|e| panic!("{case}: PodDisruptionBudget/{name} does not parse: {e}"));
+        assert_eq!(
+            &serde_json::to_value(&typed).unwrap(),
+            doc,
+            "{case}: PodDisruptionBudget/{name} has fields not in the schema"
+        );
+        let selector = typed.spec.and_then(|s| s.selector).and_then(|s| s.match_labels).unwrap_or_default();
+        assert!(!selector.is_empty(), "{case}: PodDisruptionBudget/{name} selects every pod of the namespace");
+        let picked = manifests.pods().iter().any(|(_, pod)| {
+            let labels = pod.labels();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        });
+        assert!(picked, "{case}: PodDisruptionBudget/{name} picks no rendered workload's pods");
+        problems.retain(|p| {
+            !p.starts_with(&format!("PodDisruptionBudget/{name}: policy/v1 PodDisruptionBudget is not a kind"))
+        });
+    }
     assert!(problems.is_empty(), "{case}: the rendered manifests have problems:\n{}", problems.join("\n"));
 }
 
@@ -85,27 +111,132 @@ struct GatewayRender {
     manifests: Manifests,
     pod: PodTemplate,
     config: GatewayConfig,
+    /// The StatefulSet's replicas.
+    replicas: Option<i32>,
 }
 
 impl GatewayRender {
     fn container(&self) -> &Container {
         self.pod.container("gateway").expect("the gateway container")
     }
+
+    /// The path of the HTTP GET of a probe (`liveness` or `readiness`) of the gateway container.
+    fn probe_path(&self, which: &str) -> String {
+        let container = self.container();
+        let probe = if which == "liveness" { &container.liveness_probe } else { &container.readiness_probe };
+        probe.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|g| g.path.clone()).expect("an HTTP probe")
+    }
 }
 
-/// Renders the gateway chart and checks what every value combination must satisfy.
-fn render_gateway(helm: &Path, values: &str, secrets: &[&str], case: &str) -> GatewayRender {
+/// A file the chart's `prepare` init container writes: from which source file, and how.
+#[derive(Debug)]
+struct Prepared {
+    /// The file it is made from, as the init container sees it.
+    source: String,
+    /// `sed` (the config: `{pod}` replaced by the pod's name) or `install` (copied, mode 0600).
+    how: &'static str,
+}
+
+/// What the gateway pod's `prepare` init container writes, by destination path, read from its
+/// script (`sed "s/{pod}/${POD_NAME}/g" SRC > DST`, `install -m 0600 SRC DST`); empty without one.
+fn prepared_files(pod: &PodTemplate) -> Vec<(String, Prepared, Container)> {
+    let Some(init) = pod.spec.init_containers.iter().flatten().find(|c| c.name == "prepare") else {
+        return Vec::new();
+    };
+    let script = init.args.clone().unwrap_or_default().join("\n");
+    let mut files = Vec::new();
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["sed", expression, source, ">", destination] => {
+                assert_eq!(*expression, "\"s/{pod}/${POD_NAME}/g\"", "the config gets the pod's name");
+                files.push((
+                    destination.to_string(),
+                    Prepared { source: source.to_string(), how: "sed" },
+                    init.clone(),
+                ));
+            }
+            ["install", "-m", "0600", source, destination] => {
+                files.push((
+                    destination.to_string(),
+                    Prepared { source: source.to_string(), how: "install" },
+                    init.clone(),
+                ));
+            }
+            ["set", "-eu"] | [] => {}
+            other => panic!("the prepare init container runs a line the test does not know: {other:?}"),
+        }
+    }
+    let pod_name = init.env.iter().flatten().find(|e| e.name == "POD_NAME").expect("POD_NAME in the init container");
+    let field = pod_name.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
+    assert_eq!(field, Some("metadata.name"), "POD_NAME comes from the downward API");
+    files
+}
+
+/// The volume mounted at the longest prefix of `path` in `container` (read-only or not).
+fn mounted_volume(container: &Container, path: &str) -> Option<String> {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| path == m.mount_path || path.starts_with(&format!("{}/", m.mount_path.trim_end_matches('/'))))
+        .max_by_key(|m| m.mount_path.len())
+        .map(|m| m.name.clone())
+}
+
+/// The gateway config the container reads: the ConfigMap key mounted at `path`, or, when the
+/// `prepare` init container writes `path` into a volume both share, the ConfigMap text it starts
+/// from with `{pod}` replaced by `pod_name`.
+fn gateway_config_text(
+    manifests: &Manifests,
+    pod: &PodTemplate,
+    container: &Container,
+    path: &str,
+    pod_name: &str,
+) -> String {
+    if let Some(FileSource::ConfigMap { .. }) = pod.file(container, path) {
+        return config_text(manifests, pod, container, path);
+    }
+    let files = prepared_files(pod);
+    let (_, prepared, init) = files
+        .iter()
+        .find(|(destination, _, _)| destination == path)
+        .unwrap_or_else(|| panic!("{path} comes neither from a ConfigMap nor from the prepare init container"));
+    assert_eq!(prepared.how, "sed");
+    let Some(FileSource::Writable { volume: written }) = pod.file(init, path) else {
+        panic!("{path}: not on a volume the init container writes");
+    };
+    assert_eq!(
+        mounted_volume(container, path),
+        Some(written),
+        "{path}: the gateway reads what the init container wrote"
+    );
+    config_text(manifests, pod, init, &prepared.source).replace("{pod}", pod_name)
+}
+
+/// Renders the gateway chart and checks what every value combination must satisfy, whatever the
+/// store: the config the gateway reads (as pod `pod_name` of the StatefulSet) loads, ports and
+/// addresses agree, probes speak the ports' scheme, and a secrets key file is this pod's copy
+/// (mode 0600) of the Secret `key_secret`.
+fn render_gateway_pod(
+    helm: &Path,
+    values: &str,
+    secrets: &[&str],
+    key_secret: Option<&str>,
+    case: &str,
+) -> GatewayRender {
     let manifests = Render::new("meridian-gateway", "meridian-gateway")
         .values(values)
         .template(helm)
         .unwrap_or_else(|e| panic!("{case}: helm template failed: {e:#}"));
     assert_clean(&manifests, External { secrets, ..External::default() }, case);
     let statefulset: k8s_openapi::api::apps::v1::StatefulSet = manifests.only("StatefulSet").unwrap();
-    assert_eq!(statefulset.spec.as_ref().and_then(|s| s.replicas), Some(1), "{case}: one writer of the store");
+    let pod_name = format!("{}-0", statefulset.metadata.name.as_deref().unwrap());
+    let replicas = statefulset.spec.as_ref().and_then(|s| s.replicas);
     let (_, pod) = manifests.pods().into_iter().find(|(at, _)| at.starts_with("StatefulSet/")).unwrap();
     let container = pod.container("gateway").unwrap_or_else(|| panic!("{case}: no container named gateway"));
     let path = config_arg(container);
-    let text = config_text(&manifests, &pod, container, &path);
+    let text = gateway_config_text(&manifests, &pod, container, &path, &pod_name);
     let config = GatewayConfig::parse(&text, Path::new(&path))
         .unwrap_or_else(|e| panic!("{case}: the gateway refuses the rendered config:\n{e}\n--- config ---\n{text}"));
     assert_eq!(config.listen.port() as i32, port_named(container, "rest"), "{case}: listen vs the rest port");
@@ -114,19 +245,83 @@ fn render_gateway(helm: &Path, values: &str, secrets: &[&str], case: &str) -> Ga
         config.listen.ip().is_unspecified() && config.grpc_listen.ip().is_unspecified(),
         "{case}: must listen on all addresses in a pod"
     );
-    let data_dir = config.data_dir.display().to_string();
-    assert!(
-        matches!(pod.file(container, &data_dir), Some(FileSource::Writable { .. })),
-        "{case}: dataDir {data_dir} is not a writable volume"
-    );
+    match (&config.secrets.key_file, key_secret) {
+        (None, None) => {}
+        (Some(key_file), Some(secret)) => {
+            let key_file = key_file.display().to_string();
+            let files = prepared_files(&pod);
+            let (_, prepared, init) = files
+                .iter()
+                .find(|(destination, _, _)| *destination == key_file)
+                .unwrap_or_else(|| panic!("{case}: secrets.keyFile {key_file} is not written by the init container"));
+            assert_eq!(prepared.how, "install", "{case}: the key is copied with mode 0600");
+            assert_secret_file(&pod, init, Path::new(&prepared.source), secret, "secrets.keyFile (source)");
+            let Some(FileSource::Writable { volume: written }) = pod.file(init, &key_file) else {
+                panic!("{case}: secrets.keyFile {key_file} is not on a volume the init container writes");
+            };
+            assert_eq!(
+                mounted_volume(container, &key_file).as_ref(),
+                Some(&written),
+                "{case}: the gateway reads the key copy the init container writes"
+            );
+            let volume = pod.spec.volumes.iter().flatten().find(|v| v.name == written).unwrap();
+            let medium = volume.empty_dir.as_ref().and_then(|e| e.medium.as_deref());
+            assert_eq!(medium, Some("Memory"), "{case}: the key's copy never touches the node's disk");
+        }
+        (key_file, secret) => panic!("{case}: secrets.keyFile {key_file:?} vs the Secret expected {secret:?}"),
+    }
     let container = container.clone();
     let scheme = if config.tls.is_some() { "HTTPS" } else { "HTTP" };
     for probe in [&container.liveness_probe, &container.readiness_probe] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
-        assert_eq!(get.path.as_deref(), Some("/healthz"));
         assert_eq!(get.scheme.as_deref(), Some(scheme), "{case}: probe scheme");
     }
-    GatewayRender { manifests, pod, config }
+    GatewayRender { manifests, pod, config, replicas }
+}
+
+/// Renders the gateway chart with the embedded store: one replica, its data on a writable
+/// volume, both probes on `/healthz`.
+fn render_gateway(helm: &Path, values: &str, secrets: &[&str], case: &str) -> GatewayRender {
+    render_gateway_keyed(helm, values, secrets, None, case)
+}
+
+fn render_gateway_keyed(
+    helm: &Path,
+    values: &str,
+    secrets: &[&str],
+    key_secret: Option<&str>,
+    case: &str,
+) -> GatewayRender {
+    let render = render_gateway_pod(helm, values, secrets, key_secret, case);
+    assert_eq!(render.config.store.kind, StoreKind::Embedded, "{case}");
+    assert_eq!(render.replicas, Some(1), "{case}: one writer of the store");
+    let data_dir = render.config.data_dir.display().to_string();
+    assert!(
+        matches!(render.pod.file(render.container(), &data_dir), Some(FileSource::Writable { .. })),
+        "{case}: dataDir {data_dir} is not a writable volume"
+    );
+    assert_eq!(render.probe_path("liveness"), "/healthz", "{case}");
+    assert_eq!(render.probe_path("readiness"), "/healthz", "{case}");
+    assert_eq!(render.manifests.of_kind("PodDisruptionBudget").count(), 0, "{case}: no budget for one pod");
+    render
+}
+
+/// Renders the gateway chart with `store.kind: etcd`: several gateways, no volume for data, a
+/// readiness probe on `/readyz`, a PodDisruptionBudget, and each pod advertising its own address.
+fn render_gateway_on_etcd(helm: &Path, values: &str, secrets: &[&str], key_secret: &str, case: &str) -> GatewayRender {
+    let render = render_gateway_pod(helm, values, secrets, Some(key_secret), case);
+    assert_eq!(render.config.store.kind, StoreKind::Etcd, "{case}");
+    assert_eq!(render.probe_path("liveness"), "/healthz", "{case}: liveness stays /healthz");
+    assert_eq!(render.probe_path("readiness"), "/readyz", "{case}: ready = leader or warm standby");
+    let statefulset = render.manifests.get("StatefulSet", "meridian-gateway").unwrap();
+    assert!(statefulset["spec"]["volumeClaimTemplates"].is_null(), "{case}: the state lives in etcd, no volume");
+    let headless = statefulset["spec"]["serviceName"].as_str().unwrap();
+    let service = render.manifests.get("Service", headless).expect("the headless Service");
+    assert_eq!(service["spec"]["clusterIP"], "None", "{case}: {headless} is headless");
+    assert_eq!(render.config.ha.name.as_deref(), Some("meridian-gateway-0"), "{case}: ha.name is the pod's name");
+    let pdb: PodDisruptionBudget = render.manifests.only("PodDisruptionBudget").unwrap();
+    assert_eq!(pdb.spec.and_then(|s| s.max_unavailable), Some(IntOrString::Int(1)), "{case}: one gateway at a time");
+    render
 }
 
 #[test]
@@ -259,10 +454,111 @@ fn gateway_chart_renders_the_rules_file_as_a_prometheus_rule() {
 }
 
 #[test]
+fn gateway_chart_runs_three_gateways_on_etcd_with_a_budget_and_role_aware_probes() {
+    let Some(helm) = helm_or_skip() else { return };
+    let values = r#"
+store:
+  kind: etcd
+  etcd:
+    endpoints: [https://etcd-0.etcd:2379, https://etcd-1.etcd:2379, https://etcd-2.etcd:2379]
+    prefix: /meridian/prod/
+    tls: {enabled: true, existingSecret: etcd-client}
+    username: meridian
+    passwordSecret: etcd-password
+config:
+  tenants: {nlp: {weight: 2}}
+"#;
+    let secrets = [GATEWAY_TLS, "meridian-gateway-secrets", "etcd-client", "etcd-password"];
+    let render = render_gateway_on_etcd(&helm, values, &secrets, "meridian-gateway-secrets", "etcd");
+    assert_eq!(render.replicas, Some(3), "three gateways by default with etcd");
+    let etcd = render.config.store.etcd.clone().expect("store.etcd rendered");
+    assert_eq!(
+        etcd.endpoints,
+        ["https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379", "https://etcd-2.etcd:2379"],
+        "the endpoints of the values, in order"
+    );
+    assert_eq!(etcd.prefix, "/meridian/prod/");
+    assert_eq!((etcd.max_txn_ops, etcd.max_request_bytes), (1024, 8 * 1024 * 1024), "the gateway's defaults");
+    let tls = etcd.tls.expect("etcd TLS rendered");
+    for (field, path) in [
+        ("store.etcd.tls.ca", Some(&tls.ca)),
+        ("store.etcd.tls.cert", tls.cert.as_ref()),
+        ("store.etcd.tls.key", tls.key.as_ref()),
+    ] {
+        assert_secret_file(&render.pod, render.container(), path.expect(field), "etcd-client", field);
+    }
+    assert_eq!(etcd.username.as_deref(), Some("meridian"));
+    let password = etcd.password_file.expect("passwordFile rendered");
+    assert_secret_file(&render.pod, render.container(), &password, "etcd-password", "store.etcd.passwordFile");
+    let pod_host = "meridian-gateway-0.meridian-gateway-headless.meridian.svc.cluster.local";
+    assert_eq!(render.config.ha.advertise_rest.as_deref(), Some(&*format!("https://{pod_host}:7070")));
+    assert_eq!(render.config.ha.advertise_grpc.as_deref(), Some(&*format!("https://{pod_host}:7071")));
+    assert_eq!(render.config.tenant_weight("nlp"), 2.0, "the rest of the config as it was");
+    let gateway_tls = render.config.tls.clone().expect("TLS on the gateway's ports");
+    assert_secret_file(&render.pod, render.container(), &gateway_tls.cert, GATEWAY_TLS, "tls.cert");
+    let statefulset = render.manifests.get("StatefulSet", "meridian-gateway").unwrap();
+    assert_eq!(statefulset["spec"]["podManagementPolicy"], "Parallel", "gateways start together");
+    let anti = &statefulset["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+    assert!(anti["preferredDuringSchedulingIgnoredDuringExecution"].is_array(), "gateways spread over nodes");
+}
+
+#[test]
+fn gateway_chart_on_plain_etcd_takes_replicas_and_advertised_hosts_from_the_values() {
+    let Some(helm) = helm_or_skip() else { return };
+    let values = r#"
+replicas: 5
+tls: {enabled: false}
+store: {kind: etcd, etcd: {endpoints: [http://10.0.0.1:2379], maxTxnOps: 2048}}
+secrets: {existingSecret: gw-key, key: key-file}
+ha: {leaseTtl: 4s, stepDownMargin: 1s, advertiseHost: "{pod}.gw.example.com"}
+podDisruptionBudget: {maxUnavailable: 1}
+"#;
+    let render = render_gateway_on_etcd(&helm, values, &["gw-key"], "gw-key", "plain etcd");
+    assert_eq!(render.replicas, Some(5));
+    assert!(render.config.insecure);
+    let etcd = render.config.store.etcd.clone().unwrap();
+    assert_eq!(etcd.endpoints, ["http://10.0.0.1:2379"]);
+    assert_eq!(etcd.max_txn_ops, 2048);
+    assert!(etcd.tls.is_none() && etcd.username.is_none());
+    assert_eq!(render.config.ha.advertise_rest.as_deref(), Some("http://meridian-gateway-0.gw.example.com:7070"));
+    assert_eq!(render.config.ha.advertise_grpc.as_deref(), Some("http://meridian-gateway-0.gw.example.com:7071"));
+    assert_eq!(render.config.ha.lease_ttl.0.as_secs(), 4);
+    assert!(render.config.secrets.key_file.as_ref().unwrap().ends_with("key-file"));
+}
+
+#[test]
+fn gateway_chart_with_the_embedded_store_can_take_its_secrets_key_from_a_secret() {
+    let Some(helm) = helm_or_skip() else { return };
+    let render = render_gateway_keyed(
+        &helm,
+        "secrets: {existingSecret: gw-key}\n",
+        &[GATEWAY_TLS, "gw-key"],
+        Some("gw-key"),
+        "embedded with a key Secret",
+    );
+    assert!(render.config.secrets.key_file.is_some());
+    // Without one, the gateway makes the key on its volume: no init container at all.
+    let plain = render_gateway(&helm, "{}", &[GATEWAY_TLS], "embedded");
+    assert!(plain.config.secrets.key_file.is_none() && plain.pod.spec.init_containers.is_none());
+}
+
+#[test]
 fn gateway_chart_refuses_values_it_cannot_run_with() {
     let Some(helm) = helm_or_skip() else { return };
     for (values, expected) in [
-        ("store: {kind: etcd}\n", "store.kind"),
+        ("store: {kind: etcd}\n", "store.etcd.endpoints"),
+        ("store: {kind: postgres}\n", "/store/kind"),
+        ("replicas: 2\n", "replicas: 2 with store.kind embedded: the embedded store has one writer"),
+        (
+            "store: {kind: etcd, etcd: {endpoints: ['http://e:2379'], tls: {enabled: true}}}\n",
+            "store.etcd.endpoints[0]",
+        ),
+        ("store: {kind: etcd, etcd: {endpoints: ['http://e:2379'], username: u}}\n", "store.etcd.passwordSecret"),
+        (
+            "store: {kind: etcd, etcd: {endpoints: ['http://e:2379']}}\nha: {advertiseHost: gw.example.com}\n",
+            "ha.advertiseHost",
+        ),
+        ("config: {store: {kind: etcd}}\n", "config.store"),
         ("config: {listen: '0.0.0.0:80'}\n", "config.listen"),
         ("prometheusRule: {enabled: true}\n", "files/rules.yaml"),
         ("auth: {jwt: {enabled: true, issuer: x, audience: meridian}}\n", "auth.jwt.jwksSecret"),
@@ -620,6 +916,17 @@ fn container_files_build_binaries_that_exist_and_agree_with_the_charts() {
     let agent = Dockerfile::read("agent.Dockerfile");
     let gateway_user = check_image(&gateway, &binaries);
     let agent_user = check_image(&agent, &binaries);
+    // One image for both stores: the gateway is built with the etcd store, whose build script
+    // (etcd-client's) needs protoc and the protobuf includes in the build stage.
+    let build = gateway.instructions.iter().find(|(w, a)| w == "RUN" && a.contains("cargo build")).unwrap();
+    assert!(build.1.contains("--features etcd"), "the gateway image can run store.kind: etcd: {}", build.1);
+    let build_at = gateway.instructions.iter().position(|i| i == build).unwrap();
+    assert!(
+        gateway.instructions[..build_at]
+            .iter()
+            .any(|(w, a)| w == "RUN" && a.contains("protobuf-compiler") && a.contains("libprotobuf-dev")),
+        "protobuf-compiler and libprotobuf-dev are installed before the cargo build"
+    );
     let defaults = GatewayConfig::default();
     let exposed: BTreeSet<u16> = gateway.last("EXPOSE").split_whitespace().map(|p| p.parse().unwrap()).collect();
     assert_eq!(
@@ -636,6 +943,17 @@ fn container_files_build_binaries_that_exist_and_agree_with_the_charts() {
     let gateway_render = render_gateway(&helm, "{}", &[GATEWAY_TLS], "image");
     let container = gateway_render.container();
     assert_eq!(gateway.exec_form("CMD"), container.args.clone().unwrap(), "the image's default command is the chart's");
+    let etcd_values = "store: {kind: etcd, etcd: {endpoints: ['http://etcd:2379']}}\n";
+    let etcd_secrets = [GATEWAY_TLS, "meridian-gateway-secrets"];
+    let on_etcd = render_gateway_on_etcd(&helm, etcd_values, &etcd_secrets, "meridian-gateway-secrets", "image, etcd");
+    assert_eq!(gateway.exec_form("CMD"), on_etcd.container().args.clone().unwrap(), "the same command with etcd");
+    let prepare = on_etcd.pod.spec.init_containers.iter().flatten().find(|c| c.name == "prepare").unwrap();
+    assert_eq!(prepare.image, on_etcd.container().image, "the init container runs the gateway's image");
+    assert_eq!(
+        prepare.command.clone().unwrap_or_default().first().map(String::as_str),
+        Some("/bin/sh"),
+        "the runtime stage (debian slim) has a shell, sed and install"
+    );
     let ports: BTreeSet<u16> = container.ports.iter().flatten().map(|p| p.container_port as u16).collect();
     assert_eq!(exposed, ports, "EXPOSE vs the chart's container ports");
     assert_eq!(

@@ -239,6 +239,9 @@ pub fn http(error: &ApiError) -> Response {
             .headers_mut()
             .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(*retry_after_secs));
     }
+    if let ApiError::ShuttingDown = error {
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(1u64));
+    }
     if let ApiError::NotLeader { leader } = error {
         let headers = response.headers_mut();
         headers.insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(1u64));

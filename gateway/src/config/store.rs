@@ -163,6 +163,8 @@ pub(crate) fn problems(store: &StoreSection, secrets: &SecretsSection, ha: &HaSe
             let ttl = ha.lease_ttl.0;
             if ttl < std::time::Duration::from_secs(2) {
                 problems.push(format!("ha.leaseTtl: {ttl:?} is shorter than etcd's smallest lease (2s)"));
+            } else if ttl.subsec_nanos() != 0 {
+                problems.push(format!("ha.leaseTtl: {ttl:?} must be whole seconds (etcd's leases count seconds)"));
             }
             if ha.step_down_margin.0.is_zero() || ha.step_down_margin.0 * 2 >= ttl {
                 problems.push(format!(
@@ -193,6 +195,10 @@ fn etcd_problems(etcd: &EtcdSection) -> Vec<String> {
             problems.push(format!("store.etcd.endpoints[{i}]: `{endpoint}` must start with http:// or https://"));
         } else if https && etcd.tls.is_none() {
             problems.push(format!("store.etcd.endpoints[{i}]: `{endpoint}` is https; set store.etcd.tls.ca"));
+        } else if !https && etcd.tls.is_some() {
+            problems.push(format!(
+                "store.etcd.endpoints[{i}]: `{endpoint}` is plain http but store.etcd.tls is set; use https://"
+            ));
         }
     }
     if !etcd.prefix.starts_with('/') || !etcd.prefix.ends_with('/') {
@@ -249,5 +255,80 @@ impl EtcdSection {
             max_request_bytes: self.max_request_bytes,
             page_size: self.page_size,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn etcd(endpoints: &[&str]) -> StoreSection {
+        StoreSection {
+            kind: StoreKind::Etcd,
+            etcd: Some(EtcdSection {
+                endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+                ..EtcdSection::default()
+            }),
+        }
+    }
+
+    fn keyed() -> SecretsSection {
+        SecretsSection { key_file: Some("/etc/meridian/secrets.key".into()) }
+    }
+
+    #[test]
+    fn the_embedded_default_needs_nothing() {
+        assert_eq!(
+            problems(&StoreSection::default(), &SecretsSection::default(), &HaSection::default()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn etcd_needs_endpoints_and_a_shared_key_file() {
+        let problems = problems(&etcd(&[]), &SecretsSection::default(), &HaSection::default());
+        assert!(problems.iter().any(|p| p.starts_with("store.etcd.endpoints:")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.starts_with("secrets.keyFile:")), "{problems:?}");
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let mut store = etcd(&["etcd-0:2379", "https://etcd-1:2379"]);
+        if let Some(etcd) = store.etcd.as_mut() {
+            etcd.prefix = "meridian".into();
+            etcd.max_txn_ops = 8;
+        }
+        let ha = HaSection {
+            lease_ttl: HumanDuration(std::time::Duration::from_millis(2500)),
+            advertise_rest: Some("gw-1:7070".into()),
+            ..HaSection::default()
+        };
+        let problems = problems(&store, &keyed(), &ha);
+        for field in [
+            "store.etcd.endpoints[0]:",
+            "store.etcd.endpoints[1]:",
+            "store.etcd.prefix:",
+            "store.etcd.maxTxnOps:",
+            "ha.leaseTtl:",
+            "ha.advertiseRest:",
+        ] {
+            assert!(problems.iter().any(|p| p.starts_with(field)), "{field} not named in {problems:?}");
+        }
+    }
+
+    #[test]
+    fn tls_to_a_plain_endpoint_and_a_margin_too_wide_are_refused() {
+        let mut store = etcd(&["http://etcd-0:2379"]);
+        if let Some(etcd) = store.etcd.as_mut() {
+            etcd.tls = Some(EtcdTlsSection { ca: "/ca.pem".into(), cert: None, key: None });
+        }
+        let ha =
+            HaSection { step_down_margin: HumanDuration(std::time::Duration::from_secs(1)), ..HaSection::default() };
+        let problems = problems(&store, &keyed(), &ha);
+        assert!(
+            problems.iter().any(|p| p.starts_with("store.etcd.endpoints[0]:") && p.contains("plain http")),
+            "{problems:?}"
+        );
+        assert!(problems.iter().any(|p| p.starts_with("ha.stepDownMargin:")), "{problems:?}");
     }
 }

@@ -164,17 +164,7 @@ impl Driver {
             }
         }
         let end = self.ending.take().unwrap_or(TermEnd::Shutdown);
-        // Handles stop sending here before anything is dropped: a call made from now on is
-        // answered at once (not leader, or stopping) instead of waiting on a dead channel.
-        self.term.with(|term| {
-            if term.role != Role::Stopped {
-                let role = match end {
-                    TermEnd::Shutdown => Role::Stopped,
-                    _ => Role::Standby { leader: None, warm: true },
-                };
-                *term = Arc::new(TermState { tx: None, role, fence: Fence::unelected() });
-            }
-        });
+        self.hand_back();
         // Callers still waiting learn that the term ended (their oneshot is dropped), and agent
         // streams end (their outbox is dropped), so agents look for the leader again.
         self.waiting.clear();
@@ -261,6 +251,21 @@ impl Driver {
             .cloned()
     }
 
+    /// Ends the term for handles: calls from now on are answered at once (a standby that knows
+    /// no leader yet; the ha supervisor fills in the leader, and shutdown marks it stopping)
+    /// instead of waiting on a channel nobody reads.
+    fn hand_back(&self) {
+        self.term.with(|term| {
+            if term.tx.is_some() {
+                *term = Arc::new(TermState {
+                    tx: None,
+                    role: Role::Standby { leader: None, warm: true },
+                    fence: Fence::unelected(),
+                });
+            }
+        });
+    }
+
     /// Commits the batch's records, publishes the view, then delivers sends and replies.
     async fn finish(&mut self, mut effects: Effects) {
         let committed = if effects.persist.is_empty() { Ok(()) } else { self.commit(&effects).await };
@@ -275,6 +280,8 @@ impl Driver {
                 ));
                 effects.sends.clear();
                 self.ending = Some(TermEnd::StoreFailed(reason));
+                // Before the replies go out, so their callers find this gateway a standby.
+                self.hand_back();
             } else {
                 tracing::error!(error = %reason, "commit failed; the gateway refuses changes until it is restarted");
                 let public =
@@ -305,6 +312,7 @@ impl Driver {
         if !effects.sends.is_empty() && !self.fence.is_valid() {
             effects.sends.clear();
             self.ending.get_or_insert(TermEnd::LostLeadership);
+            self.hand_back();
         }
         for (conn, command) in effects.sends {
             let Some(stream) = self.streams.get(&conn) else { continue };

@@ -387,8 +387,15 @@ impl Handle {
         let (tx, fence) = self.current()?;
         let (reply, answer) = oneshot::channel();
         tx.send(Command { request, reply: Some(reply) }).await.map_err(|_| self.term_ended())?;
-        let reply = answer.await.map_err(|_| self.term_ended())??;
-        Ok((reply, fence))
+        match answer.await.map_err(|_| self.term_ended())? {
+            Ok(reply) => Ok((reply, fence)),
+            // The term could not save the change and stepped down (it hands back before it
+            // answers): a retry goes to whoever leads next.
+            Err(meridian_core::Error::Unavailable(_)) if matches!(self.role(), Role::Standby { .. }) => {
+                Err(self.term_ended())
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Stores a validated job; returns it and whether it was created (false: an earlier job with

@@ -104,11 +104,22 @@ pub(crate) async fn run(
         backoff = Duration::from_millis(100);
         let mut mirror = Mirror::default();
         let mut changed: Vec<String> = Vec::new();
-        for (key, value) in entries {
+        for (i, (key, value)) in entries.into_iter().enumerate() {
             if let Some(id) = key.strip_prefix(JOB_PREFIX) {
                 changed.push(id.to_string());
             }
             mirror.apply(&keys, key, Some(value));
+            // A standby that wins the election stops following at once: its own load must not
+            // wait behind (or compete with) a view it will not show.
+            if i % 1024 == 1023 {
+                tokio::task::yield_now().await;
+                if *stop.borrow() {
+                    return;
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
         }
         let started = std::time::Instant::now();
         handle.publish_standby_view(mirror.build(&config), &changed);

@@ -122,7 +122,6 @@ pub(crate) async fn run(
             Ok(leadership) => leadership.resign().await,
             Err(_) => tracing::warn!(epoch, "the leadership is still shared; letting its lease run out"),
         }
-        tracing::info!(epoch, reason = ?end, "leader term ended");
         if end == TermEnd::Shutdown || *stop.borrow() {
             break;
         }
@@ -173,21 +172,38 @@ async fn lead(
         took_ms = started.elapsed().as_millis() as u64,
         "leading"
     );
+    // Held weakly: agent streams end a moment after the runtime, and their copies of the fence
+    // must not keep the leadership shared, or the term could not resign (a clean shutdown would
+    // then leave the next leader waiting out the lease).
     let valid = {
-        let leadership = Arc::clone(leadership);
-        Arc::new(move || leadership.is_valid())
+        let leadership = Arc::downgrade(leadership);
+        Arc::new(move || leadership.upgrade().is_some_and(|leadership| leadership.is_valid()))
     };
     let (term_stop, term_stopped) = watch::channel(false);
     let runtime = Runtime::start_term(core, Arc::new(store), handle, Fence::elected(epoch, valid), true, term_stopped);
     let mut joined = std::pin::pin!(runtime.join());
     let mut lost = leadership.lost();
     let end = tokio::select! {
-        end = &mut joined => return end,
+        end = &mut joined => {
+            tracing::info!(epoch, reason = ?end, "leader term ended");
+            return end;
+        }
         _ = lost.wait_for(|lost| *lost) => TermEnd::LostLeadership,
         _ = stop.wait_for(|s| *s) => TermEnd::Shutdown,
     };
+    if end == TermEnd::LostLeadership {
+        // The fence turned false when the leadership was lost: from that moment this gateway
+        // sends nothing, whatever its runtime still finishes (a commit to an unreachable etcd
+        // waits out requestTimeout, and etcd refuses it by the guard if it ever arrives).
+        let lost = leadership.lost_reason().unwrap_or_default();
+        tracing::info!(epoch, reason = ?end, %lost, "leader term ended");
+    }
     let _ = term_stop.send(true);
-    joined.await;
+    let stopped = joined.await;
+    match end {
+        TermEnd::LostLeadership => tracing::info!(epoch, runtime = ?stopped, "the ended term's runtime stopped"),
+        _ => tracing::info!(epoch, reason = ?end, "leader term ended"),
+    }
     end
 }
 

@@ -19,6 +19,8 @@ use meridian_scheduler::{NodeSpec, QueuePolicy, QueueSpec};
 
 pub use meridian_proto::config_file::ConfigError as Error;
 
+mod gateways;
+
 /// Module result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -34,7 +36,15 @@ pub struct AgentConfig {
     #[serde(default = "default_tier")]
     pub tier: Tier,
     /// Gateway gRPC address: `https://HOST:7071` (with `tls`), or `http://` with `insecure`.
-    #[serde(default = "default_gateway")]
+    /// Several gateways (one leader, standbys) are a YAML list, or one string with the addresses
+    /// separated by commas (as `--gateway` takes them); the agent tries them in order and follows
+    /// a standby to the leader. Kept as that comma-separated text so a config or caller that sets
+    /// one address keeps working; [`AgentConfig::gateways`] splits it.
+    #[serde(
+        default = "default_gateway",
+        deserialize_with = "gateways::deserialize",
+        serialize_with = "gateways::serialize"
+    )]
     pub gateway: String,
     /// The CA the gateway's certificate must chain to, and this agent's client certificate
     /// (naming the cluster: URI SAN `urn:meridian:cluster:NAME`) with its key. Read again at
@@ -318,39 +328,15 @@ impl AgentConfig {
         config_file::check(path, problems)
     }
 
-    /// `gateway`, `tls` and `insecure` must agree: https with `tls`, http only with `insecure`.
+    /// Every `gateway` address is valid, and they, `tls` and `insecure` agree: https with
+    /// `tls`, http only with `insecure`.
     fn check_transport(&self, problems: &mut Vec<String>) {
-        let https = self.gateway.starts_with("https://");
-        if !(https || self.gateway.starts_with("http://")) {
-            problems
-                .push(format!("gateway: `{}` must start with https:// (or http:// with insecure: true)", self.gateway));
-            return;
-        }
-        match (https, &self.tls, self.insecure) {
-            (true, Some(tls), false) => {
-                for (field, path) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
-                    if path.as_os_str().is_empty() {
-                        problems.push(format!("tls.{field}: must name a PEM file"));
-                    }
-                }
-            }
-            (true, None, _) => problems.push(format!(
-                "tls: the gateway `{}` is https; set `tls: {{ca, cert, key}}` (`meridian certs issue --cluster {}` makes the certificate)",
-                self.gateway, self.cluster
-            )),
-            (true, Some(_), true) => {
-                problems.push("insecure: true contradicts the `tls` section; remove one of them".to_string())
-            }
-            (false, None, true) => {}
-            (false, None, false) => problems.push(format!(
-                "gateway: `{}` is plain text; use https:// with a `tls` section, or set `insecure: true` to speak plain text",
-                self.gateway
-            )),
-            (false, Some(_), _) => problems.push(format!(
-                "tls: set, but the gateway `{}` is http://; use https://",
-                self.gateway
-            )),
-        }
+        gateways::check(&self.gateways(), self.tls.as_ref(), self.insecure, &self.cluster, problems);
+    }
+
+    /// The gateway addresses, in the order they are tried.
+    pub fn gateways(&self) -> Vec<String> {
+        gateways::split(&self.gateway)
     }
 
     /// The cluster identity sent in the hello.
@@ -567,7 +553,7 @@ mod tests {
             err.contains("tls: the gateway `https://gw:7071` is https") && err.contains("certs issue --cluster east")
         );
         let err = parse(&format!("gateway: http://gw:7071\n{tls}")).unwrap_err().to_string();
-        assert!(err.contains("use https://"), "{err}");
+        assert!(err.contains("gateway: `http://gw:7071` is http://") && err.contains("use https://"), "{err}");
         let err = parse(&format!("gateway: https://gw:7071\ninsecure: true\n{tls}")).unwrap_err().to_string();
         assert!(err.contains("insecure: true contradicts"), "{err}");
         let config = parse(&format!("gateway: https://gw:7071\n{tls}")).unwrap();

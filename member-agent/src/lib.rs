@@ -167,7 +167,7 @@ pub async fn build_agent_with(
 fn settings(config: &config::AgentConfig) -> agent::Settings {
     agent::Settings {
         info: config.cluster_info(),
-        gateway: config.gateway.clone(),
+        gateways: config.gateways(),
         tls: config.tls.clone(),
         report_interval: config.report_interval.0,
     }

@@ -14,7 +14,8 @@ struct Args {
     /// Agent configuration (YAML): cluster, region, tier, prices, nodes, queues.
     #[arg(short, long, env = "MERIDIAN_AGENT_CONFIG")]
     config: PathBuf,
-    /// Gateway gRPC address; overrides the config's `gateway`.
+    /// Gateway gRPC address, or several separated by commas (the gateways of a highly available
+    /// control plane, tried in order); overrides the config's `gateway`.
     #[arg(long, env = "MERIDIAN_GATEWAY_GRPC")]
     gateway: Option<String>,
     /// Builtin backend, simulated runner: jobs run for `runtime.estimate × SCALE`; overrides

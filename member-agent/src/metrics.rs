@@ -50,6 +50,8 @@ pub struct AgentMetrics {
     results_unacknowledged: Gauge,
     utilization_errors: Counter,
     messages_dropped: Counter,
+    gateway_epoch: Gauge,
+    stale_epoch_messages: Counter,
 }
 
 /// Seconds since the gateway last renewed the lease or welcomed the agent; absent before that.
@@ -89,6 +91,8 @@ impl AgentMetrics {
         let results_unacknowledged = Gauge::default();
         let utilization_errors = Counter::default();
         let messages_dropped = Counter::default();
+        let gateway_epoch = Gauge::default();
+        let stale_epoch_messages = Counter::default();
         registry.register(
             "meridian_agent_stream_connected",
             "1 while a gateway stream is up and welcomed, else 0",
@@ -126,6 +130,16 @@ impl AgentMetrics {
             "Messages for the gateway dropped because the stream's outbound queue was full (the next heartbeat repeats what matters)",
             messages_dropped.clone(),
         );
+        registry.register(
+            "meridian_agent_gateway_epoch",
+            "The newest leader epoch heard from a gateway (0 without leader election)",
+            gateway_epoch.clone(),
+        );
+        registry.register(
+            "meridian_agent_stale_epoch_messages",
+            "Gateway messages refused because they came from an older epoch than the newest seen (a deposed leader)",
+            stale_epoch_messages.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             stream_connected,
@@ -137,6 +151,8 @@ impl AgentMetrics {
             results_unacknowledged,
             utilization_errors,
             messages_dropped,
+            gateway_epoch,
+            stale_epoch_messages,
         }
     }
 
@@ -155,6 +171,16 @@ impl AgentMetrics {
             self.stream_reconnects.inc();
         }
         self.report_accepted();
+    }
+
+    /// The newest leader epoch seen.
+    pub(crate) fn epoch(&self, epoch: u64) {
+        self.gateway_epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+    }
+
+    /// A message from an older epoch was refused.
+    pub(crate) fn stale_epoch_refused(&self) {
+        self.stale_epoch_messages.inc();
     }
 
     /// Whether a welcomed stream is up now.
@@ -253,6 +279,8 @@ mod tests {
         metrics.inventory(&Inventory { shapes: vec![shape] });
         metrics.jobs([JobState::Running, JobState::Running, JobState::Bound], 2);
         metrics.gpu_samples(&[GpuSample { node: "n0".into(), gpu: "0".into(), utilization: 0.25 }]);
+        metrics.epoch(12);
+        metrics.stale_epoch_refused();
         let text = metrics.render();
         for line in [
             "meridian_agent_stream_connected 1",
@@ -264,6 +292,8 @@ mod tests {
             "meridian_agent_jobs{state=\"Bound\"} 1",
             "meridian_agent_results_unacknowledged 2",
             "meridian_agent_utilization_errors_total 0",
+            "meridian_agent_gateway_epoch 12",
+            "meridian_agent_stale_epoch_messages_total 1",
         ] {
             assert!(text.contains(line), "missing `{line}` in\n{text}");
         }

@@ -34,7 +34,12 @@ struct Attached {
 
 impl Attached {
     async fn send(&self, command: GatewayCommand) {
-        self.to_agent.send(Ok(pb::GatewayMessage::from(&command))).await.unwrap();
+        self.send_at(0, command).await;
+    }
+
+    /// Sends `command` as a leader of `epoch` would.
+    async fn send_at(&self, epoch: u64, command: GatewayCommand) {
+        self.to_agent.send(Ok(pb::GatewayMessage { epoch, ..pb::GatewayMessage::from(&command) })).await.unwrap();
     }
 
     async fn next(&mut self) -> AgentEvent {
@@ -108,7 +113,12 @@ impl World {
     /// `time_scale`: the builtin backend runs a job for `estimate × time_scale`.
     async fn start(refusing: bool, time_scale: f64) -> World {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        World::start_on(listener, refusing, time_scale, &address).await
+    }
+
+    /// The fake gateway serves on `listener`; the agent's config says `gateway: {addresses}`.
+    async fn start_on(listener: tokio::net::TcpListener, refusing: bool, time_scale: f64, addresses: &str) -> World {
         let refusing = Arc::new(AtomicBool::new(refusing));
         let (refused_tx, refused) = mpsc::unbounded_channel();
         let (attached_tx, attached) = mpsc::unbounded_channel();
@@ -123,7 +133,7 @@ impl World {
         );
 
         let yaml = format!(
-            "cluster: east\nregion: us-east\ngateway: http://{address}\ninsecure: true\nrunner: simulated\ntimeScale: {time_scale}\nreportInterval: 100ms\n\
+            "cluster: east\nregion: us-east\ngateway: {addresses}\ninsecure: true\nrunner: simulated\ntimeScale: {time_scale}\nreportInterval: 100ms\n\
              nodes:\n  - {{shape: dgx, count: 1, gpuType: h100, gpus: 8, cpu: 64, memoryGiB: 512}}\n"
         );
         let config = AgentConfig::parse(&yaml, Path::new("east.yaml")).unwrap();
@@ -149,6 +159,32 @@ impl World {
         let _ = self.stop_gateway.send(());
         timeout(PATIENCE, self.gateway).await.expect("the gateway did not stop").unwrap().unwrap();
     }
+}
+
+/// A gateway that is not the leader: it refuses every stream, naming the leader.
+struct Standby {
+    leader: String,
+}
+
+#[tonic::async_trait]
+impl Federation for Standby {
+    type AttachStream = ReceiverStream<Result<pb::GatewayMessage, Status>>;
+
+    async fn attach(&self, _: Request<Streaming<pb::AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("meridian-leader", self.leader.parse().unwrap());
+        Err(Status::with_metadata(tonic::Code::Unavailable, "this gateway is a standby", metadata))
+    }
+}
+
+/// Serves a standby naming `leader` on loopback; returns its address and its task.
+async fn start_standby(leader: &str) -> (String, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let server = tonic::transport::Server::builder()
+        .add_service(FederationServer::new(Standby { leader: leader.to_string() }))
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    (address, tokio::spawn(async move { server.await.unwrap() }))
 }
 
 /// A one-hour, 2-GPU job, as the gateway's offer would carry it.
@@ -218,4 +254,33 @@ async fn a_job_that_finishes_while_the_stream_is_down_is_reported_succeeded_afte
         assert!(stream.heartbeat().await.is_empty());
     }
     world.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_given_several_gateways_finds_the_leader_and_refuses_an_older_epoch() {
+    let leader = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leader_address = format!("http://{}", leader.local_addr().unwrap());
+    let (standby, standby_server) = start_standby(&leader_address).await;
+    let nothing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down = format!("http://{}", nothing.local_addr().unwrap());
+    drop(nothing);
+    // The leader is not in the list: the standby names it.
+    let mut world = World::start_on(leader, false, 1.0, &format!("[{down}, {standby}]")).await;
+    let mut stream = world.attached().await;
+    stream.send_at(9, GatewayCommand::Welcome { bound: Vec::new(), lease: None }).await;
+    assert!(stream.heartbeat().await.is_empty());
+    // A deposed leader's offer (epoch 8) is not acted on; the current leader's is.
+    stream.send_at(8, GatewayCommand::Offer(job("stale", 1))).await;
+    stream.send_at(9, GatewayCommand::Offer(job("current", 1))).await;
+    let replied = stream
+        .next_of(|e| match e {
+            AgentEvent::OfferReply { job_id, accepted, .. } => Some((job_id, accepted)),
+            _ => None,
+        })
+        .await;
+    assert_eq!(replied, ("current".to_string(), true), "the stale offer got no answer");
+    let jobs = stream.heartbeat().await;
+    assert_eq!(jobs.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>(), ["current"]);
+    world.stop().await;
+    standby_server.abort();
 }

@@ -9,6 +9,10 @@
 //! so a connection pool would only add state. `https://` addresses are verified against the CA
 //! file given with [`Client::with_ca_file`] (the gateway's own CA; the system roots are not
 //! used); plain `http://` works against an `insecure` gateway.
+//!
+//! A client may be given several gateways (one leader, standbys): it finds the one that serves
+//! each request, following standbys to the leader and retrying only what is safe to retry
+//! (see [`crate::failover`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,14 +21,16 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
-use hyper::{Method, Request, StatusCode};
+use hyper::{HeaderMap, Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
+use crate::failover::{self, Gateway, Gateways, NOT_LEADER_CODES, Outcome};
 use crate::sse::{EventStream, SseParser};
 
 /// A connection to the gateway, plain or TLS.
@@ -50,14 +56,14 @@ const CONNECT_HINT: &str = "is `meridian gateway` running? set --gateway or MERI
 /// Results of this module.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
-/// A client for one gateway's REST API.
+/// A client for the REST API of one gateway, or of several of which one leads.
 #[derive(Debug, Clone)]
 pub struct Client {
-    /// `host:port` as connected to and sent in the `Host` header.
-    authority: String,
+    /// The gateways, and the one that answered last.
+    gateways: Gateways,
     timeout: Duration,
-    /// Whether the address was `https://`.
-    https: bool,
+    /// How long requests are retried while no gateway is the leader, all tries together.
+    retry_budget: Duration,
     /// TLS settings trusting the CA file, once one is given.
     tls: Option<Arc<rustls::ClientConfig>>,
     /// Sent as `Authorization: Bearer <token>` when set.
@@ -81,6 +87,15 @@ pub struct FieldError {
     pub field: String,
     /// What is wrong with it.
     pub reason: String,
+}
+
+/// What one gateway answered when several were tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAttempt {
+    /// Its `host:port`.
+    pub gateway: String,
+    /// What became of the request there (the last time it was tried).
+    pub answer: String,
 }
 
 /// Why a request to the gateway failed.
@@ -162,22 +177,70 @@ pub enum ClientError {
     /// The gateway answered something that is not the API's JSON.
     #[error("unexpected answer from the gateway: {0}")]
     Protocol(String),
+    /// Every gateway was tried (some perhaps several times, while a leader was being elected)
+    /// and none served the request.
+    #[error(
+        "every gateway was tried and none served the request{}:{}",
+        if retried_for.is_zero() { String::new() } else { format!(" (retried for {:.1}s)", retried_for.as_secs_f64()) },
+        attempts.iter().map(|a| format!("\n  {}: {}", a.gateway, a.answer)).collect::<String>()
+    )]
+    NoGateway {
+        /// Each gateway asked, in order, with what it answered last.
+        attempts: Vec<GatewayAttempt>,
+        /// How long the tries took.
+        retried_for: Duration,
+        /// The last failure.
+        #[source]
+        last: Box<ClientError>,
+    },
+    /// A write failed after it was sent to a gateway: it may or may not have been applied, so
+    /// it was not sent again.
+    #[error(
+        "{method} {path} failed after it was sent to the gateway at {addr}: {source}; the change may or may not \
+         have been made. Check (`meridian jobs`, `meridian job ID`) before repeating it; a submit with an \
+         `idempotencyKey` in its spec can be repeated safely (the same key returns the same job)"
+    )]
+    MaybeApplied {
+        /// `POST`, `DELETE`.
+        method: String,
+        /// The request's path.
+        path: String,
+        /// The gateway it was sent to.
+        addr: String,
+        /// How the exchange failed.
+        #[source]
+        source: Box<ClientError>,
+    },
 }
 
 impl ClientError {
-    /// The HTTP status of an [`ClientError::Api`] error, `None` for other errors.
+    /// The HTTP status of an [`ClientError::Api`] error (the last gateway's, when every gateway
+    /// was tried), `None` for other errors.
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
+            ClientError::NoGateway { last, .. } => last.status(),
             _ => None,
         }
     }
 
-    /// The API error code (`not_found`, `invalid_spec`, ...) of an [`ClientError::Api`] error.
+    /// The API error code (`not_found`, `invalid_spec`, ...) of an [`ClientError::Api`] error
+    /// (the last gateway's, when every gateway was tried).
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { code, .. } => Some(code),
+            ClientError::NoGateway { last, .. } => last.code(),
             _ => None,
+        }
+    }
+
+    /// Whether no gateway could be reached or none served the request (as opposed to a gateway
+    /// refusing it).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Http { .. } => true,
+            ClientError::NoGateway { last, .. } => last.is_unreachable() || last.code().is_some_and(is_not_leader),
+            _ => false,
         }
     }
 }
@@ -185,12 +248,17 @@ impl ClientError {
 impl Client {
     /// A client for the gateway at `addr`: `127.0.0.1:7070`, `localhost:7070`, `localhost`
     /// (port 7070), `[::1]:7070`, `http://host:port` (port 80 when an `http://` URL names
-    /// none) or `https://host:port` (port 443; needs [`Client::with_ca_file`]).
+    /// none) or `https://host:port` (port 443; needs [`Client::with_ca_file`]). Several
+    /// gateways are separated by commas (`https://gw-1:7070,https://gw-2:7070`): requests go to
+    /// the one that answered last and fail over to the others as [`crate::failover`] says.
     pub fn new(addr: &str) -> Result<Self> {
-        let authority =
-            parse_address(addr).map_err(|reason| ClientError::InvalidAddress { addr: addr.to_owned(), reason })?;
-        let https = addr.trim().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
-        Ok(Client { authority, timeout: DEFAULT_TIMEOUT, https, tls: None, token: None })
+        Ok(Client {
+            gateways: Gateways::parse(addr)?,
+            timeout: DEFAULT_TIMEOUT,
+            retry_budget: failover::DEFAULT_RETRY_BUDGET,
+            tls: None,
+            token: None,
+        })
     }
 
     /// The same client trusting the CA certificate(s) in the PEM file `ca` for `https://`.
@@ -228,9 +296,28 @@ impl Client {
         self
     }
 
-    /// The `host:port` this client connects to.
-    pub fn authority(&self) -> &str {
-        &self.authority
+    /// The same client retrying for at most `budget` (all tries together) while no gateway is
+    /// the leader (default [`failover::DEFAULT_RETRY_BUDGET`]).
+    pub fn with_retry_budget(mut self, budget: Duration) -> Self {
+        self.retry_budget = budget;
+        self
+    }
+
+    /// The `host:port` the next request goes to first: the gateway that answered last (at
+    /// first, the first one given).
+    pub fn authority(&self) -> String {
+        self.gateways.current().authority
+    }
+
+    /// How many gateway addresses this client was given.
+    pub fn gateway_count(&self) -> usize {
+        self.gateways.len()
+    }
+
+    /// The gateway at `authority` stopped serving (its event stream broke): the next request
+    /// goes first to the gateway after it.
+    pub fn skip_gateway(&self, authority: &str) {
+        self.gateways.skip(authority);
     }
 
     /// Submits a job spec (YAML or JSON text; JSON when it starts with `{`). Returns the job and
@@ -328,31 +415,42 @@ impl Client {
     /// Sends one request with an optional `(content type, bytes)` body and returns the status and
     /// JSON answer of a successful (2xx) response; an empty answer reads as `null`. Error
     /// statuses become [`ClientError::Api`].
+    ///
+    /// With several gateways, a request no gateway acted on goes on to the next (and to the
+    /// leader a standby names); a read is also sent again after a failure mid-exchange, a write
+    /// is not ([`ClientError::MaybeApplied`]).
     pub async fn request(
         &self,
         method: Method,
         path_and_query: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<(StatusCode, Value)> {
-        let exchange = self.exchange(method, path_and_query, body);
-        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| ClientError::Timeout { addr: self.authority.clone(), after: self.timeout })??;
+        let body = body.map(|(content_type, bytes)| (content_type, Bytes::from(bytes)));
+        let idempotent = is_idempotent(&method);
+        let (status, bytes) = failover::run(
+            &self.gateways,
+            self.retry_budget,
+            idempotent,
+            (method.as_str(), path_and_query),
+            |gateway| self.exchange(gateway, method.clone(), path_and_query, body.clone()),
+        )
+        .await?;
         interpret(status, &bytes).map(|value| (status, value))
     }
 
     fn build_request(
         &self,
+        gateway: &Gateway,
         method: Method,
         path_and_query: &str,
         accept: &str,
         extra: Option<(&'static str, String)>,
-        body: Option<(&str, Vec<u8>)>,
+        body: Option<(&str, Bytes)>,
     ) -> Result<Request<Full<Bytes>>> {
         let mut builder = Request::builder()
             .method(method)
             .uri(path_and_query)
-            .header(HOST, &self.authority)
+            .header(HOST, &gateway.authority)
             .header(ACCEPT, accept)
             .header(USER_AGENT, concat!("meridian/", env!("CARGO_PKG_VERSION")));
         if let Some(Token(token)) = &self.token {
@@ -370,7 +468,7 @@ impl Client {
         let payload = match body {
             Some((content_type, bytes)) => {
                 builder = builder.header(CONTENT_TYPE, content_type);
-                Bytes::from(bytes)
+                bytes
             }
             None => Bytes::new(),
         };
@@ -379,46 +477,96 @@ impl Client {
             .map_err(|e| ClientError::Protocol(format!("cannot build a request for `{path_and_query}`: {e}")))
     }
 
-    /// Opens a connection to the gateway: TCP, then TLS for `https://`.
-    async fn connect(&self) -> Result<Box<dyn Io>> {
-        let stream = TcpStream::connect(&self.authority)
-            .await
-            .map_err(|source| ClientError::Connect { addr: self.authority.clone(), source })?;
+    /// Opens a connection to `gateway` within the time limit: TCP, then TLS for `https://`
+    /// (the certificate must name that gateway's own host). Nothing of a request has been sent
+    /// when this fails.
+    async fn connect(&self, gateway: &Gateway, deadline: Instant) -> std::result::Result<Box<dyn Io>, Unconnected> {
+        let addr = || gateway.authority.clone();
+        let timed_out = || Unconnected::NotSent(ClientError::Timeout { addr: addr(), after: self.timeout });
+        let tls = match (gateway.https, &self.tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(Arc::clone(tls)),
+            (true, None) => return Err(Unconnected::Fatal(ClientError::NoCa { addr: addr() })),
+        };
+        let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(&gateway.authority)).await {
+            Err(_) => return Err(timed_out()),
+            Ok(Err(source)) => return Err(Unconnected::NotSent(ClientError::Connect { addr: addr(), source })),
+            Ok(Ok(stream)) => stream,
+        };
         // Small request/response pairs: don't let Nagle delay them.
         let _ = stream.set_nodelay(true);
-        if !self.https {
-            return Ok(Box::new(stream));
+        let Some(tls) = tls else { return Ok(Box::new(stream)) };
+        let tls_error = |source| Unconnected::NotSent(ClientError::Tls { addr: addr(), source });
+        let host = server_name(&gateway.authority).map_err(tls_error)?;
+        match tokio::time::timeout_at(deadline, tokio_rustls::TlsConnector::from(tls).connect(host, stream)).await {
+            Err(_) => Err(timed_out()),
+            Ok(Err(source)) => Err(tls_error(source)),
+            Ok(Ok(stream)) => Ok(Box::new(stream)),
         }
-        let tls = self.tls.clone().ok_or_else(|| ClientError::NoCa { addr: self.authority.clone() })?;
-        let host =
-            server_name(&self.authority).map_err(|source| ClientError::Tls { addr: self.authority.clone(), source })?;
-        let stream = tokio_rustls::TlsConnector::from(tls)
-            .connect(host, stream)
-            .await
-            .map_err(|source| ClientError::Tls { addr: self.authority.clone(), source })?;
-        Ok(Box::new(stream))
     }
 
+    /// One request to one gateway, within the time limit.
     async fn exchange(
         &self,
+        gateway: Gateway,
         method: Method,
         path_and_query: &str,
-        body: Option<(&str, Vec<u8>)>,
-    ) -> Result<(StatusCode, Bytes)> {
-        let request = self.build_request(method, path_and_query, "application/json", None, body)?;
-        let io = self.connect().await?;
-        self.send(io, request).await
+        body: Option<(&str, Bytes)>,
+    ) -> Outcome<(StatusCode, Bytes)> {
+        let request = match self.build_request(&gateway, method, path_and_query, "application/json", None, body) {
+            Ok(request) => request,
+            Err(error) => return Outcome::Fatal(error),
+        };
+        let deadline = Instant::now() + self.timeout;
+        let io = match self.connect(&gateway, deadline).await {
+            Ok(io) => io,
+            Err(unconnected) => return unconnected.into(),
+        };
+        let answer = match tokio::time::timeout_at(deadline, self.send(&gateway, io, request)).await {
+            Err(_) => Err(ClientError::Timeout { addr: gateway.authority.clone(), after: self.timeout }),
+            Ok(answer) => answer,
+        };
+        match answer {
+            Ok((status, headers, bytes)) => match not_leader(status, &headers, &bytes) {
+                Some(outcome) => outcome,
+                None => Outcome::Answered((status, bytes)),
+            },
+            Err(error) => Outcome::MaybeSent(error),
+        }
     }
 
     /// Opens the event stream at `path_and_query` (`/v1/events?...`), resuming after
     /// `last_event_id` when given. Connecting and the answer's head must come within the
     /// client's time limit; the stream itself has none.
+    ///
+    /// With several gateways, the stream is opened at the first that serves it (standbys serve
+    /// reads); a watcher whose stream broke calls [`Client::skip_gateway`] to resume at the next.
     pub async fn events(&self, path_and_query: &str, last_event_id: Option<&str>) -> Result<EventStream> {
+        failover::run(&self.gateways, self.retry_budget, true, ("GET", path_and_query), |gateway| {
+            self.open_events(gateway, path_and_query, last_event_id)
+        })
+        .await
+    }
+
+    async fn open_events(
+        &self,
+        gateway: Gateway,
+        path_and_query: &str,
+        last_event_id: Option<&str>,
+    ) -> Outcome<EventStream> {
         let extra = last_event_id.map(|id| ("last-event-id", id.to_string()));
-        let request = self.build_request(Method::GET, path_and_query, "text/event-stream", extra, None)?;
-        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
+        let request = match self.build_request(&gateway, Method::GET, path_and_query, "text/event-stream", extra, None)
+        {
+            Ok(request) => request,
+            Err(error) => return Outcome::Fatal(error),
+        };
+        let deadline = Instant::now() + self.timeout;
+        let io = match self.connect(&gateway, deadline).await {
+            Ok(io) => io,
+            Err(unconnected) => return unconnected.into(),
+        };
+        let http_error = |source| ClientError::Http { addr: gateway.authority.clone(), source };
         let open = async {
-            let io = self.connect().await?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(http_error)?;
             let mut connection: crate::sse::ConnectionFuture = Box::pin(connection);
@@ -431,17 +579,20 @@ impl Client {
             };
             Ok((response, connection))
         };
-        let (response, connection) = tokio::time::timeout(self.timeout, open)
-            .await
-            .map_err(|_| ClientError::Timeout { addr: self.authority.clone(), after: self.timeout })??;
+        let (response, connection) = match tokio::time::timeout_at(deadline, open).await {
+            Err(_) => return Outcome::MaybeSent(ClientError::Timeout { addr: gateway.authority, after: self.timeout }),
+            Ok(Err(error)) => return Outcome::MaybeSent(error),
+            Ok(Ok(opened)) => opened,
+        };
         let status = response.status();
         if !status.is_success() {
+            let headers = response.headers().clone();
             let body =
                 Limited::new(response.into_body(), 64 * 1024).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-            return Err(api_error(status, &body));
+            return not_leader(status, &headers, &body).unwrap_or_else(|| Outcome::Fatal(api_error(status, &body)));
         }
-        Ok(EventStream {
-            authority: self.authority.clone(),
+        Outcome::Answered(EventStream {
+            authority: gateway.authority.clone(),
             body: response.into_body(),
             connection,
             connection_done: false,
@@ -450,20 +601,26 @@ impl Client {
     }
 
     /// Sends `request` over an open connection (plain or TLS) and reads the whole answer.
-    async fn send<Io>(&self, io: Io, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes)>
+    async fn send<Io>(
+        &self,
+        gateway: &Gateway,
+        io: Io,
+        request: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, HeaderMap, Bytes)>
     where
         Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let http_error = |source| ClientError::Http { addr: self.authority.clone(), source };
+        let http_error = |source| ClientError::Http { addr: gateway.authority.clone(), source };
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(http_error)?;
 
         let response = async {
             let response = sender.send_request(request).await.map_err(http_error)?;
             let status = response.status();
+            let headers = response.headers().clone();
             let collected = Limited::new(response.into_body(), MAX_RESPONSE_BYTES).collect().await;
             match collected {
-                Ok(collected) => Ok((status, collected.to_bytes())),
+                Ok(collected) => Ok((status, headers, collected.to_bytes())),
                 Err(error) => Err(match error.downcast::<hyper::Error>() {
                     Ok(source) => http_error(*source),
                     Err(_) => ClientError::Protocol(format!("answer larger than {MAX_RESPONSE_BYTES} bytes")),
@@ -481,6 +638,46 @@ impl Client {
             }
         }
     }
+}
+
+/// Why no connection was made: nothing of the request was sent.
+enum Unconnected {
+    /// This gateway could not be reached; another may be.
+    NotSent(ClientError),
+    /// No gateway would do (https without a CA).
+    Fatal(ClientError),
+}
+
+impl<T> From<Unconnected> for Outcome<T> {
+    fn from(unconnected: Unconnected) -> Self {
+        match unconnected {
+            Unconnected::NotSent(error) => Outcome::NotSent(error),
+            Unconnected::Fatal(error) => Outcome::Fatal(error),
+        }
+    }
+}
+
+/// Whether a request may be sent again after it may have been acted on.
+fn is_idempotent(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+fn is_not_leader(code: &str) -> bool {
+    NOT_LEADER_CODES.contains(&code)
+}
+
+/// A `503 not_leader`/`no_leader` answer (a gateway that did nothing) as its outcome; `None` for
+/// every other answer.
+fn not_leader<T>(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Option<Outcome<T>> {
+    if status != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let error = api_error(status, body);
+    if !error.code().is_some_and(is_not_leader) {
+        return None;
+    }
+    let (leader, retry_after) = failover::not_leader_headers(headers);
+    Some(Outcome::NotLeader { leader, retry_after, error })
 }
 
 /// The name the gateway's certificate must carry: the host of `host:port`, an IP address when
@@ -509,7 +706,7 @@ pub fn percent_encode(text: &str) -> String {
 }
 
 /// Turns a user-given gateway address into `host:port`, or says what is wrong with it.
-fn parse_address(input: &str) -> std::result::Result<String, String> {
+pub(crate) fn parse_address(input: &str) -> std::result::Result<String, String> {
     let trimmed = input.trim();
     let (rest, default_port) = match trimmed.split_once("://") {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (rest, 80),
@@ -632,6 +829,9 @@ fn api_error_text(code: &str, message: &str, fields: &[FieldError]) -> String {
 }
 
 #[cfg(test)]
+mod failover_tests;
+
+#[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
@@ -662,8 +862,8 @@ mod tests {
         assert!(parse_address(":7070").is_err());
         assert!(parse_address("::1:7070").unwrap_err().contains("brackets"));
         assert!(parse_address("[::1").is_err());
-        assert!(Client::new("https://x").unwrap().https);
-        assert!(!Client::new("http://x").unwrap().https);
+        assert!(Client::new("https://x").unwrap().gateways.current().https);
+        assert!(!Client::new("http://x").unwrap().gateways.current().https);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! printed goes to the writer it passes, so the commands can be tested without a terminal.
 
 pub mod client;
+pub mod failover;
 pub mod format;
 pub mod render;
 pub mod sse;
@@ -83,7 +84,9 @@ pub enum UserCommand {
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ClientArgs {
     /// The gateway's REST address: https://HOST:PORT, or HOST:PORT / http://HOST:PORT for an
-    /// `insecure` gateway.
+    /// `insecure` gateway. Several gateways (one leader, standbys) are separated by commas: each
+    /// request goes to the one that answered last, and on to the others (or to the leader a
+    /// standby names) when it cannot serve it.
     #[arg(long, env = "MERIDIAN_GATEWAY", default_value = "127.0.0.1:7070", global = true)]
     pub gateway: String,
     /// The CA certificate (PEM) the gateway's certificate must chain to, for https://.

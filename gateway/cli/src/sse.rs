@@ -102,6 +102,11 @@ pub struct EventStream {
 }
 
 impl EventStream {
+    /// The `host:port` of the gateway serving this stream.
+    pub fn gateway(&self) -> &str {
+        &self.authority
+    }
+
     /// The next message; None when the gateway ended the stream (it stopped, or closed it).
     pub async fn next(&mut self) -> Result<Option<SseMessage>> {
         loop {

@@ -1,19 +1,23 @@
 //! `meridian jobs --watch` and `meridian job ID --watch`: the current state, then each change as
 //! it is committed, from the gateway's event stream (`GET /v1/events`). A broken connection is
 //! resumed from the last event seen, so nothing is missed; when the gateway cannot resume (it
-//! restarted, or this watcher fell too far behind) the list is printed again.
+//! restarted, or this watcher fell too far behind) the list is printed again. With several
+//! gateways, a broken stream is resumed at the next one (any gateway serves the stream, and the
+//! one that broke it may be gone).
 
 use std::io::Write;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::client::{Client, ClientError, percent_encode};
+use crate::client::{Client, percent_encode};
 use crate::sse::SseMessage;
 use crate::{CliError, OutputFormat, now_ms, render};
 
 /// Pause between attempts to reconnect.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+/// Pause before resuming at another gateway: it is likely up, so only a short one.
+const RECONNECT_ELSEWHERE: Duration = Duration::from_millis(100);
 /// A watcher that cannot reach the gateway this long gives up.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
@@ -79,7 +83,7 @@ pub async fn run(
     loop {
         let mut stream = match client.events(&path, last_id.as_deref()).await {
             Ok(stream) => stream,
-            Err(error @ (ClientError::Connect { .. } | ClientError::Timeout { .. } | ClientError::Http { .. })) => {
+            Err(error) if error.is_unreachable() => {
                 let since = *unreachable_since.get_or_insert_with(tokio::time::Instant::now);
                 if since.elapsed() >= GIVE_UP_AFTER {
                     return Err(error.into());
@@ -96,8 +100,13 @@ pub async fn run(
                 // The gateway closed the stream (it is stopping) or the connection broke:
                 // resume from the last event seen.
                 Ok(None) | Err(_) => {
-                    eprintln!("meridian: the event stream ended; reconnecting");
-                    tokio::time::sleep(RECONNECT_EVERY).await;
+                    eprintln!("meridian: the event stream from {} ended; reconnecting", stream.gateway());
+                    if client.gateway_count() > 1 {
+                        client.skip_gateway(stream.gateway());
+                        tokio::time::sleep(RECONNECT_ELSEWHERE).await;
+                    } else {
+                        tokio::time::sleep(RECONNECT_EVERY).await;
+                    }
                     break;
                 }
             };

@@ -88,7 +88,8 @@ async fn etcd_store_passes_the_conformance_suite() {
 async fn a_paged_scan_reads_every_page_at_the_first_pages_revision_while_others_write() {
     let Some((_cluster, endpoints)) = cluster("paged_scan").await else { return };
     let config = EtcdConfig { page_size: 100, ..config(&endpoints, "paged-scan") };
-    let prefix = format!("{}scan/", config.prefix);
+    // Where the store keeps its keys: under the data prefix.
+    let prefix = format!("{}scan/", config.data_prefix());
     let store = EtcdStore::connect(config).await.unwrap();
     let key = |index: usize| format!("scan/k{index:04}");
     for chunk in (0..2500).collect::<Vec<_>>().chunks(100) {
@@ -490,12 +491,22 @@ async fn a_leader_cut_off_from_etcd_steps_down_at_its_deadline_before_its_lease_
     let deadline = leadership.deadline();
     wait_until("a keep-alive moves the deadline", async || leadership.deadline() > deadline).await;
 
-    let (entries, revision) = direct.snapshot("election/gateway/").await.unwrap();
-    assert_eq!(entries.len(), 1, "one candidate");
-    let election_key = format!("{prefix}{}", entries[0].0);
+    // The election lives beside the store's data (under `<prefix>election/`), so it is read and
+    // watched with a plain client.
+    drop(direct);
     let mut watcher = raw_client(&endpoints).await;
-    let lease = watcher.get(election_key.clone(), None).await.unwrap().kvs()[0].lease();
-    let mut changes = direct.follow(revision);
+    let candidates = watcher
+        .get(format!("{prefix}election/gateway/"), Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(candidates.kvs().len(), 1, "one candidate");
+    let election_key = String::from_utf8(candidates.kvs()[0].key().to_vec()).unwrap();
+    let lease = candidates.kvs()[0].lease();
+    let revision = candidates.header().unwrap().revision();
+    let mut changes = watcher
+        .watch(election_key.clone(), Some(etcd_client::WatchOptions::new().with_start_revision(revision + 1)))
+        .await
+        .unwrap();
     let mut lost = leadership.lost();
     for proxy in &proxies {
         proxy.cut();
@@ -513,9 +524,9 @@ async fn a_leader_cut_off_from_etcd_steps_down_at_its_deadline_before_its_lease_
     assert_eq!(watcher.get(election_key.clone(), None).await.unwrap().kvs().len(), 1, "the key still exists");
 
     let expired_at = loop {
-        let batch = tokio::time::timeout(PATIENCE, changes.recv()).await.expect("the lease expires within 20 s");
-        let batch = batch.expect("the follow channel is open").unwrap();
-        if batch.iter().any(|change| format!("{prefix}{}", change.key) == election_key && change.value.is_none()) {
+        let response = tokio::time::timeout(PATIENCE, changes.message()).await.expect("the lease expires within 20 s");
+        let response = response.unwrap().expect("the watch is open");
+        if response.events().iter().any(|event| event.event_type() == etcd_client::EventType::Delete) {
             break Instant::now();
         }
     };

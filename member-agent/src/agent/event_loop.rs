@@ -16,9 +16,10 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::epoch::EpochGate;
 use super::lease::{Lease, Renewal};
 use super::ledger::{self, CancelPlan, Doom, EventOutcome, Ledger, OfferPlan, Stop};
-use super::link::{BACKOFF_MAX, BACKOFF_MIN, Dial, Inbound, Link, LinkError, LinkEvent, jittered};
+use super::link::{BACKOFF_MIN, Dial, FromGateway, Inbound, Link, LinkError, LinkEvent, jittered};
 use super::tasks::{self, Report, TaskLabel, TaskOutput};
 use crate::backend::{Admission, BackendError, InventorySource, JobEvent, JobEventReceiver, LocalBackend};
 use crate::metrics::AgentMetrics;
@@ -41,6 +42,10 @@ pub(super) struct EventLoop {
     pub(super) link: Link,
     /// The next reconnect delay (before jitter).
     pub(super) backoff: Duration,
+    /// The longest reconnect delay.
+    pub(super) backoff_max: Duration,
+    /// The newest leader epoch seen, on any stream; older messages are refused.
+    pub(super) epochs: EpochGate,
     /// Streams opened so far; numbers the next one.
     pub(super) sessions: u64,
     pub(super) ledger: Ledger,
@@ -106,13 +111,10 @@ impl EventLoop {
         match event {
             LinkEvent::Retry => self.dial(),
             LinkEvent::Dialed(Ok(connection)) => {
-                let hello_sent = match &self.link {
-                    Link::Dialing { hello_sent, .. } => *hello_sent,
-                    _ => Instant::now(),
-                };
+                let hello_sent = connection.hello_sent;
                 self.sessions += 1;
+                tracing::debug!(cluster = %self.cluster, gateway = %connection.gateway, session = self.sessions, "stream open; waiting for the welcome");
                 self.link = Link::Up { connection, session: self.sessions, hello_sent, welcomed: false };
-                tracing::debug!(cluster = %self.cluster, session = self.sessions, "stream open; waiting for the welcome");
             }
             LinkEvent::Dialed(Err(error)) | LinkEvent::Received(Err(error)) => self.link_lost(error),
             LinkEvent::Received(Ok(inbound)) => self.on_inbound(inbound),
@@ -120,9 +122,17 @@ impl EventLoop {
     }
 
     fn dial(&mut self) {
-        let hello_sent = Instant::now();
         let attempt = self.dialer.dial(self.hello.clone());
-        self.link = Link::Dialing { attempt, hello_sent };
+        self.link = Link::Dialing { attempt };
+    }
+
+    /// Gives up the stream, if one is open (the next dial tries the other gateways first), and
+    /// dials again at `retry_at`.
+    fn redial_at(&mut self, retry_at: Instant) {
+        if let Some(gateway) = self.link.gateway() {
+            self.dialer.lost(gateway);
+        }
+        self.link = Link::BackingOff { retry_at };
     }
 
     fn link_lost(&mut self, error: LinkError) {
@@ -137,17 +147,23 @@ impl EventLoop {
             ),
             _ => tracing::warn!(cluster = %self.cluster, error = %error, retry_in = ?retry_in, "no gateway stream"),
         }
-        self.link = Link::BackingOff { retry_at: Instant::now() + retry_in };
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.redial_at(Instant::now() + retry_in);
+        self.backoff = (self.backoff * 2).min(self.backoff_max);
     }
 
-    fn on_inbound(&mut self, inbound: Inbound) {
+    fn on_inbound(&mut self, received: FromGateway) {
         // A message read after the lease's deadline must not act first: `select!` may pick the
         // stream before the deadline's timer (after a pause, both are ready at once).
         if self.enforce_lease() {
             return;
         }
-        let command = match inbound {
+        let FromGateway { epoch, message } = received;
+        let newest = self.epochs.newest();
+        if !self.epochs.admit(epoch) {
+            return self.refuse_stale(epoch, newest, &message);
+        }
+        self.metrics.epoch(self.epochs.newest());
+        let command = match message {
             Inbound::Command(command) => *command,
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {
                 tracing::warn!(cluster = %self.cluster, job = %job_id, %reason, "invalid offer refused");
@@ -193,6 +209,29 @@ impl EventLoop {
         }
     }
 
+    /// A message from an older epoch than `newest`: its sender is no longer the leader. Nothing
+    /// of it is acted on. A stale welcome leaves the stream useless (nothing else may be acted on
+    /// before a welcome), so the agent gives it up and tries the other gateways.
+    fn refuse_stale(&mut self, epoch: u64, newest: u64, message: &Inbound) {
+        self.metrics.stale_epoch_refused();
+        let (kind, job_id) = describe(message);
+        let gateway = self.link.gateway().unwrap_or_default().to_string();
+        tracing::warn!(
+            cluster = %self.cluster,
+            %gateway,
+            message = kind,
+            job = job_id.unwrap_or("none"),
+            epoch,
+            newest_epoch = newest,
+            "refused a gateway message from an older epoch than the newest seen: its sender is no longer the leader"
+        );
+        let welcome =
+            matches!(message, Inbound::Command(command) if matches!(**command, GatewayCommand::Welcome { .. }));
+        if welcome && matches!(self.link, Link::Up { welcomed: false, .. }) {
+            self.link_lost(LinkError::Deposed { gateway, epoch, newest });
+        }
+    }
+
     /// Keeps exactly the bindings the gateway lists, reports the rest, and starts heartbeating.
     fn on_welcome(&mut self, bound: &[Assignment], lease: Option<Duration>) {
         let Link::Up { session, hello_sent, welcomed: false, .. } = &self.link else {
@@ -210,7 +249,7 @@ impl EventLoop {
                 "the gateway's welcome arrived after the lease it grants had run out; ignoring it and reconnecting"
             );
             self.enforce_lease();
-            self.link = Link::BackingOff { retry_at: Instant::now() };
+            self.redial_at(Instant::now());
             return;
         }
         if let Link::Up { welcomed, .. } = &mut self.link {
@@ -230,6 +269,8 @@ impl EventLoop {
         let results = self.ledger.results();
         tracing::info!(
             cluster = %self.cluster,
+            gateway = %self.link.gateway().unwrap_or_default(),
+            epoch = self.epochs.newest(),
             kept = done.kept,
             stopped = done.stop.len(),
             results = results.len(),
@@ -572,7 +613,7 @@ impl EventLoop {
         // gateway lets the same instance replace its own stream). The results go out after it.
         if self.link.welcomed_session().is_some() {
             tracing::info!(cluster = %self.cluster, "reconnecting to the gateway for a new welcome");
-            self.link = Link::BackingOff { retry_at: Instant::now() };
+            self.redial_at(Instant::now());
         }
     }
 
@@ -664,6 +705,22 @@ impl EventLoop {
             }
             Err(TrySendError::Closed(_)) => self.link_lost(LinkError::Closed),
         }
+    }
+}
+
+/// What a gateway message is, for logs: its kind and the job it is about, if any.
+fn describe(message: &Inbound) -> (&'static str, Option<&str>) {
+    match message {
+        Inbound::Command(command) => match command.as_ref() {
+            GatewayCommand::Welcome { .. } => ("welcome", None),
+            GatewayCommand::Offer(assignment) => ("offer", Some(&assignment.job_id)),
+            GatewayCommand::Cancel { job_id, .. } => ("cancel", Some(job_id)),
+            GatewayCommand::Ack { job_id, .. } => ("ack", Some(job_id)),
+            GatewayCommand::Lease { .. } => ("lease", None),
+            GatewayCommand::Logs { job_id, .. } => ("logs", Some(job_id)),
+        },
+        Inbound::InvalidOffer { job_id, .. } => ("offer", Some(job_id)),
+        Inbound::Invalid(_) => ("invalid", None),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The agent's connection to the gateway, as a state inside the event loop: waiting, backing
 //! off, dialing, or up. Also the stream edge: wire messages are converted to and from the domain
-//! protocol ([`AgentEvent`], [`GatewayCommand`]) here and nowhere else.
+//! protocol ([`AgentEvent`], [`GatewayCommand`]) here and nowhere else. How a dial finds the
+//! leader among several gateways is in `dial.rs`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,15 +11,16 @@ use meridian_proto::pb;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-
-use crate::config::TlsFiles;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
-/// Reconnect backoff bounds.
+/// Reconnect backoff bounds: the delay starts at the minimum after each welcome and doubles
+/// after each failed dial (one pass over every gateway address) up to the maximum.
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The backoff cap with one gateway address.
 pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The backoff cap with several gateway addresses: a leader fails over in seconds, and a pass
+/// that found none should look again soon.
+pub(crate) const BACKOFF_MAX_SEVERAL: Duration = Duration::from_secs(1);
 
 /// Messages the agent may queue for the gateway; beyond it messages are dropped (and counted),
 /// the stream kept: the next heartbeat repeats every binding's state.
@@ -36,8 +38,46 @@ pub enum LinkError {
         reason: String,
     },
     /// Could not connect.
-    #[error("cannot connect to the gateway: {0}")]
-    Connect(#[source] tonic::transport::Error),
+    #[error("cannot connect to the gateway at {gateway}: {reason}")]
+    Connect {
+        /// The address dialled.
+        gateway: String,
+        /// Why, with the transport's causes.
+        reason: String,
+    },
+    /// The gateway is a standby (or knows no leader) and refused the stream; it named the
+    /// leader's address when it knows one.
+    #[error(
+        "{gateway} did not take the stream: {message} ({})",
+        leader.as_deref().map_or_else(|| "it knows no leader".to_string(), |leader| format!("the leader is {leader}"))
+    )]
+    Standby {
+        /// The address dialled.
+        gateway: String,
+        /// What it said.
+        message: String,
+        /// The leader's address, from the `meridian-leader` metadata.
+        leader: Option<String>,
+    },
+    /// No gateway of several took the stream: each address and what became of it.
+    #[error("no gateway took the stream: {}", attempts_text(attempts))]
+    Unattached {
+        /// Each address tried in the pass, in order, with its failure.
+        attempts: Vec<(String, LinkError)>,
+    },
+    /// The gateway's welcome carried an older epoch than one this agent has seen: it is no
+    /// longer the leader (it may not know yet).
+    #[error(
+        "the gateway at {gateway} speaks for epoch {epoch}, older than epoch {newest} seen before: it is no longer the leader"
+    )]
+    Deposed {
+        /// The address of the stream.
+        gateway: String,
+        /// The welcome's epoch.
+        epoch: u64,
+        /// The newest epoch this agent has seen.
+        newest: u64,
+    },
     /// The gateway refused the stream because another live agent holds this cluster's name.
     #[error("the gateway refused the stream: {0}")]
     Refused(String),
@@ -63,8 +103,14 @@ pub enum LinkError {
     Closed,
 }
 
+/// `address: failure; address: failure`.
+fn attempts_text(attempts: &[(String, LinkError)]) -> String {
+    let text: Vec<String> = attempts.iter().map(|(gateway, error)| format!("{gateway}: {error}")).collect();
+    text.join("; ")
+}
+
 impl LinkError {
-    fn from_status(status: tonic::Status) -> Self {
+    pub(crate) fn from_status(status: tonic::Status) -> Self {
         match status.code() {
             tonic::Code::AlreadyExists => LinkError::Refused(status.message().to_string()),
             tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
@@ -93,11 +139,25 @@ pub(crate) enum Inbound {
     Invalid(String),
 }
 
+/// One gateway message with the epoch of the leader that sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FromGateway {
+    /// The sender's epoch (0 from a gateway without election).
+    pub(crate) epoch: u64,
+    /// The message.
+    pub(crate) message: Inbound,
+}
+
 /// The gateway's side of one open stream, in domain types.
-pub(crate) type InboundStream = Pin<Box<dyn Stream<Item = Result<Inbound, LinkError>> + Send>>;
+pub(crate) type InboundStream = Pin<Box<dyn Stream<Item = Result<FromGateway, LinkError>> + Send>>;
 
 /// One open stream to the gateway. The hello has been sent.
 pub(crate) struct Connection {
+    /// The address of the gateway that took the stream.
+    pub(crate) gateway: String,
+    /// When the hello was handed to this stream (no later than it left): the welcome's lease
+    /// counts from here.
+    pub(crate) hello_sent: Instant,
     /// Events for the gateway, in order.
     pub(crate) outbound: mpsc::Sender<AgentEvent>,
     /// Commands from the gateway; ends when the stream does.
@@ -109,62 +169,23 @@ pub(crate) type Dialing = Pin<Box<dyn Future<Output = Result<Connection, LinkErr
 
 /// Opens streams to the gateway: gRPC in production, in-memory channels in tests.
 pub(crate) trait Dial: Send + Sync {
-    /// Opens a stream whose first message is `hello`.
+    /// Opens a stream whose first message is `hello`, to the leader if there are several
+    /// gateways.
     fn dial(&self, hello: AgentHello) -> Dialing;
-}
 
-/// Dials the gateway's `Federation.Attach` over gRPC.
-pub(crate) struct GrpcDialer {
-    /// The gateway's address, `https://host:port` (`http://` when insecure).
-    pub(crate) gateway: String,
-    /// Read at every dial, so rotated files are picked up by the next connection.
-    pub(crate) tls: Option<TlsFiles>,
-}
-
-/// The client TLS settings from the files as they are now.
-fn client_tls(files: &TlsFiles) -> Result<ClientTlsConfig, LinkError> {
-    let read = |field: &'static str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|source| LinkError::TlsFile { field, path: path.to_path_buf(), source })
-    };
-    let ca = read("ca", &files.ca)?;
-    let cert = read("cert", &files.cert)?;
-    let key = read("key", &files.key)?;
-    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).identity(Identity::from_pem(cert, key)))
-}
-
-impl Dial for GrpcDialer {
-    fn dial(&self, hello: AgentHello) -> Dialing {
-        let gateway = self.gateway.clone();
-        let tls = self.tls.as_ref().map(client_tls);
-        Box::pin(async move {
-            let bad_address =
-                |e: tonic::transport::Error| LinkError::BadAddress { address: gateway.clone(), reason: e.to_string() };
-            let mut endpoint = tonic::transport::Endpoint::from_shared(gateway.clone())
-                .map_err(bad_address)?
-                .connect_timeout(Duration::from_secs(5))
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(20));
-            if let Some(tls) = tls {
-                endpoint = endpoint.tls_config(tls?).map_err(bad_address)?;
-            }
-            let channel = endpoint.connect().await.map_err(LinkError::Connect)?;
-            let mut client = pb::federation_client::FederationClient::new(channel);
-            let (tx, rx) = mpsc::channel::<AgentEvent>(OUTBOUND_CAPACITY);
-            let hello = pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(pb::Hello::from(&hello))) };
-            let outbound =
-                tokio_stream::once(hello).chain(ReceiverStream::new(rx).map(|event| pb::AgentMessage::from(&event)));
-            let inbound = client.attach(outbound).await.map_err(LinkError::from_status)?.into_inner();
-            let inbound = inbound.map(|message| match message {
-                Ok(message) => Ok(inbound_from_wire(message)),
-                Err(status) => Err(LinkError::from_status(status)),
-            });
-            Ok(Connection { outbound: tx, inbound: Box::pin(inbound) })
-        })
+    /// The stream to `gateway` was lost or proved useless (a deposed leader, no renewals): the
+    /// next dial should try the other gateways first.
+    fn lost(&self, gateway: &str) {
+        let _ = gateway;
     }
 }
 
 /// Converts one gateway message; an invalid offer keeps its id and token so it can be refused.
-fn inbound_from_wire(message: pb::GatewayMessage) -> Inbound {
+pub(crate) fn inbound_from_wire(message: pb::GatewayMessage) -> FromGateway {
+    FromGateway { epoch: message.epoch, message: message_from_wire(message) }
+}
+
+fn message_from_wire(message: pb::GatewayMessage) -> Inbound {
     match message.body {
         Some(pb::gateway_message::Body::Offer(offer)) => {
             let (job_id, fencing_token) = (offer.job_id.clone(), offer.fencing_token);
@@ -173,7 +194,7 @@ fn inbound_from_wire(message: pb::GatewayMessage) -> Inbound {
                 Err(e) => Inbound::InvalidOffer { job_id, fencing_token, reason: e.to_string() },
             }
         }
-        body => match GatewayCommand::try_from(pb::GatewayMessage { body }) {
+        body => match GatewayCommand::try_from(pb::GatewayMessage { body, epoch: message.epoch }) {
             Ok(command) => Inbound::Command(Box::new(command)),
             Err(e) => Inbound::Invalid(e.to_string()),
         },
@@ -193,8 +214,6 @@ pub(crate) enum Link {
     Dialing {
         /// The dial.
         attempt: Dialing,
-        /// When the hello was handed to the stream; the welcome's lease counts from here.
-        hello_sent: Instant,
     },
     /// The stream is open.
     Up {
@@ -216,7 +235,7 @@ pub(crate) enum LinkEvent {
     /// A dial finished.
     Dialed(Result<Connection, LinkError>),
     /// A message from the gateway, or the stream's end.
-    Received(Result<Inbound, LinkError>),
+    Received(Result<FromGateway, LinkError>),
 }
 
 impl Link {
@@ -229,10 +248,18 @@ impl Link {
                 tokio::time::sleep_until(*retry_at).await;
                 LinkEvent::Retry
             }
-            Link::Dialing { attempt, .. } => LinkEvent::Dialed(attempt.as_mut().await),
+            Link::Dialing { attempt } => LinkEvent::Dialed(attempt.as_mut().await),
             Link::Up { connection, .. } => {
                 LinkEvent::Received(connection.inbound.next().await.unwrap_or(Err(LinkError::Closed)))
             }
+        }
+    }
+
+    /// The gateway of the open stream, if one is open.
+    pub(crate) fn gateway(&self) -> Option<&str> {
+        match self {
+            Link::Up { connection, .. } => Some(&connection.gateway),
+            _ => None,
         }
     }
 
@@ -271,15 +298,25 @@ mod tests {
     #[test]
     fn an_offer_with_a_bad_spec_keeps_its_id_so_it_can_be_refused() {
         let offer = pb::Offer { job_id: "j".into(), fencing_token: 4, spec: None, last_preempted_at_ms: None };
-        let message = pb::GatewayMessage { body: Some(pb::gateway_message::Body::Offer(offer)) };
-        match inbound_from_wire(message) {
+        let message = pb::GatewayMessage { body: Some(pb::gateway_message::Body::Offer(offer)), epoch: 0 };
+        let received = inbound_from_wire(message);
+        assert_eq!(received.epoch, 0);
+        match received.message {
             Inbound::InvalidOffer { job_id, fencing_token, reason } => {
                 assert_eq!((job_id.as_str(), fencing_token), ("j", 4));
                 assert!(reason.contains("offer.spec"), "{reason}");
             }
             other => panic!("expected an invalid offer, got {other:?}"),
         }
-        assert!(matches!(inbound_from_wire(pb::GatewayMessage { body: None }), Inbound::Invalid(_)));
+        let empty = inbound_from_wire(pb::GatewayMessage { body: None, epoch: 3 });
+        assert!(matches!(empty, FromGateway { epoch: 3, message: Inbound::Invalid(_) }), "{empty:?}");
+    }
+
+    #[test]
+    fn every_message_keeps_its_epoch() {
+        let ack = GatewayCommand::Ack { job_id: "j".into(), fencing_token: 2 };
+        let message = pb::GatewayMessage { epoch: 41, ..pb::GatewayMessage::from(&ack) };
+        assert_eq!(inbound_from_wire(message), FromGateway { epoch: 41, message: Inbound::Command(Box::new(ack)) });
     }
 
     #[test]
@@ -289,28 +326,6 @@ mod tests {
         assert!(matches!(LinkError::from_status(tonic::Status::unavailable("x")), LinkError::Stream(_)));
         let denied = LinkError::from_status(tonic::Status::permission_denied("names a, not cluster `b`"));
         assert!(matches!(&denied, LinkError::Denied(m) if m.contains("not cluster")), "{denied}");
-    }
-
-    #[tokio::test]
-    async fn a_missing_tls_file_is_named_at_dial() {
-        let files = TlsFiles { ca: "/nonexistent/ca.pem".into(), cert: "c.pem".into(), key: "c.key".into() };
-        let dialer = GrpcDialer { gateway: "https://127.0.0.1:1".into(), tls: Some(files) };
-        let hello = AgentHello {
-            info: meridian_proto::inventory::ClusterInfo {
-                name: "east".into(),
-                region: "r".into(),
-                tier: meridian_proto::inventory::Tier::Owned,
-                backend: meridian_proto::inventory::BackendKind::Builtin,
-                prices: Default::default(),
-                supports_containers: true,
-                supports_bare_commands: true,
-                labels: Default::default(),
-            },
-            instance_id: "i".into(),
-            agent_version: "0".into(),
-        };
-        let err = dialer.dial(hello).await.err().unwrap().to_string();
-        assert!(err.starts_with("tls.ca: cannot read /nonexistent/ca.pem"), "{err}");
     }
 
     #[test]

@@ -17,8 +17,14 @@
 //!   came in time (counted from the send instant of the heartbeat a renewal answers), and reports
 //!   them failed for requeue, before the gateway may place them elsewhere.
 //!
-//! Files: `event_loop.rs` (the loop), `link.rs` (the stream and the wire edge), `ledger.rs`
-//! (bindings and outbox), `lease.rs` (the lease clock), `tasks.rs` (backend calls as tasks).
+//! - **Epochs.** With several gateways, only the leader talks to agents, and every message
+//!   carries its epoch. The agent remembers the newest epoch it has seen (across reconnects) and
+//!   acts on no message from an older one: its sender has been deposed.
+//!
+//! Files: `event_loop.rs` (the loop), `link.rs` (the stream and the wire edge), `dial.rs`
+//! (dialing, finding the leader among several gateways), `epoch.rs` (the epoch gate),
+//! `ledger.rs` (bindings and outbox), `lease.rs` (the lease clock), `tasks.rs` (backend calls as
+//! tasks).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,6 +39,10 @@ use crate::backend::{InventorySource, JobEventReceiver, LocalBackend};
 use crate::metrics::AgentMetrics;
 use crate::usage::{Sampling, UsageWindow};
 
+mod dial;
+mod epoch;
+#[cfg(test)]
+mod epoch_tests;
 mod event_loop;
 mod lease;
 mod ledger;
@@ -51,8 +61,9 @@ const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(10);
 pub struct Settings {
     /// The cluster it speaks for, sent in the hello.
     pub info: ClusterInfo,
-    /// The gateway's gRPC address, `https://host:port` (or `http://` when insecure).
-    pub gateway: String,
+    /// The gateways' gRPC addresses, `https://host:port` (or `http://` when insecure), in the
+    /// order they are tried; the agent finds the leader among them.
+    pub gateways: Vec<String>,
     /// The CA and this agent's certificate and key, read at each dial; `None` for plain text.
     pub tls: Option<crate::config::TlsFiles>,
     /// How often it sends a heartbeat (with inventory and pressure).
@@ -73,15 +84,15 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// An agent that dials `settings.gateway` over gRPC and runs jobs on `backend`; `events` is
-    /// the receiving end of the channel the backend reports job events on.
+    /// An agent that dials the leader among `settings.gateways` over gRPC and runs jobs on
+    /// `backend`; `events` is the receiving end of the channel the backend reports job events on.
     pub fn new(
         settings: Settings,
         backend: Arc<dyn LocalBackend>,
         inventory: Arc<dyn InventorySource>,
         events: JobEventReceiver,
     ) -> Self {
-        let dialer = Box::new(link::GrpcDialer { gateway: settings.gateway.clone(), tls: settings.tls.clone() });
+        let dialer = Box::new(dial::GrpcDialer::new(settings.gateways.clone(), settings.tls.clone()));
         Self::with_dialer(settings, dialer, backend, inventory, events)
     }
 
@@ -162,6 +173,8 @@ impl Agent {
             events_open: true,
             link: link::Link::Waiting,
             backoff: link::BACKOFF_MIN,
+            backoff_max: if self.settings.gateways.len() > 1 { link::BACKOFF_MAX_SEVERAL } else { link::BACKOFF_MAX },
+            epochs: epoch::EpochGate::default(),
             sessions: 0,
             ledger: ledger::Ledger::default(),
             lease: lease::Lease::new(),

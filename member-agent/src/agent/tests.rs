@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::link::{Connection, Dial, Dialing, Inbound, LinkError};
+use super::link::{Connection, Dial, Dialing, FromGateway, Inbound, LinkError};
 use super::{Agent, Settings};
 use crate::backend::{
     Admission, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
@@ -32,7 +32,7 @@ const INTERVAL: Duration = Duration::from_secs(2);
 
 /// A backend call, as the test sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Call {
+pub(super) enum Call {
     Submit(String, u64),
     Cancel(String, u64),
 }
@@ -46,7 +46,7 @@ enum Script {
     Hang(Arc<Notify>),
 }
 
-struct FakeBackend {
+pub(super) struct FakeBackend {
     calls: mpsc::UnboundedSender<Call>,
     scripts: Mutex<BTreeMap<String, Script>>,
     adopt: Mutex<Vec<HeldJob>>,
@@ -108,7 +108,7 @@ impl InventorySource for FakeBackend {
 
 // ---------------------------------------------------------------- an in-memory gateway
 
-struct DialRequest {
+pub(super) struct DialRequest {
     hello: AgentHello,
     answer: oneshot::Sender<Result<Connection, LinkError>>,
 }
@@ -126,18 +126,25 @@ impl Dial for MemoryDialer {
 }
 
 /// One stream, seen from the gateway.
-struct Stream {
+pub(super) struct Stream {
     hello: AgentHello,
-    to_agent: mpsc::Sender<Result<Inbound, LinkError>>,
-    from_agent: mpsc::Receiver<AgentEvent>,
+    /// The epoch `send` stamps on messages (0, as from a gateway without election, unless set).
+    pub(super) epoch: u64,
+    pub(super) to_agent: mpsc::Sender<Result<FromGateway, LinkError>>,
+    pub(super) from_agent: mpsc::Receiver<AgentEvent>,
 }
 
 impl Stream {
-    async fn send(&self, command: GatewayCommand) {
-        self.to_agent.send(Ok(Inbound::Command(Box::new(command)))).await.unwrap();
+    pub(super) async fn send(&self, command: GatewayCommand) {
+        self.send_raw(Inbound::Command(Box::new(command))).await;
     }
 
-    async fn next(&mut self) -> AgentEvent {
+    /// Sends any converted message at the stream's epoch.
+    pub(super) async fn send_raw(&self, message: Inbound) {
+        self.to_agent.send(Ok(FromGateway { epoch: self.epoch, message })).await.unwrap();
+    }
+
+    pub(super) async fn next(&mut self) -> AgentEvent {
         tokio::time::timeout(PATIENCE, self.from_agent.recv())
             .await
             .expect("the agent said nothing")
@@ -153,7 +160,7 @@ impl Stream {
         }
     }
 
-    async fn heartbeat(&mut self) -> (u64, Vec<JobReport>) {
+    pub(super) async fn heartbeat(&mut self) -> (u64, Vec<JobReport>) {
         self.next_of(|e| match e {
             AgentEvent::Heartbeat { seq, jobs } => Some((seq, jobs)),
             _ => None,
@@ -179,7 +186,7 @@ impl Stream {
     }
 
     /// The next offer reply: (job, token, accepted, reason).
-    async fn reply(&mut self) -> (String, u64, bool, String) {
+    pub(super) async fn reply(&mut self) -> (String, u64, bool, String) {
         self.next_of(|e| match e {
             AgentEvent::OfferReply { job_id, fencing_token, accepted, reason, .. } => {
                 Some((job_id, fencing_token, accepted, reason))
@@ -191,18 +198,18 @@ impl Stream {
 }
 
 /// The agent under test, its fake backend, and the gateway's end of everything.
-struct Harness {
+pub(super) struct Harness {
     dials: mpsc::UnboundedReceiver<DialRequest>,
-    calls: mpsc::UnboundedReceiver<Call>,
+    pub(super) calls: mpsc::UnboundedReceiver<Call>,
     backend: Arc<FakeBackend>,
     events: JobEventSender,
     stop: Option<oneshot::Sender<()>>,
     agent: Option<JoinHandle<()>>,
-    metrics: crate::metrics::AgentMetrics,
+    pub(super) metrics: crate::metrics::AgentMetrics,
 }
 
 impl Harness {
-    fn start() -> Self {
+    pub(super) fn start() -> Self {
         Self::start_adopting(Vec::new())
     }
 
@@ -228,7 +235,7 @@ impl Harness {
         });
         let settings = Settings {
             info: ClusterInfo { prices: BTreeMap::new(), ..cluster_info("east") },
-            gateway: "memory".into(),
+            gateways: vec!["memory".into()],
             tls: None,
             report_interval: INTERVAL,
         };
@@ -251,37 +258,49 @@ impl Harness {
         Self { dials, calls, backend, events, stop: Some(stop), agent: Some(agent), metrics }
     }
 
-    async fn dial(&mut self) -> DialRequest {
+    pub(super) async fn dial(&mut self) -> DialRequest {
         tokio::time::timeout(PATIENCE, self.dials.recv()).await.expect("the agent did not dial").unwrap()
     }
 
     /// Accepts the next dial.
-    async fn accept(&mut self) -> Stream {
+    pub(super) async fn accept(&mut self) -> Stream {
         let request = self.dial().await;
         let (to_agent, inbound) = mpsc::channel(1024);
         let (outbound, from_agent) = mpsc::channel(1024);
-        let connection = Connection { outbound, inbound: Box::pin(ReceiverStream::new(inbound)) };
+        let connection = Connection {
+            gateway: "memory".into(),
+            hello_sent: Instant::now(),
+            outbound,
+            inbound: Box::pin(ReceiverStream::new(inbound)),
+        };
         assert!(request.answer.send(Ok(connection)).is_ok());
-        Stream { hello: request.hello, to_agent, from_agent }
+        Stream { hello: request.hello, epoch: 0, to_agent, from_agent }
     }
 
     /// Accepts the next dial and welcomes it.
-    async fn welcome(&mut self, bound: Vec<Assignment>, lease: Option<Duration>) -> Stream {
-        let stream = self.accept().await;
+    pub(super) async fn welcome(&mut self, bound: Vec<Assignment>, lease: Option<Duration>) -> Stream {
+        self.welcome_at(0, bound, lease).await
+    }
+
+    /// Accepts the next dial and welcomes it from a leader of `epoch`; the stream's later
+    /// messages carry the same epoch.
+    pub(super) async fn welcome_at(&mut self, epoch: u64, bound: Vec<Assignment>, lease: Option<Duration>) -> Stream {
+        let mut stream = self.accept().await;
+        stream.epoch = epoch;
         stream.send(GatewayCommand::Welcome { bound, lease }).await;
         stream
     }
 
-    async fn call(&mut self) -> Call {
+    pub(super) async fn call(&mut self) -> Call {
         tokio::time::timeout(PATIENCE, self.calls.recv()).await.expect("no backend call").unwrap()
     }
 
-    fn emit(&self, job_id: &str, fencing_token: u64, phase: JobPhase) {
+    pub(super) fn emit(&self, job_id: &str, fencing_token: u64, phase: JobPhase) {
         self.events.send(JobEvent { job_id: job_id.into(), fencing_token, phase }).unwrap();
     }
 
     /// Stops the agent and checks it stops.
-    async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -297,7 +316,7 @@ pub(super) fn assignment(job_id: &str, fencing_token: u64) -> Assignment {
     test_jobs::assignment(job_id, fencing_token, spec)
 }
 
-fn succeeded() -> JobPhase {
+pub(super) fn succeeded() -> JobPhase {
     JobPhase::Succeeded { message: "completed".into() }
 }
 
@@ -307,7 +326,7 @@ fn summary(jobs: &[JobReport]) -> Vec<(&str, u64, JobState)> {
 }
 
 /// Offers `job` (token 1) and waits for its acceptance.
-async fn offer_and_accept(stream: &mut Stream, job: &str, token: u64) {
+pub(super) async fn offer_and_accept(stream: &mut Stream, job: &str, token: u64) {
     stream.send(GatewayCommand::Offer(assignment(job, token))).await;
     let (job_id, fencing_token, accepted, reason) = stream.reply().await;
     assert_eq!((job_id.as_str(), fencing_token, accepted), (job, token, true), "{reason}");
@@ -581,7 +600,7 @@ async fn an_offer_with_an_invalid_spec_is_refused_with_the_reason() {
     let mut h = Harness::start();
     let mut stream = h.welcome(Vec::new(), None).await;
     let bad = Inbound::InvalidOffer { job_id: "j".into(), fencing_token: 1, reason: "offer.spec: missing".into() };
-    stream.to_agent.send(Ok(bad)).await.unwrap();
+    stream.send_raw(bad).await;
     let (job_id, _, accepted, reason) = stream.reply().await;
     assert_eq!((job_id.as_str(), accepted), ("j", false));
     assert!(reason.contains("offer.spec"), "{reason}");

@@ -200,7 +200,9 @@ mod tests {
         let config = EtcdConfig::default();
         let limits = config.limits();
         assert_eq!(limits.max_writes, 128);
-        let framing = 1024 + "/meridian/".len() + 128 * (64 + "/meridian/".len());
+        // The guard's compare names the election key (under the prefix); each write's key is
+        // under the data prefix.
+        let framing = 1024 + "/meridian/".len() + 128 * (64 + "/meridian/data/".len());
         assert_eq!(limits.max_bytes, 1_572_864 - framing);
     }
 

@@ -238,3 +238,38 @@ fn the_property_runs_are_deterministic() {
     let stopped = first.log.iter().filter(|line| line.contains("backend Cancel(\"a\", 1)")).count();
     assert_eq!(stopped, 1, "the 5 s renewal ran out and stopped job a, once: {:#?}", first.log);
 }
+
+// ---------------------------------------------------------------- a silent leader
+
+#[tokio::test(start_paused = true)]
+async fn a_leasing_gateway_silent_for_three_heartbeats_is_given_up_and_jobs_keep_running() {
+    let mut h = Harness::start();
+    let lease = Some(Duration::from_secs(60));
+    let mut stream = h.welcome_at(3, Vec::new(), lease).await;
+    offer_and_accept(&mut stream, "j", 1).await;
+    assert_eq!(h.call().await, Call::Submit("j".into(), 1));
+    // Answered heartbeats keep the stream: two rounds of heartbeat and renewal.
+    for _ in 0..2 {
+        let (seq, _) = stream.heartbeat().await;
+        stream.send(GatewayCommand::Lease { heartbeat_seq: seq, lease: Duration::from_secs(60) }).await;
+    }
+    // Then the gateway falls silent (paused, or cut off with its connection open): after three
+    // unanswered heartbeats the agent dials again, and the next gateway finds the job running.
+    let mut next = h.welcome_at(4, vec![assignment("j", 1)], lease).await;
+    let (_, jobs) = next.heartbeat().await;
+    assert_eq!(jobs.iter().map(|r| (r.job_id.as_str(), r.state)).collect::<Vec<_>>(), [("j", JobState::Running)]);
+    assert!(h.calls.try_recv().is_err(), "nothing was stopped or started again");
+    drop(stream);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gateway_without_leases_may_stay_silent() {
+    let mut h = Harness::start();
+    let mut stream = h.welcome_at(0, Vec::new(), None).await;
+    for _ in 0..5 {
+        stream.heartbeat().await;
+    }
+    assert!(h.dials.try_recv().is_err(), "the agent gave up a stream whose gateway never promised answers");
+    h.stop().await;
+}

@@ -27,6 +27,10 @@ use crate::usage::window::RunningJob;
 use crate::usage::{GpuSample, Sampling, UsageError, UsageWindow};
 
 /// The reason given for offers refused while the lease is expired.
+/// Heartbeats a gateway that grants leases may leave unanswered before the agent gives up its
+/// stream and looks for the leader again.
+const SILENT_HEARTBEATS: u32 = 3;
+
 const LEASE_EXPIRED: &str = "this agent's lease expired; it takes no jobs until the gateway welcomes it again";
 
 /// Everything the loop owns.
@@ -46,6 +50,10 @@ pub(super) struct EventLoop {
     pub(super) backoff_max: Duration,
     /// The newest leader epoch seen, on any stream; older messages are refused.
     pub(super) epochs: EpochGate,
+    /// When the gateway of the open stream last sent anything, while it answers heartbeats
+    /// (its welcome granted a lease): a paused or cut-off leader keeps the TCP connection open,
+    /// so silence, not a broken stream, is what shows it is gone.
+    pub(super) last_heard: Option<Instant>,
     /// Streams opened so far; numbers the next one.
     pub(super) sessions: u64,
     pub(super) ledger: Ledger,
@@ -158,6 +166,9 @@ impl EventLoop {
             return;
         }
         let FromGateway { epoch, message } = received;
+        if self.last_heard.is_some() {
+            self.last_heard = Some(Instant::now());
+        }
         let newest = self.epochs.newest();
         if !self.epochs.admit(epoch) {
             return self.refuse_stale(epoch, newest, &message);
@@ -255,6 +266,8 @@ impl EventLoop {
         if let Link::Up { welcomed, .. } = &mut self.link {
             *welcomed = true;
         }
+        // A gateway that grants a lease answers every heartbeat; from now on its silence counts.
+        self.last_heard = lease.map(|_| Instant::now());
         self.backoff = BACKOFF_MIN;
         self.lease_changed();
         self.metrics.welcomed(session);
@@ -532,6 +545,17 @@ impl EventLoop {
     // ------------------------------------------------------------ timers
 
     fn on_heartbeat_tick(&mut self) {
+        if let Some(heard) = self.last_heard
+            && self.link.welcomed_session().is_some()
+            && heard.elapsed() > self.report_interval * SILENT_HEARTBEATS
+        {
+            // Three heartbeats unanswered: the gateway is paused, cut off or hung. Another may
+            // lead by now; the next dial tries the others first.
+            let silent_for = heard.elapsed();
+            let gateway = self.link.gateway().unwrap_or_default().to_string();
+            self.last_heard = None;
+            self.link_lost(LinkError::Silent { gateway, silent_for });
+        }
         for stop in self.ledger.stops_to_retry() {
             tracing::info!(cluster = %self.cluster, job = %stop.job_id, fencing_token = stop.fencing_token, "trying again to stop a job");
             self.stop(stop);

@@ -78,6 +78,15 @@ pub enum LinkError {
         /// The newest epoch this agent has seen.
         newest: u64,
     },
+    /// The gateway, which grants leases and so answers every heartbeat, sent nothing for
+    /// several heartbeats: it is paused, cut off or hung, and another gateway may lead.
+    #[error("{gateway} sent nothing for {silent_for:?} (it answers every heartbeat); looking for the leader")]
+    Silent {
+        /// The address of the stream.
+        gateway: String,
+        /// How long it was silent.
+        silent_for: std::time::Duration,
+    },
     /// The gateway refused the stream because another live agent holds this cluster's name.
     #[error("the gateway refused the stream: {0}")]
     Refused(String),

@@ -175,6 +175,7 @@ impl Agent {
             backoff: link::BACKOFF_MIN,
             backoff_max: if self.settings.gateways.len() > 1 { link::BACKOFF_MAX_SEVERAL } else { link::BACKOFF_MAX },
             epochs: epoch::EpochGate::default(),
+            last_heard: None,
             sessions: 0,
             ledger: ledger::Ledger::default(),
             lease: lease::Lease::new(),

@@ -114,7 +114,7 @@ pub(super) struct DialRequest {
 }
 
 struct MemoryDialer {
-    dials: mpsc::UnboundedSender<DialRequest>,
+    pub(super) dials: mpsc::UnboundedSender<DialRequest>,
 }
 
 impl Dial for MemoryDialer {
@@ -199,7 +199,7 @@ impl Stream {
 
 /// The agent under test, its fake backend, and the gateway's end of everything.
 pub(super) struct Harness {
-    dials: mpsc::UnboundedReceiver<DialRequest>,
+    pub(super) dials: mpsc::UnboundedReceiver<DialRequest>,
     pub(super) calls: mpsc::UnboundedReceiver<Call>,
     backend: Arc<FakeBackend>,
     events: JobEventSender,

@@ -15,6 +15,7 @@ pub mod browser;
 pub mod cluster;
 pub mod federation;
 pub mod fuzzing;
+pub mod ha;
 pub mod manifests;
 pub mod pki;
 pub mod proxy;

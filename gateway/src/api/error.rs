@@ -239,7 +239,9 @@ pub fn http(error: &ApiError) -> Response {
             .headers_mut()
             .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(*retry_after_secs));
     }
-    if let ApiError::ShuttingDown = error {
+    // A retry may succeed later: at the next leader, or once this gateway is back (a failed
+    // commit's outcome is unknown, so a write is repeated with its idempotency key).
+    if matches!(error, ApiError::ShuttingDown | ApiError::Core(meridian_core::Error::Unavailable(_))) {
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(1u64));
     }
     if let ApiError::NotLeader { leader } = error {

@@ -127,13 +127,32 @@ impl pb::federation_server::Federation for FederationApi {
         });
         // Every message carries the term's epoch, and none leaves once the term's fence has
         // turned invalid (a leader paused or cut from etcd past its lease): the stream ends
-        // instead, and the agent looks for the leader again.
+        // instead, at the moment the leadership is lost even when nothing is being sent, and the
+        // agent looks for the leader again.
         let epoch = fence.epoch();
-        let outgoing = ReceiverStream::new(outbox).take_while(move |_| fence.is_valid()).map(move |command| {
-            let mut message = pb::GatewayMessage::from(&command);
-            message.epoch = epoch;
-            Ok(message)
+        let (forward, outgoing) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut outbox = outbox;
+            let lapsed = fence.lapsed();
+            tokio::pin!(lapsed);
+            loop {
+                let command = tokio::select! {
+                    biased;
+                    () = &mut lapsed => break,
+                    command = outbox.recv() => command,
+                };
+                let Some(command) = command else { break };
+                if !fence.is_valid() {
+                    break;
+                }
+                let mut message = pb::GatewayMessage::from(&command);
+                message.epoch = epoch;
+                if forward.send(Ok(message)).await.is_err() {
+                    break;
+                }
+            }
         });
+        let outgoing = ReceiverStream::new(outgoing);
         Ok(tonic::Response::new(Box::pin(outgoing)))
     }
 }

@@ -180,7 +180,14 @@ async fn lead(
         Arc::new(move || leadership.upgrade().is_some_and(|leadership| leadership.is_valid()))
     };
     let (term_stop, term_stopped) = watch::channel(false);
-    let runtime = Runtime::start_term(core, Arc::new(store), handle, Fence::elected(epoch, valid), true, term_stopped);
+    let runtime = Runtime::start_term(
+        core,
+        Arc::new(store),
+        handle,
+        Fence::elected(epoch, valid, leadership.lost()),
+        true,
+        term_stopped,
+    );
     let mut joined = std::pin::pin!(runtime.join());
     let mut lost = leadership.lost();
     let end = tokio::select! {

@@ -275,7 +275,8 @@ impl Driver {
                 // the batch as unavailable (clients retry) and steps down; the next leader
                 // reloads from the store.
                 effects.fail_all(&Error::Unavailable(
-                    "the gateway could not save the change and is stepping down; nothing may be assumed saved, retry"
+                    "the gateway's store did not confirm the change, so it may or may not have been saved; this \
+                     gateway is stepping down. Check before repeating it, or repeat it with the same idempotencyKey"
                         .to_string(),
                 ));
                 effects.sends.clear();

@@ -125,6 +125,8 @@ pub enum Role {
 pub struct Fence {
     epoch: u64,
     valid: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Flips to true when the term's leadership is lost (None: never).
+    lapse: Option<watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for Fence {
@@ -136,13 +138,26 @@ impl std::fmt::Debug for Fence {
 impl Fence {
     /// The fence of a gateway without election: epoch 0, always valid.
     pub fn unelected() -> Fence {
-        Fence { epoch: 0, valid: None }
+        Fence { epoch: 0, valid: None, lapse: None }
     }
 
     /// The fence of an elected term: `valid` says whether the leadership still holds (it must
-    /// turn false before another gateway can be elected).
-    pub fn elected(epoch: u64, valid: Arc<dyn Fn() -> bool + Send + Sync>) -> Fence {
-        Fence { epoch, valid: Some(valid) }
+    /// turn false before another gateway can be elected); `lapse` flips to true when it is lost,
+    /// so that streams end at that moment even when nothing is being sent.
+    pub fn elected(epoch: u64, valid: Arc<dyn Fn() -> bool + Send + Sync>, lapse: watch::Receiver<bool>) -> Fence {
+        Fence { epoch, valid: Some(valid), lapse: Some(lapse) }
+    }
+
+    /// Resolves when the term's leadership is lost (never for a gateway without election).
+    pub async fn lapsed(&self) {
+        match self.lapse.clone() {
+            Some(mut lapse) => {
+                if lapse.wait_for(|lost| *lost).await.is_err() {
+                    // The leadership is gone with its watch: the term is over.
+                }
+            }
+            None => std::future::pending().await,
+        }
     }
 
     /// The term's epoch.
@@ -387,15 +402,10 @@ impl Handle {
         let (tx, fence) = self.current()?;
         let (reply, answer) = oneshot::channel();
         tx.send(Command { request, reply: Some(reply) }).await.map_err(|_| self.term_ended())?;
-        match answer.await.map_err(|_| self.term_ended())? {
-            Ok(reply) => Ok((reply, fence)),
-            // The term could not save the change and stepped down (it hands back before it
-            // answers): a retry goes to whoever leads next.
-            Err(meridian_core::Error::Unavailable(_)) if matches!(self.role(), Role::Standby { .. }) => {
-                Err(self.term_ended())
-            }
-            Err(error) => Err(error.into()),
-        }
+        // A term that could not save a change answers it `Unavailable` (the outcome is unknown:
+        // etcd may still apply it), not "not the leader", which promises nothing was done.
+        let reply = answer.await.map_err(|_| self.term_ended())??;
+        Ok((reply, fence))
     }
 
     /// Stores a validated job; returns it and whether it was created (false: an earlier job with

@@ -547,10 +547,15 @@ fn a_step_larger_than_the_limits_is_split_into_batches_that_fit() {
 #[tokio::test]
 async fn a_term_whose_fence_lapses_sends_nothing_more_and_hands_back_to_standby() {
     let valid = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let fence = Fence::elected(7, {
-        let valid = Arc::clone(&valid);
-        Arc::new(move || valid.load(Ordering::SeqCst))
-    });
+    let (_lapse, lapsed) = watch::channel(false);
+    let fence = Fence::elected(
+        7,
+        {
+            let valid = Arc::clone(&valid);
+            Arc::new(move || valid.load(Ordering::SeqCst))
+        },
+        lapsed,
+    );
     let core = Core::new(CoreConfig::default(), Loaded::default(), now_ms(), 1);
     let handle =
         Handle::new(RuntimeConfig::default(), Core::new(CoreConfig::default(), Loaded::default(), now_ms(), 1).view());

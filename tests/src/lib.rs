@@ -48,7 +48,17 @@ pub fn binaries() -> &'static Binaries {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(&workspace)
-            .args(["build", "--quiet", "-p", "meridian", "-p", "meridian-agent", "--bins", "--features", "meridian/etcd"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "meridian",
+                "-p",
+                "meridian-agent",
+                "--bins",
+                "--features",
+                "meridian/etcd",
+            ])
             .status();
         match status {
             Ok(s) if s.success() => {}

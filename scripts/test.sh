@@ -45,6 +45,8 @@ stop_services() {
 }
 trap stop_services EXIT
 
+# Installs Debian packages (as root, or with sudo), refreshing the package lists only when the
+# first try fails.
 apt_install() {
     local apt_get=(apt-get)
     if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then apt_get=(sudo apt-get); fi
@@ -106,12 +108,7 @@ else
     [ -z "$chromedriver_bin" ] && browser_packages+=(chromium-driver)
     if [ "${#browser_packages[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "== browser: installing Debian's ${browser_packages[*]}"
-        apt_get=(apt-get)
-        if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then apt_get=(sudo apt-get); fi
-        if ! DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "${browser_packages[@]}" fonts-dejavu-core; then
-            "${apt_get[@]}" update
-            DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends "${browser_packages[@]}" fonts-dejavu-core
-        fi
+        apt_install "${browser_packages[@]}" fonts-dejavu-core
         chromium_bin="${chromium_bin:-$(command -v chromium || true)}"
         chromedriver_bin="${chromedriver_bin:-$(command -v chromedriver || true)}"
     fi
@@ -135,10 +132,7 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy_made=1
     fi
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; then
-        apt-get update
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
-    fi
+    apt_install prometheus
     if [ -n "$policy_made" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 if command -v promtool >/dev/null 2>&1; then

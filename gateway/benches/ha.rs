@@ -93,7 +93,7 @@ async fn run(scale: Scale) -> Result<()> {
     println!("| clients | submits/s | p50 ms | p99 ms | submits/s ÷ one-put transactions/s |");
     println!("| ---: | ---: | ---: | ---: | ---: |");
     for &clients in scale.clients {
-        let (count, mut latencies) = load(leader.rest, clients, scale.run).await?;
+        let (count, mut latencies) = common::submit_load(leader.rest, clients, scale.run, SPEC).await?;
         latencies.sort();
         let rate = count as f64 / scale.run.as_secs_f64();
         println!(
@@ -219,34 +219,6 @@ async fn preload(endpoints: &[String], prefix: &str, key_file: &std::path::Path,
     }
     store.commit(batch).await?;
     Ok(())
-}
-
-/// `clients` keep-alive connections submitting for `run`; returns the count and every latency.
-async fn load(rest: SocketAddr, clients: usize, run: Duration) -> Result<(usize, Vec<Duration>)> {
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(rest).await?;
-            let mut latencies = Vec::new();
-            let started = Instant::now();
-            while started.elapsed() < run {
-                let at = Instant::now();
-                let (status, _) = conn.send(Method::POST, "/v1/jobs", Some(SPEC)).await?;
-                if status != StatusCode::CREATED {
-                    return Err::<_, Box<dyn std::error::Error + Send + Sync>>(
-                        format!("submit answered {status}").into(),
-                    );
-                }
-                latencies.push(at.elapsed());
-            }
-            Ok(latencies)
-        }));
-    }
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await??);
-    }
-    Ok((all.len(), all))
 }
 
 /// An in-process gateway on etcd (leader or standby, as the election decides).

@@ -84,7 +84,7 @@ async fn run(scale: Scale) -> Result<()> {
     println!("| clients | submits/s | p50 ms | p99 ms | submits/s ÷ fsyncs/s |");
     println!("| ---: | ---: | ---: | ---: | ---: |");
     for &clients in scale.clients {
-        let (count, mut latencies) = load(gateway.rest, clients, run_for).await?;
+        let (count, mut latencies) = common::submit_load(gateway.rest, clients, run_for, SPEC).await?;
         latencies.sort();
         let rate = count as f64 / run_for.as_secs_f64();
         println!(
@@ -103,7 +103,7 @@ async fn run(scale: Scale) -> Result<()> {
     // The submitters run for the same window as the lists (both stop after `run_for`).
     let submitters = tokio::spawn({
         let rest = gateway.rest;
-        async move { load(rest, 16, run_for).await.map(|(n, _)| n) }
+        async move { common::submit_load(rest, 16, run_for, SPEC).await.map(|(n, _)| n) }
     });
     let mut client = Conn::open(gateway.rest).await?;
     let mut latencies = Vec::new();
@@ -207,34 +207,6 @@ fn fsync_rate(dir: &Path, run: Duration) -> Result<f64> {
         count += 1;
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
-}
-
-/// `clients` keep-alive connections submitting for `run`; returns the count and every latency.
-async fn load(rest: SocketAddr, clients: usize, run: Duration) -> Result<(usize, Vec<Duration>)> {
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(rest).await?;
-            let mut latencies = Vec::new();
-            let started = Instant::now();
-            while started.elapsed() < run {
-                let at = Instant::now();
-                let (status, _) = conn.send(Method::POST, "/v1/jobs", Some(SPEC)).await?;
-                if status != StatusCode::CREATED {
-                    return Err::<_, Box<dyn std::error::Error + Send + Sync>>(
-                        format!("submit answered {status}").into(),
-                    );
-                }
-                latencies.push(at.elapsed());
-            }
-            Ok(latencies)
-        }));
-    }
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await??);
-    }
-    Ok((all.len(), all))
 }
 
 /// An in-process gateway on loopback over a redb store in `dir`.

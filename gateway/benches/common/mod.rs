@@ -96,3 +96,37 @@ impl Conn {
         Ok((status, body))
     }
 }
+
+/// `clients` keep-alive connections each submitting `spec` in a loop for `run`; returns the count
+/// and every latency. Any answer but `201` ends the run with an error.
+pub(crate) async fn submit_load(
+    rest: SocketAddr,
+    clients: usize,
+    run: Duration,
+    spec: &'static str,
+) -> Result<(usize, Vec<Duration>)> {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(rest).await?;
+            let mut latencies = Vec::new();
+            let started = std::time::Instant::now();
+            while started.elapsed() < run {
+                let at = std::time::Instant::now();
+                let (status, _) = conn.send(Method::POST, "/v1/jobs", Some(spec)).await?;
+                if status != StatusCode::CREATED {
+                    return Err::<_, Box<dyn std::error::Error + Send + Sync>>(
+                        format!("submit answered {status}").into(),
+                    );
+                }
+                latencies.push(at.elapsed());
+            }
+            Ok(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    Ok((all.len(), all))
+}

@@ -20,16 +20,31 @@ use super::*;
 
 const JOB: &str = "name: j\ntenant: t\ngang: {replicas: 1, resources: {gpus: 8}}\npayload: {command: [x]}\n";
 
-/// A memory store that counts commits and can hold them until the test lets them through.
+/// A memory store that counts commits, can hold them until the test lets them through, and
+/// declares limits (and counts any batch beyond them).
 struct GatedStore {
     inner: MemoryStore,
     commits: AtomicUsize,
     open: watch::Sender<bool>,
+    limits: meridian_store::Limits,
+    batches: std::sync::Mutex<Vec<usize>>,
+    oversize: AtomicUsize,
 }
 
 impl GatedStore {
     fn open() -> Arc<Self> {
-        Arc::new(Self { inner: MemoryStore::new(), commits: AtomicUsize::new(0), open: watch::Sender::new(true) })
+        Self::limited(meridian_store::Limits::UNLIMITED)
+    }
+
+    fn limited(limits: meridian_store::Limits) -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryStore::new(),
+            commits: AtomicUsize::new(0),
+            open: watch::Sender::new(true),
+            limits,
+            batches: std::sync::Mutex::new(Vec::new()),
+            oversize: AtomicUsize::new(0),
+        })
     }
 
     /// Holds every commit from now on until `open_gate`.
@@ -48,6 +63,11 @@ impl Store for GatedStore {
             let mut open = self.open.subscribe();
             let _ = open.wait_for(|open| *open).await;
             self.commits.fetch_add(1, Ordering::SeqCst);
+            let bytes = batch.iter().map(Write::size).sum();
+            if !self.limits.fits(batch.len(), bytes) {
+                self.oversize.fetch_add(1, Ordering::SeqCst);
+            }
+            self.batches.lock().unwrap().push(batch.len());
             self.inner.commit(batch).await
         })
     }
@@ -62,6 +82,10 @@ impl Store for GatedStore {
 
     fn describe(&self) -> String {
         "gated memory".into()
+    }
+
+    fn limits(&self) -> meridian_store::Limits {
+        self.limits
     }
 }
 
@@ -459,55 +483,11 @@ async fn watchers_see_each_committed_job_change_and_cluster_change_in_order() {
     while within("end", watcher.next()).await.is_some() {}
 }
 
-/// A memory store with small limits that refuses (and counts) any batch beyond them.
-struct LimitedStore {
-    inner: MemoryStore,
-    limits: meridian_store::Limits,
-    batches: std::sync::Mutex<Vec<usize>>,
-    oversize: AtomicUsize,
-    gate: watch::Sender<bool>,
-}
-
-impl Store for LimitedStore {
-    fn commit(&self, batch: Vec<Write>) -> BoxFuture<'_, meridian_store::Result<()>> {
-        Box::pin(async move {
-            let _ = self.gate.subscribe().wait_for(|open| *open).await;
-            let bytes = batch.iter().map(Write::size).sum();
-            if !self.limits.fits(batch.len(), bytes) {
-                self.oversize.fetch_add(1, Ordering::SeqCst);
-            }
-            self.batches.lock().unwrap().push(batch.len());
-            self.inner.commit(batch).await
-        })
-    }
-
-    fn scan(&self, prefix: &str) -> BoxFuture<'_, meridian_store::Result<Vec<(String, Vec<u8>)>>> {
-        self.inner.scan(prefix)
-    }
-
-    fn failure(&self) -> Option<String> {
-        self.inner.failure()
-    }
-
-    fn describe(&self) -> String {
-        "limited memory".into()
-    }
-
-    fn limits(&self) -> meridian_store::Limits {
-        self.limits
-    }
-}
-
 #[tokio::test]
 async fn batches_never_exceed_the_stores_limits_and_everything_is_answered() {
-    let store = Arc::new(LimitedStore {
-        inner: MemoryStore::new(),
-        limits: meridian_store::Limits { max_writes: 4, max_bytes: 64 * 1024 },
-        batches: std::sync::Mutex::new(Vec::new()),
-        oversize: AtomicUsize::new(0),
-        gate: watch::Sender::new(false),
-    });
+    let store = GatedStore::limited(meridian_store::Limits { max_writes: 4, max_bytes: 64 * 1024 });
     let (runtime, handle, stop) = start(store.clone());
+    store.close_gate().await;
     // Forty submits wait together while the first commit is held: without limits they would
     // share one or two commits.
     let submits: Vec<_> = (0..40)
@@ -519,7 +499,7 @@ async fn batches_never_exceed_the_stores_limits_and_everything_is_answered() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    store.gate.send_replace(true);
+    store.open_gate();
     for submit in submits {
         within("submit", submit).await.unwrap().unwrap();
     }

@@ -97,7 +97,9 @@ async fn measure(
 ) -> Result<()> {
     let poll_interval = config.poll_interval.0;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config, tx).await.map_err(|e| anyhow::anyhow!("starting the backend: {e}"))?;
+    let backend = SlurmBackend::new(config, "bench".into(), tx)
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the backend: {e}"))?;
     let held = backend.list().await.map_err(|e| anyhow::anyhow!("list: {e}"))?;
     if held.len() != jobs {
         bail!("the backend adopted {} bindings, not {jobs}", held.len());

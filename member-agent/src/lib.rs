@@ -85,6 +85,7 @@ pub fn agent_from_config_with(
                 log_bytes: process.log_bytes,
                 devices: backend::process::discovery::device_table(&hosts),
                 lease_watchdog: options.lease_watchdog.clone().filter(|_| process.lease_watchdog),
+                cluster: config.cluster.clone(),
             };
             host_devices = hosts.iter().map(|h| (h.spec.name.clone(), h.devices.clone())).collect();
             (hosts.into_iter().map(|h| h.spec).collect(), backend::Runner::Process(settings))
@@ -153,7 +154,7 @@ pub async fn build_agent_with(
         (BackendKind::Slurm, _) => {
             let slurm = config.slurm.clone().unwrap_or_default();
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-            let backend = Arc::new(backend::SlurmBackend::new(slurm, events_tx).await?);
+            let backend = Arc::new(backend::SlurmBackend::new(slurm, config.cluster.clone(), events_tx).await?);
             Ok(with_sampling(
                 agent::Agent::new(settings(config), backend.clone(), backend, events_rx),
                 config,

@@ -6,6 +6,7 @@
 //! - [`spec`]: the user-facing job spec (`JobSpec`) with its serde names, parsing and validation.
 //! - [`inventory`]: what a member cluster reports (identity, node shapes, queue pressure).
 //! - [`job`]: job identity and life-cycle states.
+//! - [`job_env`]: the environment every replica gets, on every backend (the job contract).
 //! - [`protocol`]: the agent ↔ gateway messages as domain types.
 //! - [`names`]: the grammar of cluster names, checked wherever one is accepted.
 //! - [`testing`] (feature `testing`): fixtures shared by every crate's tests and benches.
@@ -15,6 +16,7 @@ pub mod duration;
 pub mod gpu;
 pub mod inventory;
 pub mod job;
+pub mod job_env;
 pub mod names;
 pub mod protocol;
 pub mod selector;

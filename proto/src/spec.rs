@@ -253,6 +253,41 @@ pub struct Payload {
     /// user ever shows them (see [`Payload::redacted`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub secret_env: BTreeSet<String>,
+    /// Which launcher's variables each replica gets besides the `MERIDIAN_*` ones (see
+    /// [`crate::job_env`]): `torch` (the default) or `none`.
+    #[serde(default, skip_serializing_if = "LauncherEnv::is_default")]
+    pub launcher_env: LauncherEnv,
+    /// Launcher variables set under another name: `{MASTER_PORT: TRAINER_PORT}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub launcher_env_names: BTreeMap<String, String>,
+}
+
+/// The launcher variables a job's replicas get (`payload.launcherEnv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LauncherEnv {
+    /// What PyTorch (`env://`, `torchrun`), and launchers that read the same names, need to find
+    /// the other replicas: `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK`, `NODE_RANK` and
+    /// torchrun's `PET_*` defaults.
+    #[default]
+    Torch,
+    /// Only the `MERIDIAN_*` variables.
+    None,
+}
+
+impl LauncherEnv {
+    /// Whether this is the default (`torch`), which a spec need not write.
+    pub fn is_default(&self) -> bool {
+        *self == LauncherEnv::Torch
+    }
+
+    /// The name a spec writes.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LauncherEnv::Torch => "torch",
+            LauncherEnv::None => "none",
+        }
+    }
 }
 
 impl fmt::Debug for Payload {
@@ -263,6 +298,8 @@ impl fmt::Debug for Payload {
             .field("command", &shown.command)
             .field("env", &shown.env)
             .field("secret_env", &shown.secret_env)
+            .field("launcher_env", &shown.launcher_env)
+            .field("launcher_env_names", &shown.launcher_env_names)
             .finish()
     }
 }

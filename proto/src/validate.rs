@@ -337,10 +337,19 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         let field = format!("payload.env.{}", key.escape_debug());
         if !ok {
             v.push(&field, "environment variable names are letters, digits and `_`, not starting with a digit");
+        } else if key.starts_with(crate::job_env::RESERVED_PREFIX) {
+            v.push(
+                &field,
+                "names starting with `MERIDIAN_` are set by Meridian on every replica (see the job environment in \
+                 docs/job-spec.md); pick another name",
+            );
         }
         if value.contains('\0') {
             v.push(&field, NUL_REASON);
         }
+    }
+    for (field, reason) in crate::job_env::problems(payload) {
+        v.push(&field, &reason);
     }
     for name in &payload.secret_env {
         if !payload.env.contains_key(name) {
@@ -574,6 +583,20 @@ mod tests {
         assert!(errors[0].reason.contains("shorter than runtime.estimate 6h"), "{err}");
         let err = parse(&GOOD.replace("limit: 12h", "limit: 12h, deadline: 400d")).unwrap_err();
         assert_eq!(fields(err), vec!["runtime.deadline"]);
+    }
+
+    #[test]
+    fn meridian_names_are_reserved_and_launcher_renames_are_checked() {
+        let base = "name: a\ntenant: t\ngang: {resources: {gpus: 1}}\n";
+        let err = parse(&format!("{base}payload: {{command: [x], env: {{MERIDIAN_REPLICA: '3'}}}}\n")).unwrap_err();
+        assert_eq!(fields(err.clone()), ["payload.env.MERIDIAN_REPLICA"]);
+        assert!(err.to_string().contains("set by Meridian"), "{err}");
+        let err =
+            parse(&format!("{base}payload: {{command: [x], launcherEnvNames: {{RANK: MERIDIAN_X}}}}\n")).unwrap_err();
+        assert_eq!(fields(err), ["payload.launcherEnvNames.RANK"]);
+        let err = parse(&format!("{base}payload: {{command: [x], launcherEnv: mpi}}\n")).unwrap_err();
+        assert!(err.to_string().contains("launcherEnv"), "{err}");
+        parse(&format!("{base}payload: {{command: [x], launcherEnv: none}}\n")).unwrap();
     }
 
     #[test]

@@ -198,6 +198,85 @@ async fn restart(subject: Subject) {
     }
 }
 
+/// The rendezvous program of the job contract's check: rank 0 listens on the coordinator port
+/// (`MASTER_ADDR`/`MASTER_PORT`), every other rank connects to it and says who it is, rank 0
+/// answers; both print what they learned. It exits non-zero when a rank cannot reach rank 0 or
+/// rank 0 hears from fewer than `WORLD_SIZE - 1` ranks within 30 s, so the job succeeds only if
+/// the replicas found each other.
+pub(crate) const RENDEZVOUS: &str = r#"
+import os, socket, sys, time
+env = os.environ
+rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+if env["MERIDIAN_REPLICA"] != env["RANK"] or env["MERIDIAN_REPLICAS"] != env["WORLD_SIZE"]:
+    sys.exit("the MERIDIAN_* and launcher variables disagree")
+if env["MERIDIAN_COORDINATOR"] not in (f"{host}:{port}", f"[{host}]:{port}"):
+    sys.exit("MERIDIAN_COORDINATOR is not MASTER_ADDR:MASTER_PORT")
+who = f"rank {rank}/{world} of {env['MERIDIAN_JOB_ID']} on {env['MERIDIAN_CLUSTER']}"
+if rank == 0:
+    server = socket.create_server(("", port))
+    server.settimeout(30)
+    met = []
+    for _ in range(world - 1):
+        conn, _ = server.accept()
+        with conn:
+            met.append(conn.recv(256).decode())
+            conn.sendall(f"welcome from {who}".encode())
+    print(f"{who}: listening on {host}:{port}, met {sorted(met)}", flush=True)
+else:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with conn:
+        conn.sendall(who.encode())
+        reply = conn.recv(256).decode()
+    print(f"{who}: reached {host}:{port}, heard {reply!r}", flush=True)
+"#;
+
+/// `python3 -c RENDEZVOUS`.
+pub(crate) fn rendezvous_command() -> Vec<String> {
+    vec!["python3".into(), "-c".into(), RENDEZVOUS.into()]
+}
+
+/// Runs `job`, a two-replica gang whose command is [`rendezvous_command`], and checks that it
+/// succeeds and that its output shows both ranks meeting through the coordinator. Returns the
+/// output.
+pub(crate) async fn rendezvous(
+    backend: &dyn LocalBackend,
+    events: &mut JobEventReceiver,
+    job: &Assignment,
+    patience: Duration,
+) -> String {
+    assert_eq!(job.spec.gang.replicas, 2, "the rendezvous check runs two replicas");
+    let admission = backend.submit(job).await.expect("submit the rendezvous job");
+    assert!(matches!(admission, Admission::Started { .. } | Admission::Queued { .. }), "{admission:?}");
+    let deadline = tokio::time::Instant::now() + patience;
+    let end = loop {
+        let event = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the rendezvous job did not end within {patience:?}"))
+            .expect("the backend's event channel is open");
+        if event.job_id == job.job_id && event.fencing_token == job.fencing_token && event.phase.is_terminal() {
+            break event.phase;
+        }
+    };
+    let output = backend.logs(&job.job_id, job.fencing_token, Some(0), 64 * 1024).await.expect("logs").data;
+    assert!(matches!(end, JobPhase::Succeeded { .. }), "the replicas did not find each other: {end:?}\n{output}");
+    let id = &job.job_id;
+    assert!(output.contains(&format!("rank 0/2 of {id}")) && output.contains("met ['rank 1/2"), "{output}");
+    assert!(
+        output.contains(&format!("rank 1/2 of {id}")) && output.contains("heard 'welcome from rank 0/2"),
+        "{output}"
+    );
+    output
+}
+
 /// The next event of `job`'s binding that satisfies `wanted`; panics when none comes in time.
 /// A terminal event of a cancelled binding is a broken rule.
 async fn wait_for(subject: &mut Subject, job: &Assignment, wanted: impl Fn(&JobPhase) -> bool) -> JobEvent {

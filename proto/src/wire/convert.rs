@@ -66,6 +66,16 @@ pub enum ConvertError {
         /// The accepted range, in words.
         expected: &'static str,
     },
+    /// A string field holds a name this build does not know (a newer peer, or a typo).
+    #[error("{field}: `{value}` is not a valid value; expected one of {expected}")]
+    InvalidName {
+        /// Path of the field.
+        field: String,
+        /// The text received.
+        value: String,
+        /// The accepted names, for the message.
+        expected: &'static str,
+    },
     /// A node reports more of a resource free than every node of its shape has.
     #[error("{field}: {free} free is more than the {capacity} per node the shape declares")]
     FreeExceedsCapacity {

@@ -29,7 +29,13 @@ fn command_job(job_id: &str, replicas: u32, gpus: u32, command: Vec<String>) -> 
 /// One 4-GPU node, the given kill grace, 1 MiB of output per job.
 fn backend_with(nodes: Vec<NodeSpec>, kill_grace: Duration, log_bytes: usize) -> (BuiltinBackend, JobEventReceiver) {
     let hosts = declared_host_nodes(nodes.clone());
-    let settings = ProcessSettings { kill_grace, log_bytes, devices: device_table(&hosts), lease_watchdog: None };
+    let settings = ProcessSettings {
+        kill_grace,
+        log_bytes,
+        devices: device_table(&hosts),
+        lease_watchdog: None,
+        cluster: "local".into(),
+    };
     let scheduler = BuiltinScheduler::new(nodes, vec![QueueSpec::new("a", 1.0)]).unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     (BuiltinBackend::with_runner(scheduler, Runner::Process(settings), tx).unwrap(), rx)
@@ -308,4 +314,45 @@ fn fixture() -> Fixture {
 #[tokio::test]
 async fn the_process_runner_passes_the_conformance_suite() {
     crate::backend::conformance::run(fixture().subject()).await;
+}
+
+#[tokio::test]
+async fn two_replicas_find_each_other_through_the_coordinator() {
+    let (backend, mut events) = backend_with(vec![node("n-0", 2), node("n-1", 2)], Duration::from_secs(5), 1 << 20);
+    let job = command_job("meet", 2, 1, crate::backend::conformance::rendezvous_command());
+    let output = crate::backend::conformance::rendezvous(&backend, &mut events, &job, PATIENCE).await;
+    // On one host the coordinator is loopback.
+    assert!(output.contains("listening on 127.0.0.1:"), "{output}");
+}
+
+#[tokio::test]
+async fn every_replica_gets_the_job_contract_and_its_own_port() {
+    let (backend, mut events) = backend_with(vec![node("n-0", 2), node("n-1", 2)], Duration::from_secs(5), 1 << 20);
+    let script = "echo \"$MERIDIAN_REPLICA $RANK $NODE_RANK $WORLD_SIZE $MERIDIAN_GPUS_PER_REPLICA $MERIDIAN_CLUSTER \
+                  $MERIDIAN_COORDINATOR $MASTER_ADDR:$MASTER_PORT\"";
+    backend.submit(&job("contract", 2, 1, script)).await.unwrap();
+    assert!(matches!(terminal(&mut events, "contract").await, JobPhase::Succeeded { .. }));
+    let data = backend.logs("contract", 1, Some(0), 1000).await.unwrap().data;
+    let mut lines: Vec<&str> = data.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines.len(), 2, "{data}");
+    for (index, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = index.to_string();
+        assert_eq!(
+            words[..7],
+            [&format!("[{index}]"), i.as_str(), i.as_str(), i.as_str(), "2", "1", "local"],
+            "{line}"
+        );
+        assert_eq!(words[7], words[8], "MERIDIAN_COORDINATOR is MASTER_ADDR:MASTER_PORT: {line}");
+        assert!(words[7].starts_with("127.0.0.1:"), "{line}");
+    }
+    assert_eq!(lines[0].split_whitespace().nth(7), lines[1].split_whitespace().nth(7), "one coordinator: {data}");
+
+    // Two jobs running at once get different ports.
+    backend.submit(&job("p1", 1, 1, "echo $MASTER_PORT; sleep 600")).await.unwrap();
+    backend.submit(&job("p2", 1, 1, "echo $MASTER_PORT; sleep 600")).await.unwrap();
+    let one = output_until(&backend, "p1", |c| c.data.ends_with('\n')).await.data;
+    let two = output_until(&backend, "p2", |c| c.data.ends_with('\n')).await.data;
+    assert_ne!(one, two, "concurrent jobs share no coordinator port");
 }

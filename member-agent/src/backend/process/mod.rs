@@ -2,8 +2,9 @@
 //! one child process per replica, and ends the job by their exit codes.
 //!
 //! - Each replica runs `payload.command` directly (no shell) in a process group of its own, with
-//!   the agent's environment, the payload's `env`, and `CUDA_VISIBLE_DEVICES` (the devices
-//!   [`DeviceTable`] gave it), `MERIDIAN_JOB_ID`, `MERIDIAN_FENCING_TOKEN`, `MERIDIAN_REPLICA`, `MERIDIAN_REPLICAS`.
+//!   the agent's environment, the job contract's variables ([`job_env`]: the coordinator is
+//!   `127.0.0.1` and a loopback port free when the job starts), the payload's `env`, and
+//!   `CUDA_VISIBLE_DEVICES` (the devices [`DeviceTable`] gave it).
 //! - All replicas exit 0: Succeeded. One exits non-zero or is killed: Failed with the code or
 //!   signal, and the others are stopped (gang). The runtime limit stops the job: Failed.
 //! - Stopping is SIGTERM to each process group, then SIGKILL after `killGrace`. Dropping the
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use meridian_proto::job_env;
 use meridian_proto::spec::JobSpec;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -58,7 +60,12 @@ pub struct ProcessSettings {
     /// the lease when the agent cannot. None: no watchdog (tests, agents embedded in another
     /// program); jobs then stop only when the agent stops them.
     pub lease_watchdog: Option<PathBuf>,
+    /// The member cluster's name (`MERIDIAN_CLUSTER`).
+    pub cluster: String,
 }
+
+/// Every replica of a job runs on this host, so they meet on loopback.
+const LOOPBACK: &str = "127.0.0.1";
 
 /// A run that ended, as the supervisor reports it to the backend's driver.
 #[derive(Debug)]
@@ -87,6 +94,8 @@ pub struct ProcessRunner {
 struct Run {
     job_id: String,
     fencing_token: u64,
+    /// The coordinator port handed to its replicas (`MERIDIAN_COORDINATOR_PORT`).
+    port: u16,
     /// Devices held; empty once given back.
     allocation: Allocation,
     /// Fires to cancel; None once cancelled.
@@ -160,23 +169,30 @@ impl ProcessRunner {
         let groups = Arc::new(Mutex::new(Vec::new()));
         let (stop, stopped) = oneshot::channel();
         let replicas = nodes.len();
-        let allocation = self.settings.devices.allocate(nodes, spec.gang.resources.gpus);
+        let port = self.coordinator_port();
+        let allocation = match port {
+            Ok(_) => self.settings.devices.allocate(nodes, spec.gang.resources.gpus),
+            Err(ref reason) => Err(reason.clone()),
+        };
+        let port = port.unwrap_or_default();
         let exits = self.exits.clone();
         let (ended_tx, ended) = watch::channel(false);
         let task = match &allocation {
             Ok(allocation) => {
-                let envs = allocation
-                    .replicas
-                    .iter()
-                    .enumerate()
+                let facts = job_env::Facts {
+                    job_id: job_id.to_string(),
+                    fencing_token,
+                    cluster: self.settings.cluster.clone(),
+                    replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+                    gpus_per_replica: spec.gang.resources.gpus,
+                    coordinator_host: LOOPBACK.to_string(),
+                    coordinator_port: port,
+                };
+                let envs = (0u32..)
+                    .zip(&allocation.replicas)
                     .map(|(index, (_, devices))| {
-                        let mut env: Vec<(String, String)> =
-                            spec.payload.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                        let mut env = facts.environment(&spec.payload, index);
                         env.push(("CUDA_VISIBLE_DEVICES".into(), devices.join(",")));
-                        env.push(("MERIDIAN_JOB_ID".into(), job_id.to_string()));
-                        env.push(("MERIDIAN_FENCING_TOKEN".into(), fencing_token.to_string()));
-                        env.push(("MERIDIAN_REPLICA".into(), index.to_string()));
-                        env.push(("MERIDIAN_REPLICAS".into(), replicas.to_string()));
                         env
                     })
                     .collect();
@@ -197,7 +213,7 @@ impl ProcessRunner {
                 })
             }
             Err(reason) => {
-                let message = format!("could not assign GPUs: {reason}");
+                let message = format!("could not start: {reason}");
                 log.append(format!("{message}\n").as_bytes());
                 log.end();
                 let _ = ended_tx.send(true);
@@ -209,6 +225,7 @@ impl ProcessRunner {
         let run = Run {
             job_id: job_id.to_string(),
             fencing_token,
+            port,
             allocation: allocation.unwrap_or_default(),
             stop: Some(stop),
             groups,
@@ -217,6 +234,25 @@ impl ProcessRunner {
         };
         self.runs.insert(run_id, run);
         run_id
+    }
+
+    /// A loopback port for a new run's coordinator: one the kernel says is free now and that no
+    /// live run was given. The port is released before the job binds it, so another program
+    /// on the host could take it in between; that race is the same one every launcher that
+    /// picks a free port has, and the job then fails to bind and says so.
+    fn coordinator_port(&self) -> Result<u16, String> {
+        let mut error = None;
+        for _ in 0..16 {
+            match std::net::TcpListener::bind((LOOPBACK, 0)).and_then(|listener| listener.local_addr()) {
+                Ok(address) if !self.runs.values().any(|run| run.port == address.port()) => return Ok(address.port()),
+                Ok(_) => {}
+                Err(e) => error = Some(e),
+            }
+        }
+        Err(match error {
+            Some(e) => format!("no free loopback port for the job's coordinator: {e}"),
+            None => "no free loopback port for the job's coordinator: every one offered is in use by a job".into(),
+        })
     }
 
     /// Stops the live run of a binding: SIGTERM now, SIGKILL after the grace; its devices are

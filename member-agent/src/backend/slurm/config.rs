@@ -62,6 +62,48 @@ pub struct SlurmConfig {
     /// as transient (a hung controller never hangs the agent).
     #[serde(default = "default_command_timeout")]
     pub command_timeout: HumanDuration,
+    /// Ports the agent hands out as jobs' coordinator ports (`MERIDIAN_COORDINATOR_PORT`,
+    /// `MASTER_PORT`) on the first node of their allocation: each binding the agent holds gets
+    /// its own, so two jobs whose first node is the same never share one. Keep the range free
+    /// of other services on the compute nodes.
+    #[serde(default)]
+    pub coordinator_ports: PortRange,
+}
+
+/// An inclusive range of TCP ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortRange {
+    /// The first port.
+    pub first: u16,
+    /// The last port.
+    pub last: u16,
+}
+
+impl Default for PortRange {
+    /// 29500 (PyTorch's default `MASTER_PORT`) to 30499.
+    fn default() -> Self {
+        Self { first: 29_500, last: 30_499 }
+    }
+}
+
+impl PortRange {
+    /// How many ports the range holds (0 for a reversed one).
+    pub fn len(&self) -> u32 {
+        if self.last < self.first { 0 } else { u32::from(self.last - self.first) + 1 }
+    }
+
+    /// Whether the range holds no port.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The port `offset` places after `first`, wrapping inside the range.
+    pub fn nth(&self, offset: u32) -> u16 {
+        let len = self.len().max(1);
+        let step = u16::try_from(offset % len).unwrap_or(0);
+        self.first.saturating_add(step)
+    }
 }
 
 /// One priority threshold of [`SlurmConfig::qos`].
@@ -103,6 +145,7 @@ impl Default for SlurmConfig {
             job_tag: default_job_tag(),
             poll_interval: default_poll_interval(),
             command_timeout: default_command_timeout(),
+            coordinator_ports: PortRange::default(),
         }
     }
 }
@@ -111,6 +154,12 @@ impl SlurmConfig {
     /// Pushes every problem as `slurm.<field>: <reason>`.
     pub fn check(&self, problems: &mut Vec<String>) {
         let catalog = GpuCatalog::default();
+        if self.coordinator_ports.first == 0 || self.coordinator_ports.is_empty() {
+            problems.push(format!(
+                "slurm.coordinatorPorts: {}-{} holds no usable port; give first ≥ 1 and last ≥ first",
+                self.coordinator_ports.first, self.coordinator_ports.last
+            ));
+        }
         if self.partition.as_deref().is_some_and(|p| p.trim().is_empty()) {
             problems.push("slurm.partition: must not be empty (leave it out for Slurm's default)".into());
         }

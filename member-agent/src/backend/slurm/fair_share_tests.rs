@@ -54,7 +54,7 @@ async fn after_teama_used_the_cluster_slurm_starts_teambs_equal_job_first() {
     };
     clean(&config).await;
     let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), tx).await.unwrap();
+    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
 
     // teama takes the whole cluster (16 GPUs) and keeps it until its usage is charged.
     let mut hog = assignment("teama-hog", 4, 4, &["sleep", "600"]);

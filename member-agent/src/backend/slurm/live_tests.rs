@@ -98,7 +98,7 @@ struct Fixture {
 
 async fn fixture(config: SlurmConfig) -> Fixture {
     let (tx, events) = mpsc::unbounded_channel();
-    let backend = Arc::new(SlurmBackend::new(config.clone(), tx).await.unwrap());
+    let backend = Arc::new(SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap());
     let reopen_config = config.clone();
     Fixture {
         backend,
@@ -112,7 +112,7 @@ async fn fixture(config: SlurmConfig) -> Fixture {
             let config = reopen_config.clone();
             Box::pin(async move {
                 let (tx, rx) = mpsc::unbounded_channel();
-                let backend = Arc::new(SlurmBackend::new(config, tx).await.unwrap());
+                let backend = Arc::new(SlurmBackend::new(config, "slurm-test".into(), tx).await.unwrap());
                 (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, rx)
             })
         }),
@@ -191,7 +191,7 @@ async fn an_unmapped_gres_type_stops_the_backend_at_start_naming_the_key() {
     let _one = ONE_AT_A_TIME.lock().await;
     let config = SlurmConfig { gpu_types: BTreeMap::new(), ..config(&env) };
     let (tx, _rx) = mpsc::unbounded_channel();
-    let err = SlurmBackend::new(config, tx).await.err().expect("a100 is not a Meridian GPU type");
+    let err = SlurmBackend::new(config, "slurm-test".into(), tx).await.err().expect("a100 is not a Meridian GPU type");
     assert!(!err.is_transient());
     assert!(err.to_string().contains("`a100`") && err.to_string().contains("slurm.gpuTypes"), "{err}");
 }
@@ -241,7 +241,7 @@ async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     let config = config(&env);
     clean(&config).await;
     let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), tx).await.unwrap();
+    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
     let out = config.work_dir.join(unique("gang-out"));
     let script = format!("echo \"$GREETING on $SLURMD_NODENAME\" >> '{}'", out.display());
     let mut job = assignment("gang", 2, 2, &["sh", "-c", &script]);
@@ -254,4 +254,30 @@ async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.iter().all(|l| l.starts_with("it's a gang on n")), "{lines:?}");
     assert_ne!(lines[0], lines[1], "two different nodes");
+}
+
+#[tokio::test]
+async fn two_replicas_find_each_other_through_the_coordinator_on_slurm() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = config(&env);
+    clean(&config).await;
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let command = conformance::rendezvous_command();
+    let words: Vec<&str> = command.iter().map(String::as_str).collect();
+    let job = assignment("meet", 2, 1, &words);
+    let output = conformance::rendezvous(&backend, &mut events, &job, PATIENCE).await;
+    // The coordinator is the first node's NodeAddr (127.0.0.1 on this one-host cluster), and
+    // the port the agent chose from `coordinatorPorts`.
+    let range = config.coordinator_ports;
+    let port = output
+        .split("listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|port| port.parse::<u16>().ok())
+        .unwrap_or_else(|| panic!("rank 0 names 127.0.0.1 and a port: {output}"));
+    assert!((range.first..=range.last).contains(&port), "{port} is from {range:?}");
+    eprintln!("the rendezvous job's output on Slurm:\n{output}");
+    clean(&config).await;
 }

@@ -55,6 +55,8 @@ pub struct SlurmBackend {
 /// What the backend and its status loop share.
 pub(crate) struct Shared {
     config: SlurmConfig,
+    /// The member cluster's name (`MERIDIAN_CLUSTER`).
+    cluster: String,
     runner: Runner,
     events: JobEventSender,
     /// Bindings whose changes are reported as events, by job id.
@@ -70,13 +72,15 @@ pub(crate) struct Tracked {
     slurm_id: String,
     /// What was last reported (by `submit`, `list` or an event).
     phase: JobPhase,
+    /// Its coordinator port.
+    port: u16,
 }
 
 impl SlurmBackend {
-    /// Starts the backend: checks that Slurm answers and that every GRES type of its nodes maps
+    /// Starts the backend for the member cluster named `cluster`: checks that Slurm answers and that every GRES type of its nodes maps
     /// to a Meridian GPU type (a permanent error names the type and `slurm.gpuTypes`), then
     /// starts the status loop. Job events go to `events`.
-    pub async fn new(config: SlurmConfig, events: JobEventSender) -> Result<Self, BackendError> {
+    pub async fn new(config: SlurmConfig, cluster: String, events: JobEventSender) -> Result<Self, BackendError> {
         let runner = Runner {
             bin_dir: config.bin_dir.clone(),
             slurm_conf: config.slurm_conf.clone(),
@@ -88,6 +92,7 @@ impl SlurmBackend {
         })?;
         let shared = Arc::new(Shared {
             config,
+            cluster,
             runner,
             events,
             tracked: Mutex::new(BTreeMap::new()),
@@ -125,14 +130,38 @@ impl Shared {
         self.tracked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn track(&self, job_id: &str, fencing_token: u64, slurm_id: &str, phase: &JobPhase) {
+    /// Tracks a binding; `port` is its coordinator port, None for one submitted before (or by
+    /// another agent): the port tracked for it, else the one it hashes to.
+    fn track(&self, job_id: &str, fencing_token: u64, slurm_id: &str, phase: &JobPhase, port: Option<u16>) {
         if phase.is_terminal() {
             return;
         }
-        self.lock_tracked().insert(
+        let mut tracked = self.lock_tracked();
+        let port = port
+            .or_else(|| tracked.get(job_id).filter(|t| t.fencing_token == fencing_token).map(|t| t.port))
+            .unwrap_or_else(|| self.config.coordinator_ports.nth(hashed_offset(job_id, fencing_token)));
+        tracked.insert(
             job_id.to_string(),
-            Tracked { fencing_token, slurm_id: slurm_id.to_string(), phase: phase.clone() },
+            Tracked { fencing_token, slurm_id: slurm_id.to_string(), phase: phase.clone(), port },
         );
+    }
+
+    /// The coordinator port of a new binding: the one `coordinatorPorts` hashes it to, or the
+    /// next one that no binding the agent tracks holds (a restarted agent takes its adopted
+    /// bindings' ports to be the ones they hash to).
+    fn coordinator_port(&self, job_id: &str, fencing_token: u64) -> u16 {
+        let range = self.config.coordinator_ports;
+        let taken: std::collections::BTreeSet<u16> = self
+            .lock_tracked()
+            .iter()
+            .filter(|(id, t)| !(id.as_str() == job_id && t.fencing_token == fencing_token))
+            .map(|(_, t)| t.port)
+            .collect();
+        let start = hashed_offset(job_id, fencing_token);
+        (0..range.len().min(4096))
+            .map(|step| range.nth(start.wrapping_add(step)))
+            .find(|port| !taken.contains(port))
+            .unwrap_or_else(|| range.nth(start))
     }
 
     fn untrack(&self, job_id: &str, fencing_token: u64) {
@@ -175,7 +204,7 @@ impl Shared {
         if let Some((token, row)) = poll::meridian_rows(&rows, &self.config.job_tag).remove(&job.job_id) {
             if token == job.fencing_token {
                 let phase = poll::phase_of(&self.runner, &row).await;
-                self.track(&job.job_id, token, &row.slurm_id, &phase);
+                self.track(&job.job_id, token, &row.slurm_id, &phase, None);
                 return Ok(admission_of(phase));
             }
             if poll::is_live(&row.state) {
@@ -189,7 +218,9 @@ impl Shared {
             }
         }
         let excluded = self.excluded_by_selector(job).await?;
-        let batch = match script::batch_job(job, &self.config, &excluded) {
+        let port = self.coordinator_port(&job.job_id, job.fencing_token);
+        let contract = script::Contract { cluster: &self.cluster, port };
+        let batch = match script::batch_job(job, &self.config, &excluded, &contract) {
             Ok(batch) => batch,
             Err(e) => return Ok(Admission::Refused { reason: e.to_string(), permanent: true }),
         };
@@ -220,7 +251,7 @@ impl Shared {
                 phase: phase.clone(),
             });
         }
-        self.track(&job.job_id, job.fencing_token, &slurm_id, &phase);
+        self.track(&job.job_id, job.fencing_token, &slurm_id, &phase, Some(port));
         Ok(admission_of(phase))
     }
 
@@ -258,7 +289,7 @@ impl Shared {
         let mut held = Vec::new();
         for (job_id, (token, row)) in poll::meridian_rows(&rows, &self.config.job_tag) {
             let phase = poll::phase_of(&self.runner, &row).await;
-            self.track(&job_id, token, &row.slurm_id, &phase);
+            self.track(&job_id, token, &row.slurm_id, &phase, None);
             held.push(HeldJob { job_id, fencing_token: token, phase });
         }
         Ok(held)
@@ -394,6 +425,14 @@ async fn read_chunk(mut file: tokio::fs::File, request: LogRequest, ended: bool)
     let mut bytes = Vec::new();
     file.take(u64::try_from(request.max_bytes).unwrap_or(u64::MAX)).read_to_end(&mut bytes).await?;
     Ok(log_chunk(&bytes, range.start, len, ended))
+}
+
+/// Where a binding's coordinator port search starts: FNV-1a of `job:token`, the same on every
+/// agent build.
+fn hashed_offset(job_id: &str, fencing_token: u64) -> u32 {
+    format!("{job_id}:{fencing_token}")
+        .bytes()
+        .fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
 fn admission_of(phase: JobPhase) -> Admission {

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use meridian_proto::job_env::{self, Source};
 use meridian_proto::protocol::Assignment;
 
 use super::config::SlurmConfig;
@@ -59,9 +60,24 @@ pub(crate) fn node_constraint(spec: &meridian_proto::spec::JobSpec) -> Option<St
     (!features.is_empty()).then(|| features.join("&"))
 }
 
+/// What the agent decides for the job contract ([`job_env`]) when it submits: the cluster's name
+/// and the coordinator port. The coordinator host comes from the allocation, in the script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Contract<'a> {
+    /// `MERIDIAN_CLUSTER`.
+    pub(crate) cluster: &'a str,
+    /// `MERIDIAN_COORDINATOR_PORT`, reserved for this binding by the agent.
+    pub(crate) port: u16,
+}
+
 /// Builds the `sbatch` call for `job`; `excluded` names the nodes its `placement.nodeSelector`
 /// rules out (see [`node_constraint`]).
-pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig, excluded: &[String]) -> Result<BatchJob, ScriptError> {
+pub(crate) fn batch_job(
+    job: &Assignment,
+    config: &SlurmConfig,
+    excluded: &[String],
+    contract: &Contract<'_>,
+) -> Result<BatchJob, ScriptError> {
     let spec = &job.spec;
     let payload = &spec.payload;
     if payload.command.is_empty() {
@@ -121,13 +137,17 @@ pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig, excluded: &[Stri
     let mut script = String::from("#!/bin/sh\n# Written by the Meridian agent for job ");
     script.push_str(&shell_quote(&job.job_id));
     script.push('\n');
+    script.push_str(&contract_lines(job, config, contract));
     for (name, value) in &payload.env {
-        if !is_env_name(name) {
+        if !job_env::is_env_name(name) {
             return Err(ScriptError::BadEnvName(name.clone()));
         }
         script.push_str(&format!("export {name}={}\n", shell_quote(value)));
     }
-    script.push_str("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --");
+    script.push_str(SRUN);
+    let per_replica: Vec<String> =
+        job_env::variables(payload).into_iter().filter(|v| v.source.per_replica()).map(|v| v.name).collect();
+    script.push_str(&replica_wrapper(&per_replica));
     for word in &payload.command {
         script.push(' ');
         script.push_str(&shell_quote(word));
@@ -136,23 +156,73 @@ pub(crate) fn batch_job(job: &Assignment, config: &SlurmConfig, excluded: &[Stri
     Ok(BatchJob { args, script, output })
 }
 
+/// How the script starts the replicas: one task per node, all stopped when one fails.
+const SRUN: &str = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --";
+
+/// The script lines that export the job-wide variables of the contract. The coordinator is the
+/// first node of the allocation (where the batch script and task 0 run), by its `NodeAddr`, the
+/// address Slurm itself reaches it at (node names need not resolve); its name when Slurm does
+/// not say.
+fn contract_lines(job: &Assignment, config: &SlurmConfig, contract: &Contract<'_>) -> String {
+    let scontrol = shell_quote(
+        &config
+            .bin_dir
+            .as_ref()
+            .map_or_else(|| "scontrol".to_owned(), |dir| dir.join("scontrol").display().to_string()),
+    );
+    let mut lines = format!(
+        "MERIDIAN_COORDINATOR_NODE=$({scontrol} show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+         MERIDIAN_COORDINATOR_HOST=$({scontrol} -o show node \"$MERIDIAN_COORDINATOR_NODE\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p' | head -n 1)\n\
+         [ -n \"$MERIDIAN_COORDINATOR_HOST\" ] || MERIDIAN_COORDINATOR_HOST=$MERIDIAN_COORDINATOR_NODE\n\
+         case $MERIDIAN_COORDINATOR_HOST in *:*) MERIDIAN_COORDINATOR=\"[$MERIDIAN_COORDINATOR_HOST]:{port}\" ;; \
+         *) MERIDIAN_COORDINATOR=\"$MERIDIAN_COORDINATOR_HOST:{port}\" ;; esac\n",
+        port = contract.port,
+    );
+    let facts = job_env::Facts {
+        job_id: job.job_id.clone(),
+        fencing_token: job.fencing_token,
+        cluster: contract.cluster.to_owned(),
+        replicas: job.spec.gang.replicas.max(1),
+        gpus_per_replica: job.spec.gang.resources.gpus,
+        coordinator_host: String::new(),
+        coordinator_port: contract.port,
+    };
+    for variable in job_env::variables(&job.spec.payload) {
+        let value = match variable.source {
+            // Set per task by the wrapper around the command.
+            Source::Replica => continue,
+            Source::CoordinatorHost => "\"$MERIDIAN_COORDINATOR_HOST\"".to_owned(),
+            Source::Coordinator => "\"$MERIDIAN_COORDINATOR\"".to_owned(),
+            other => shell_quote(&facts.value(other, 0)),
+        };
+        lines.push_str(&format!("export {}={value}\n", variable.name));
+    }
+    lines
+}
+
+/// The words after `srun --` that set each task's own variables from its `SLURM_PROCID` (task
+/// `i` runs on the `i`-th node of the allocation, so replica 0 is on the coordinator's node)
+/// and then run the command in place of the shell.
+fn replica_wrapper(per_replica: &[String]) -> String {
+    let assignments: Vec<String> = per_replica.iter().map(|name| format!("{name}=$SLURM_PROCID")).collect();
+    format!(" /bin/sh -c '{}; export {}; exec \"$@\"' meridian-replica", assignments.join(" "), per_replica.join(" "))
+}
+
 /// `word` quoted for a POSIX shell: single quotes, with each `'` written as `'\''`.
 pub(crate) fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-fn is_env_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::backend::slurm::config::QosRule;
     use meridian_proto::duration::HumanDuration;
     use meridian_proto::spec::JobSpec;
+
+    pub(super) const CONTRACT: Contract<'static> = Contract { cluster: "east", port: 29_517 };
 
     fn assignment(command: &[&str]) -> Assignment {
         let mut spec: JobSpec = serde_json::from_value(serde_json::json!({
@@ -178,7 +248,7 @@ mod tests {
 
     #[test]
     fn a_gang_becomes_one_sbatch_with_every_option() {
-        let batch = batch_job(&assignment(&["python", "train.py"]), &config(), &[]).unwrap();
+        let batch = batch_job(&assignment(&["python", "train.py"]), &config(), &[], &CONTRACT).unwrap();
         for expected in [
             "--job-name=meridian-j-1",
             "--comment=meridian:j-1:3",
@@ -195,7 +265,15 @@ mod tests {
         ] {
             assert!(batch.args.iter().any(|a| a == expected), "{expected} missing from {:?}", batch.args);
         }
-        assert!(batch.script.ends_with("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 -- 'python' 'train.py'\n"));
+        assert!(
+            batch.script.ends_with(
+                "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 -- /bin/sh -c 'MERIDIAN_REPLICA=$SLURM_PROCID \
+                 RANK=$SLURM_PROCID NODE_RANK=$SLURM_PROCID PET_NODE_RANK=$SLURM_PROCID; export MERIDIAN_REPLICA RANK \
+                 NODE_RANK PET_NODE_RANK; exec \"$@\"' meridian-replica 'python' 'train.py'\n"
+            ),
+            "{}",
+            batch.script
+        );
     }
 
     #[test]
@@ -203,21 +281,21 @@ mod tests {
         let mut job = assignment(&["true"]);
         job.spec.preemptible = true;
         let with_qos = SlurmConfig { preemptible_qos: Some("scavenger".into()), ..config() };
-        let args = batch_job(&job, &with_qos, &[]).unwrap().args;
+        let args = batch_job(&job, &with_qos, &[], &CONTRACT).unwrap().args;
         assert!(args.contains(&"--qos=scavenger".to_string()) && !args.contains(&"--qos=high".to_string()), "{args:?}");
         // Without the setting the priority rules apply, and a job not marked keeps them too.
-        assert!(batch_job(&job, &config(), &[]).unwrap().args.contains(&"--qos=high".to_string()));
+        assert!(batch_job(&job, &config(), &[], &CONTRACT).unwrap().args.contains(&"--qos=high".to_string()));
         job.spec.preemptible = false;
-        assert!(batch_job(&job, &with_qos, &[]).unwrap().args.contains(&"--qos=high".to_string()));
+        assert!(batch_job(&job, &with_qos, &[], &CONTRACT).unwrap().args.contains(&"--qos=high".to_string()));
     }
 
     #[test]
     fn any_gpu_type_omits_the_type_and_zero_gpus_omit_gres() {
         let mut job = assignment(&["true"]);
         job.spec.gang.resources.gpu_types.clear();
-        assert!(batch_job(&job, &config(), &[]).unwrap().args.contains(&"--gres=gpu:4".to_string()));
+        assert!(batch_job(&job, &config(), &[], &CONTRACT).unwrap().args.contains(&"--gres=gpu:4".to_string()));
         job.spec.gang.resources.gpus = 0;
-        assert!(!batch_job(&job, &config(), &[]).unwrap().args.iter().any(|a| a.starts_with("--gres")));
+        assert!(!batch_job(&job, &config(), &[], &CONTRACT).unwrap().args.iter().any(|a| a.starts_with("--gres")));
     }
 
     #[test]
@@ -225,9 +303,9 @@ mod tests {
         let nasty = "it's $HOME `id` \"q\" \\ ; echo pwned";
         let mut job = assignment(&["printf", "%s|%s", nasty, "two words"]);
         job.spec.payload.env.insert("NASTY".into(), nasty.into());
-        let batch = batch_job(&job, &config(), &[]).unwrap();
+        let batch = batch_job(&job, &config(), &[], &CONTRACT).unwrap();
         // Run the script's lines with `srun` replaced by a function that prints its arguments.
-        let script = batch.script.replace("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --", "");
+        let script = batch.script.replace(SRUN, "");
         let out = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!("{script}\nprintf '|%s' \"$NASTY\""))
@@ -236,19 +314,105 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|two words|{nasty}"));
     }
 
+    /// Runs the script in a real shell as task `procid` of an allocation on `n7,n9`, with a
+    /// stand-in `scontrol` that knows n7's address and `srun` dropped; the job prints its
+    /// environment.
+    fn run_as_task(job: &Assignment, procid: u32, node_addr: &str) -> BTreeMap<String, String> {
+        let dir =
+            std::env::temp_dir().join(format!("meridian-contract-{}-{procid}-{}", std::process::id(), node_addr.len()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scontrol = dir.join("scontrol");
+        std::fs::write(
+            &scontrol,
+            format!(
+                "#!/bin/sh\ncase \"$1 $2\" in\n'show hostnames') echo n7; echo n9 ;;\n\
+                 '-o show') echo \"NodeName=$4 Arch=x86_64 NodeAddr={node_addr} NodeHostName=$4 Port=0\" ;;\nesac\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&scontrol, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let config = SlurmConfig { bin_dir: Some(dir.clone()), ..config() };
+        let batch = batch_job(job, &config, &[], &CONTRACT).unwrap();
+        let script = batch.script.replace(SRUN, "");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .env("SLURM_JOB_NODELIST", "n[7,9]")
+            .env("SLURM_PROCID", procid.to_string())
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn each_task_gets_the_job_contract_from_its_allocation() {
+        let job = assignment(&["env"]);
+        let env = run_as_task(&job, 1, "10.1.2.7");
+        for (name, value) in [
+            ("MERIDIAN_JOB_ID", "j-1"),
+            ("MERIDIAN_FENCING_TOKEN", "3"),
+            ("MERIDIAN_CLUSTER", "east"),
+            ("MERIDIAN_REPLICA", "1"),
+            ("MERIDIAN_REPLICAS", "2"),
+            ("MERIDIAN_GPUS_PER_REPLICA", "4"),
+            ("MERIDIAN_COORDINATOR_HOST", "10.1.2.7"),
+            ("MERIDIAN_COORDINATOR_PORT", "29517"),
+            ("MERIDIAN_COORDINATOR", "10.1.2.7:29517"),
+            ("MASTER_ADDR", "10.1.2.7"),
+            ("MASTER_PORT", "29517"),
+            ("WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("NODE_RANK", "1"),
+            ("PET_NNODES", "2"),
+            ("PET_NODE_RANK", "1"),
+            ("PET_MASTER_ADDR", "10.1.2.7"),
+            ("PET_MASTER_PORT", "29517"),
+        ] {
+            assert_eq!(env.get(name).map(String::as_str), Some(value), "{name}: {env:?}");
+        }
+        assert_eq!(run_as_task(&job, 0, "10.1.2.7")["RANK"], "0");
+        // An IPv6 address is bracketed in host:port.
+        assert_eq!(run_as_task(&job, 0, "fd00::7")["MERIDIAN_COORDINATOR"], "[fd00::7]:29517");
+        // Without a NodeAddr the node's name is the host.
+        assert_eq!(run_as_task(&job, 0, "")["MASTER_ADDR"], "n7");
+    }
+
+    #[test]
+    fn a_spec_that_opts_out_or_renames_gets_exactly_that() {
+        let mut job = assignment(&["env"]);
+        job.spec.payload.launcher_env_names.insert("RANK".into(), "TRAINER_RANK".into());
+        job.spec.payload.env.insert("MASTER_PORT".into(), "1234".into());
+        let env = run_as_task(&job, 1, "10.1.2.7");
+        assert_eq!(env.get("TRAINER_RANK").map(String::as_str), Some("1"), "{env:?}");
+        assert!(!env.contains_key("RANK"), "{env:?}");
+        assert_eq!(env["MASTER_PORT"], "1234", "the payload's own value wins");
+        job.spec.payload.launcher_env = meridian_proto::spec::LauncherEnv::None;
+        job.spec.payload.launcher_env_names.clear();
+        let env = run_as_task(&job, 1, "10.1.2.7");
+        assert!(!env.contains_key("WORLD_SIZE") && !env.contains_key("PET_NNODES"), "{env:?}");
+        assert_eq!(env["MERIDIAN_REPLICA"], "1");
+    }
+
     #[test]
     fn image_only_payloads_and_bad_env_names_are_refused() {
         let mut job = assignment(&[]);
         job.spec.payload.image = Some("nvcr.io/pytorch".into());
-        assert_eq!(batch_job(&job, &config(), &[]), Err(ScriptError::ImageOnly));
+        assert_eq!(batch_job(&job, &config(), &[], &CONTRACT), Err(ScriptError::ImageOnly));
         let mut job = assignment(&["true"]);
         job.spec.payload.env.insert("BAD-NAME".into(), "x".into());
-        assert_eq!(batch_job(&job, &config(), &[]), Err(ScriptError::BadEnvName("BAD-NAME".into())));
+        assert_eq!(batch_job(&job, &config(), &[], &CONTRACT), Err(ScriptError::BadEnvName("BAD-NAME".into())));
     }
 }
 
 #[cfg(test)]
 mod selector_tests {
+    use super::tests::CONTRACT;
     use super::*;
 
     #[test]
@@ -266,11 +430,11 @@ mod selector_tests {
             last_preempted_at_ms: None,
         };
         let config = SlurmConfig::default();
-        let batch = batch_job(&job, &config, &["n3".to_string(), "n4".to_string()]).unwrap();
+        let batch = batch_job(&job, &config, &["n3".to_string(), "n4".to_string()], &CONTRACT).unwrap();
         assert!(batch.args.contains(&"--constraint=ib&nvlink".to_string()), "{:?}", batch.args);
         assert!(batch.args.contains(&"--exclude=n3,n4".to_string()), "{:?}", batch.args);
         job.spec.placement = Default::default();
-        let plain = batch_job(&job, &config, &[]).unwrap();
+        let plain = batch_job(&job, &config, &[], &CONTRACT).unwrap();
         assert!(!plain.args.iter().any(|a| a.starts_with("--constraint") || a.starts_with("--exclude")));
     }
 }

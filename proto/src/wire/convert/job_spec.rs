@@ -75,6 +75,12 @@ impl From<&spec::Payload> for pb::Payload {
             command: payload.command.clone(),
             env: payload.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             secret_env: payload.secret_env.iter().cloned().collect(),
+            launcher_env: if payload.launcher_env.is_default() {
+                String::new()
+            } else {
+                payload.launcher_env.as_str().to_owned()
+            },
+            launcher_env_names: payload.launcher_env_names.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         }
     }
 }
@@ -182,15 +188,29 @@ impl TryFrom<pb::PlacementRules> for spec::PlacementRules {
     }
 }
 
-impl From<pb::Payload> for spec::Payload {
-    /// An empty `image` means none.
-    fn from(payload: pb::Payload) -> Self {
-        spec::Payload {
+impl TryFrom<pb::Payload> for spec::Payload {
+    type Error = ConvertError;
+    /// An empty `image` means none; an empty `launcher_env` means the default (`torch`).
+    fn try_from(payload: pb::Payload) -> Result<Self> {
+        let launcher_env = match payload.launcher_env.as_str() {
+            "" | "torch" => spec::LauncherEnv::Torch,
+            "none" => spec::LauncherEnv::None,
+            other => {
+                return Err(ConvertError::InvalidName {
+                    field: "payload.launcher_env".into(),
+                    value: other.to_owned(),
+                    expected: "torch, none",
+                });
+            }
+        };
+        Ok(spec::Payload {
             image: non_empty(payload.image),
             command: payload.command,
             env: payload.env.into_iter().collect(),
             secret_env: payload.secret_env.into_iter().collect(),
-        }
+            launcher_env,
+            launcher_env_names: payload.launcher_env_names.into_iter().collect(),
+        })
     }
 }
 
@@ -208,7 +228,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             .enumerate()
             .map(|(i, data)| data_ref_from_wire(data, &format!("data[{i}]")))
             .collect::<Result<Vec<_>>>()?;
-        let payload = wire.payload.ok_or_else(|| missing("payload"))?.into();
+        let payload = wire.payload.ok_or_else(|| missing("payload"))?.try_into()?;
         Ok(JobSpec {
             name,
             tenant,

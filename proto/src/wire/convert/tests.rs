@@ -104,6 +104,25 @@ fn secret_env_values_reach_the_member_over_the_wire() {
     assert_eq!(shown.payload.unwrap().env["API_KEY"], crate::spec::SECRET_SET);
 }
 
+#[test]
+fn the_launcher_environment_choice_crosses_the_wire_and_a_name_this_build_lacks_is_refused() {
+    let text = "name: job1\ntenant: t\ngang: {resources: {gpus: 1}}\n\
+                payload: {command: [x], launcherEnvNames: {MASTER_PORT: TRAINER_PORT}}\n";
+    let spec = parse_job_spec(text, &GpuCatalog::default()).unwrap();
+    assert_eq!(round_trip(&spec), spec);
+    let mut none = spec.clone();
+    none.payload.launcher_env = crate::spec::LauncherEnv::None;
+    none.payload.launcher_env_names.clear();
+    assert_eq!(pb::JobSpec::from(&none).payload.unwrap().launcher_env, "none");
+    assert_eq!(round_trip(&none), none);
+    // The default travels as nothing, so an older gateway's specs mean `torch`.
+    assert_eq!(pb::JobSpec::from(&spec).payload.unwrap().launcher_env, "");
+    let mut wire = pb::JobSpec::from(&spec);
+    wire.payload.as_mut().unwrap().launcher_env = "mpi".into();
+    let err = spec_from_wire(wire, &GpuCatalog::default()).unwrap_err().to_string();
+    assert!(err.contains("payload.launcher_env") && err.contains("`mpi`") && err.contains("torch, none"), "{err}");
+}
+
 /// The fenced code blocks of `docs/job-spec.md` tagged `lang`, in order.
 fn doc_blocks(lang: &str) -> Vec<String> {
     let doc = include_str!("../../../../docs/job-spec.md");

@@ -211,3 +211,37 @@ async fn a_restarted_agent_adopts_the_running_slurm_job_which_then_succeeds() {
     assert_eq!(done["cluster"], "hpc");
     assert_eq!(s.squeue().len(), 1, "one Slurm job, not resubmitted: {:?}", s.squeue());
 }
+
+/// The job contract as a user meets it: a two-replica job submitted through the gateway finds
+/// its peer through `MASTER_ADDR`/`MASTER_PORT` on Slurm (the job fails unless both ranks meet),
+/// its output shows both ranks, and `meridian job ID` shows each replica's rank and node.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gangs_replicas_find_each_other_on_slurm_and_the_cli_shows_their_ranks() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup(env).await;
+    let script = serde_json::to_string(include_str!("../../member-agent/src/backend/rendezvous.py")).unwrap();
+    let spec = format!(
+        "name: meet\ntenant: team-a\ngang: {{replicas: 2, resources: {{gpus: 1, cpu: 1, memoryGiB: 1}}}}\n\
+         runtime: {{estimate: 10m}}\npayload: {{command: [python3, -c, {script}], env: {{RENDEZVOUS_LINGER: '3'}}}}\n"
+    );
+    let id = submit(&s.federation.gateway, &spec).await;
+    let done = s.federation.gateway.wait_for_state(&id, "Succeeded", WAIT).await;
+    let logs = s.federation.gateway.cli(&["logs", &id]);
+    let output = String::from_utf8_lossy(&logs.stdout).into_owned();
+    let done = done.unwrap_or_else(|e| panic!("the replicas did not meet: {e}\n{output}"));
+    assert!(output.contains(&format!("rank 0/2 of {id} on hpc: listening on 127.0.0.1:")), "{output}");
+    assert!(output.contains(&format!("rank 1/2 of {id} on hpc: reached 127.0.0.1:")), "{output}");
+    let nodes: Vec<&str> = done["nodes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert_eq!(nodes.len(), 2, "{done}");
+    let shown = s.federation.gateway.cli(&["job", &id]);
+    let text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Replicas:"))
+        .take(3)
+        .map(|l| l.trim_start_matches("Replicas:").split_whitespace().collect())
+        .collect();
+    assert_eq!(rows, [vec!["RANK", "NODE"], vec!["0", nodes[0], "coordinator"], vec!["1", nodes[1]]], "{text}");
+    eprintln!("{text}\n{output}");
+}

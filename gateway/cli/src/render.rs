@@ -83,14 +83,13 @@ fn clock_utc(ms: i64) -> String {
 
 /// `meridian job ID`: the job's status as a key/value block, then a summary of its spec.
 pub fn job(job: &Value, now_ms: i64) -> String {
-    let nodes = job.get("nodes").and_then(Value::as_array).map(|nodes| join(nodes.iter().filter_map(Value::as_str)));
     let mut status = vec![
         ("ID", text(job, "/id")),
         ("Name", text(job, "/spec/name")),
         ("Tenant", text(job, "/spec/tenant")),
         ("State", text(job, "/state")),
         ("Cluster", text(job, "/cluster")),
-        ("Nodes", nodes.filter(|n| !n.is_empty()).unwrap_or_else(|| NONE.to_owned())),
+        replicas(job),
         ("Fencing token", text(job, "/fencingToken")),
         ("Submitted", ago(job, "/submittedAtMs", now_ms)),
         ("Started", ago(job, "/startedAtMs", now_ms)),
@@ -120,6 +119,26 @@ pub fn job(job: &Value, now_ms: i64) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Where each replica runs, by rank (the job contract's `RANK`/`MERIDIAN_REPLICA`: the member
+/// reports replica `i`'s node at position `i`), rank 0 marked as the coordinator; `Nodes: -`
+/// before the job runs anywhere.
+fn replicas(job: &Value) -> (&'static str, String) {
+    let nodes: Vec<&str> =
+        job.get("nodes").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    if nodes.is_empty() {
+        return ("Nodes", NONE.to_owned());
+    }
+    let mut table = Table::new(["RANK", "NODE", ""]);
+    for (rank, node) in nodes.iter().enumerate() {
+        table.row([
+            rank.to_string(),
+            (*node).to_owned(),
+            if rank == 0 { "coordinator".to_owned() } else { String::new() },
+        ]);
+    }
+    ("Replicas", table.render().lines().map(str::trim_end).collect::<Vec<_>>().join("\n"))
 }
 
 /// `meridian explain ID`: the summary sentence, a table of every candidate cluster with its
@@ -308,6 +327,18 @@ fn spec_summary(spec: &Value) -> Vec<(&'static str, String)> {
     if let Some(command) = spec.pointer("/payload/command").and_then(Value::as_array).filter(|c| !c.is_empty()) {
         lines.push(("Command", command.iter().map(scalar).collect::<Vec<_>>().join(" ")));
     }
+    let launcher = str_at(spec, "/payload/launcherEnv").unwrap_or("torch");
+    let renames: Vec<String> = spec
+        .pointer("/payload/launcherEnvNames")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(from, to)| format!("{from} as {}", to.as_str().unwrap_or_default()))
+        .collect();
+    if launcher != "torch" || !renames.is_empty() {
+        let renamed = if renames.is_empty() { String::new() } else { format!(" ({})", renames.join(", ")) };
+        lines.push(("Launcher", format!("{launcher}{renamed}")));
+    }
     lines
 }
 
@@ -436,7 +467,19 @@ mod tests {
     fn job_detail_lists_status_and_spec() {
         let text = job(&sample_job(), SUBMITTED_MS + 3_600_000);
         assert!(text.starts_with("ID:             j-7f3a\n"), "{text}");
-        assert!(text.contains("Nodes:          node-a, node-b\n"), "{text}");
+        assert!(
+            text.contains(
+                "Replicas:       RANK   NODE\n                0      node-a   coordinator\n                1      node-b\n"
+            ),
+            "{text}"
+        );
+        let mut queued = sample_job();
+        queued["nodes"] = json!([]);
+        queued["spec"]["payload"]["launcherEnv"] = json!("none");
+        let shown = job(&queued, SUBMITTED_MS);
+        assert!(shown.contains("Nodes:          -\n") && !shown.contains("RANK"), "{shown}");
+        assert!(shown.contains("  Launcher:   none\n"), "{shown}");
+        assert!(!job(&sample_job(), SUBMITTED_MS).contains("Launcher"), "the default is not repeated");
         assert!(text.contains("Submitted:      1h ago\n"), "{text}");
         assert!(text.contains("Finished:       -\n"), "{text}");
         assert!(text.contains("Run time:       59m\n"), "{text}");

@@ -145,6 +145,16 @@ fn the_reference_examples_are_the_example_in_both_forms() {
 }
 
 #[test]
+fn the_job_environment_example_parses_and_renames_what_it_says() {
+    let yaml = doc_blocks("yaml");
+    let block = yaml.iter().find(|b| b.contains("name: ddp-two-nodes")).unwrap();
+    let spec = parse_job_spec(block, &GpuCatalog::default()).unwrap();
+    let names: Vec<String> = crate::job_env::variables(&spec.payload).into_iter().map(|v| v.name).collect();
+    assert!(names.contains(&"TRAINER_NODE_RANK".to_string()) && !names.contains(&"NODE_RANK".to_string()), "{names:?}");
+    assert_eq!(round_trip(&spec), spec);
+}
+
+#[test]
 fn the_slice_and_selector_examples_parse_and_round_trip() {
     let catalog = GpuCatalog::default();
     let yaml = doc_blocks("yaml");

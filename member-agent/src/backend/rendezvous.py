@@ -8,7 +8,8 @@ if env["MERIDIAN_REPLICA"] != env["RANK"] or env["MERIDIAN_REPLICAS"] != env["WO
     sys.exit("the MERIDIAN_* and launcher variables disagree")
 if env["MERIDIAN_COORDINATOR"] not in (f"{host}:{port}", f"[{host}]:{port}"):
     sys.exit("MERIDIAN_COORDINATOR is not MASTER_ADDR:MASTER_PORT")
-who = f"rank {rank}/{world} of {env['MERIDIAN_JOB_ID']} on {env['MERIDIAN_CLUSTER']}"
+node = env.get("SLURMD_NODENAME") or socket.gethostname()
+who = f"rank {rank}/{world} of {env['MERIDIAN_JOB_ID']} on {env['MERIDIAN_CLUSTER']} node {node}"
 if rank == 0:
     server = socket.create_server(("", port))
     server.settimeout(30)

@@ -191,10 +191,10 @@ pub fn problems(payload: &Payload) -> BTreeMap<String, String> {
         } else if launcher.iter().any(|(name, _)| *name == to.as_str()) && !payload.launcher_env_names.contains_key(to)
         {
             Some(format!("`{to}` is already a launcher variable; rename that one too, or pick another name"))
-        } else if let Some(other) = targets.insert(to.as_str(), from.as_str()) {
-            Some(format!("`{other}` is renamed to `{to}` too; two variables cannot share a name"))
         } else {
-            None
+            targets
+                .insert(to.as_str(), from.as_str())
+                .map(|other| format!("`{other}` is renamed to `{to}` too; two variables cannot share a name"))
         };
         if let Some(reason) = reason {
             problems.insert(field, reason);

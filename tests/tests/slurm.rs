@@ -223,7 +223,7 @@ async fn a_gangs_replicas_find_each_other_on_slurm_and_the_cli_shows_their_ranks
     let script = serde_json::to_string(include_str!("../../member-agent/src/backend/rendezvous.py")).unwrap();
     let spec = format!(
         "name: meet\ntenant: team-a\ngang: {{replicas: 2, resources: {{gpus: 1, cpu: 1, memoryGiB: 1}}}}\n\
-         runtime: {{estimate: 10m}}\npayload: {{command: [python3, -c, {script}], env: {{RENDEZVOUS_LINGER: '3'}}}}\n"
+         runtime: {{estimate: 10m}}\npayload: {{command: [python3, -c, {script}]}}\n"
     );
     let id = submit(&s.federation.gateway, &spec).await;
     let done = s.federation.gateway.wait_for_state(&id, "Succeeded", WAIT).await;

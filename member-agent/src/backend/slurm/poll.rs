@@ -156,6 +156,18 @@ pub(crate) async fn sync_status(shared: &Arc<Shared>) -> Result<usize, BackendEr
             _ => continue,
         }
         drop(tracked);
+        // A job that started and ended between two polls: say where it ran before how it ended,
+        // so the gateway knows its nodes (each replica's rank and node) and that it started.
+        let ran_on = by_id.get(before.slurm_id.as_str()).map(|row| row.node_list.clone()).unwrap_or_default();
+        if phase.is_terminal() && matches!(before.phase, JobPhase::Pending { .. }) && !ran_on.is_empty() {
+            sent += 1;
+            let running = JobPhase::Running { nodes: ran_on };
+            let _ = shared.events.send(JobEvent {
+                job_id: job_id.clone(),
+                fencing_token: before.fencing_token,
+                phase: running,
+            });
+        }
         sent += 1;
         let _ = shared.events.send(JobEvent { job_id, fencing_token: before.fencing_token, phase });
     }

@@ -144,7 +144,9 @@ pub async fn build_agent_with(
     match (config.backend, &config.kubernetes) {
         (BackendKind::Kubernetes, Some(kubernetes)) => {
             let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-            let backend = Arc::new(backend::KubernetesBackend::connect(kubernetes.clone(), events_tx).await?);
+            let backend = Arc::new(
+                backend::KubernetesBackend::connect(kubernetes.clone(), config.cluster.clone(), events_tx).await?,
+            );
             Ok(with_sampling(
                 agent::Agent::new(settings(config), backend.clone(), backend, events_rx),
                 config,

@@ -62,6 +62,10 @@ pub struct KubernetesConfig {
     /// How often job status is polled.
     #[serde(default = "default_poll_interval")]
     pub poll_interval: HumanDuration,
+    /// The coordinator port of every job (`MERIDIAN_COORDINATOR_PORT`, `MASTER_PORT`): each pod
+    /// has its own address, so one port serves every job.
+    #[serde(default = "default_coordinator_port")]
+    pub coordinator_port: u16,
 }
 
 fn default_namespace() -> String {
@@ -76,6 +80,9 @@ fn default_request_timeout() -> HumanDuration {
 fn default_poll_interval() -> HumanDuration {
     HumanDuration::from_secs(2)
 }
+fn default_coordinator_port() -> u16 {
+    29_500
+}
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
@@ -89,6 +96,7 @@ impl Default for KubernetesConfig {
             preemptible_priority_class: None,
             request_timeout: default_request_timeout(),
             poll_interval: default_poll_interval(),
+            coordinator_port: default_coordinator_port(),
         }
     }
 }
@@ -135,6 +143,9 @@ impl KubernetesConfig {
         }
         if self.request_timeout.0.is_zero() {
             problems.push("kubernetes.requestTimeout: must be longer than 0s".into());
+        }
+        if self.coordinator_port == 0 {
+            problems.push("kubernetes.coordinatorPort: must be a port from 1 to 65535".into());
         }
         if self.poll_interval.0.is_zero() {
             problems.push("kubernetes.pollInterval: must be longer than 0s".into());

@@ -2,7 +2,7 @@
 //! backend runs through kube's client unchanged.
 //!
 //! It serves list/get/create/delete of the resources the backend uses (nodes, pods and pod
-//! logs, Volcano Jobs, PodGroups, batch Jobs, Kueue Workloads), filters lists by label
+//! logs, Volcano Jobs, PodGroups, batch Jobs, Kueue Workloads; create of Services), filters lists by label
 //! selector, assigns `uid`/`resourceVersion`/`creationTimestamp`, answers 404/409 with Status
 //! objects like the real API, garbage-collects owned objects on delete, and records every
 //! created object. Tests may queue an error for the next create.
@@ -39,6 +39,8 @@ pub(crate) const VCJOBS: &str = "batch.volcano.sh/v1alpha1/jobs";
 pub(crate) const PODGROUPS: &str = "scheduling.volcano.sh/v1beta1/podgroups";
 /// Store key of batch Jobs.
 pub(crate) const BATCH_JOBS: &str = "batch/v1/jobs";
+/// Store key of Services.
+pub(crate) const SERVICES: &str = "core/v1/services";
 /// Store key of Kueue Workloads.
 pub(crate) const WORKLOADS: &str = "kueue.x-k8s.io/v1beta1/workloads";
 
@@ -58,6 +60,8 @@ struct Store {
     created: Vec<Value>,
     /// Errors to answer the next creates with: (HTTP code, message).
     create_failures: VecDeque<(u16, String)>,
+    /// Errors to answer the next creates of one kind with, by store key.
+    kind_failures: BTreeMap<String, VecDeque<(u16, String)>>,
     /// Pod logs by (namespace, pod).
     logs: BTreeMap<(String, String), String>,
     version: u64,
@@ -80,7 +84,7 @@ impl FakeApi {
         let state = Arc::new(Mutex::new(store));
         let app = axum::Router::new()
             .route("/api/v1/{plural}", get(list_core_all))
-            .route("/api/v1/namespaces/{ns}/{plural}", get(list_core_ns))
+            .route("/api/v1/namespaces/{ns}/{plural}", get(list_core_ns).post(create_core))
             .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
             .route("/apis/{group}/{version}/{plural}", get(list_all))
             .route("/apis/{group}/{version}/namespaces/{ns}/{plural}", get(list_ns).post(create))
@@ -116,6 +120,11 @@ impl FakeApi {
         self.lock().objects.get(key).map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 
+    /// Removes every stored object of one kind (as if deleted behind the backend's back).
+    pub(crate) fn remove_all(&self, key: &str) {
+        self.lock().objects.remove(key);
+    }
+
     /// Stores (or replaces) an object.
     pub(crate) fn put(&self, key: &str, object: Value) {
         self.lock().insert(key, object);
@@ -124,6 +133,11 @@ impl FakeApi {
     /// Answers the next create with HTTP `code` and `message`.
     pub(crate) fn fail_next_create(&self, code: u16, message: &str) {
         self.lock().create_failures.push_back((code, message.into()));
+    }
+
+    /// Answers the next create of the kind stored under `key` with HTTP `code` and `message`.
+    pub(crate) fn fail_next_create_of(&self, key: &str, code: u16, message: &str) {
+        self.lock().kind_failures.entry(key.to_owned()).or_default().push_back((code, message.into()));
     }
 
     /// Starts the stand-in controller, ticking every `tick`.
@@ -468,10 +482,13 @@ async fn create(
     body: Bytes,
 ) -> Response {
     let mut store = store(&state);
-    if let Some((code, message)) = store.create_failures.pop_front() {
+    let key = key_of(&g, &v, &plural);
+    let queued = store.kind_failures.get_mut(&key).and_then(VecDeque::pop_front);
+    if let Some((code, message)) = queued.or_else(|| store.create_failures.pop_front()) {
         let reason = match code {
             422 => "Invalid",
             400 => "BadRequest",
+            403 => "Forbidden",
             409 => "AlreadyExists",
             _ => "InternalError",
         };
@@ -484,7 +501,6 @@ async fn create(
     if !super::config::is_dns_label(&name) {
         return status(422, "Invalid", &format!("{plural}.{g} \"{name}\" is invalid: metadata.name: Invalid value"));
     }
-    let key = key_of(&g, &v, &plural);
     if store.objects.get(&key).is_some_and(|m| m.contains_key(&(ns.clone(), name.clone()))) {
         return status(409, "AlreadyExists", &format!("{plural}.{g} \"{name}\" already exists"));
     }
@@ -493,6 +509,11 @@ async fn create(
     let stored = store.objects[&key][&(ns, name)].clone();
     store.created.push(stored.clone());
     (StatusCode::CREATED, axum::Json(stored)).into_response()
+}
+
+/// A create in the core group (`/api/v1/namespaces/{ns}/{plural}`): Services.
+async fn create_core(state: Shared, Path((ns, plural)): Path<(String, String)>, body: Bytes) -> Response {
+    create(state, Path(("core".to_owned(), "v1".to_owned(), ns, plural)), body).await
 }
 
 async fn pod_log(state: Shared, Path((ns, name)): Path<(String, String)>, Query(q): Params) -> Response {

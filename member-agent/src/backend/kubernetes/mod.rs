@@ -58,6 +58,8 @@ pub struct KubernetesBackend {
 struct Shared {
     client: kube::Client,
     config: KubernetesConfig,
+    /// The member cluster's name (`MERIDIAN_CLUSTER`).
+    cluster: String,
     mapper: GpuTypeMapper,
     events: JobEventSender,
     /// Bindings whose changes are reported, by job id.
@@ -99,20 +101,25 @@ struct Snapshot {
 impl KubernetesBackend {
     /// Connects with the ambient credentials (in-cluster service account, else `KUBECONFIG`),
     /// checks the nodes' GPU products map to GPU types, and starts polling.
-    pub async fn connect(config: KubernetesConfig, events: JobEventSender) -> Result<Self> {
+    pub async fn connect(config: KubernetesConfig, cluster: String, events: JobEventSender) -> Result<Self> {
         install_crypto_provider();
         let client = kube::Client::try_default().await.map_err(|e| BackendError::Permanent {
             message: "kubernetes: no usable cluster credentials (in-cluster service account or KUBECONFIG)".into(),
             source: Some(Box::new(e)),
         })?;
-        Self::with_client(client, config, events).await
+        Self::with_client(client, config, cluster, events).await
     }
 
     /// Builds the backend over `client`: reads the nodes once (an unmappable GPU product is an
     /// error naming it), adopts the bindings already in the namespace, and starts polling.
-    pub async fn with_client(client: kube::Client, config: KubernetesConfig, events: JobEventSender) -> Result<Self> {
+    pub async fn with_client(
+        client: kube::Client,
+        config: KubernetesConfig,
+        cluster: String,
+        events: JobEventSender,
+    ) -> Result<Self> {
         let mapper = GpuTypeMapper::new(config.gpu_types.clone());
-        let shared = Arc::new(Shared { client, config, mapper, events, tracked: Mutex::new(BTreeMap::new()) });
+        let shared = Arc::new(Shared { client, config, cluster, mapper, events, tracked: Mutex::new(BTreeMap::new()) });
         shared.scan().await?;
         let snapshot = shared.snapshot().await?;
         {
@@ -148,6 +155,10 @@ fn job_resource(mode: Mode) -> ApiResource {
         }
         Mode::Kueue => ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs"),
     }
+}
+
+fn service_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Service"), "services")
 }
 
 /// PodGroups (Volcano) or Workloads (Kueue): what the scheduler queues.
@@ -271,6 +282,11 @@ impl Shared {
         }
         let snapshot = self.snapshot().await?;
         if let Some(held) = snapshot.bindings.iter().find(|b| b.job_id == job.job_id) {
+            if held.fencing_token == job.fencing_token
+                && let Some(refused) = self.ensure_service(job, &held.uid).await?
+            {
+                return Ok(refused);
+            }
             return Ok(snapshot.admission_of(held, job.fencing_token, self.config.mode));
         }
         let scan = self.scan().await?;
@@ -279,7 +295,7 @@ impl Shared {
             return Ok(Admission::Refused { reason, permanent: true });
         }
         let products = gpu_type.and_then(|t| scan.products.get(t)).cloned().unwrap_or_default();
-        let object = objects::build(job, &self.config, &GpuPlacement::for_type(gpu_type, products));
+        let object = objects::build(job, &self.config, &GpuPlacement::for_type(gpu_type, products), &self.cluster);
         let object: DynamicObject = serde_json::from_value(object)
             .map_err(|e| BackendError::permanent(format!("kubernetes: building the job object: {e}")))?;
         let name = objects::object_name(&job.job_id, job.fencing_token);
@@ -302,7 +318,10 @@ impl Shared {
             entry.since.get_or_insert_with(tokio::time::Instant::now);
         }
         match created {
-            Ok(Ok(_)) => Ok(Admission::Queued { reason }),
+            Ok(Ok(created)) => {
+                let uid = created.metadata.uid.clone().unwrap_or_default();
+                Ok(self.ensure_service(job, &uid).await?.unwrap_or(Admission::Queued { reason }))
+            }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
                 // Created by an earlier try whose answer was lost, or a name clash: the token decides.
                 let now = self.snapshot().await?;
@@ -319,6 +338,34 @@ impl Shared {
             }
             Err(timeout) => Err(timeout),
         }
+    }
+
+    /// Kueue mode: makes sure the headless Service that gives the job's pods their DNS names
+    /// (the coordinator address) exists, owned by the Job `job_uid`; an existing one is fine.
+    /// Volcano's `svc` plugin makes its own, so Volcano mode does nothing. A refusal the agent
+    /// cannot fix by retrying (no RBAC for Services, an invalid object) deletes the Job and
+    /// answers with a permanent refusal naming the cause; a transient failure is an error, and
+    /// the agent's retry of the submit comes back here.
+    async fn ensure_service(&self, job: &Assignment, job_uid: &str) -> Result<Option<Admission>> {
+        if self.config.mode != Mode::Kueue {
+            return Ok(None);
+        }
+        let services: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &service_resource());
+        let object: DynamicObject = serde_json::from_value(objects::headless_service(job, &self.config, job_uid))
+            .map_err(|e| BackendError::permanent(format!("kubernetes: building the job's Service: {e}")))?;
+        let error = match self.deadline("create service", services.create(&PostParams::default(), &object)).await? {
+            Ok(_) => return Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(None),
+            Err(error) => api_error("create the job's headless Service", error),
+        };
+        if error.is_transient() {
+            return Err(error);
+        }
+        self.cancel_now(&job.job_id, job.fencing_token).await?;
+        Ok(Some(Admission::Refused {
+            reason: format!("{error}; the agent needs create/get/delete on services in namespace `{}`", self.ns()),
+            permanent: true,
+        }))
     }
 
     fn untrack(&self, job_id: &str, fencing_token: u64) {

@@ -5,11 +5,13 @@
 use meridian_proto::selector::Operator;
 use std::collections::BTreeMap;
 
+use meridian_proto::job_env::{self, Source};
 use meridian_proto::protocol::Assignment;
 use serde_json::{Value, json};
 
 use super::config::{KubernetesConfig, Mode};
 use super::inventory::{GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL};
+use super::status::INDEX_ANNOTATIONS;
 
 /// Label on every object Meridian creates, to list them all.
 pub const MANAGED_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -23,6 +25,8 @@ pub const TOKEN_KEY: &str = "meridian.io/fencing-token";
 pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// Name of the single task / container.
 pub const TASK_NAME: &str = "main";
+/// Pod label: the object name of the binding, which a Kueue job's headless Service selects.
+pub const BINDING_LABEL: &str = "meridian.io/binding";
 
 /// Where the job's replicas must land: the GPU resource to ask for, and the product labels
 /// of nodes with the job's GPU type.
@@ -73,12 +77,82 @@ fn fnv32(text: &str) -> u32 {
     text.bytes().fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
-/// Builds the object for `job` in the configured mode.
-pub fn build(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+/// Builds the object for `job` in the configured mode, on the member cluster named `cluster`.
+pub fn build(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     match config.mode {
-        Mode::Volcano => volcano_job(job, config, gpu),
-        Mode::Kueue => kueue_job(job, config, gpu),
+        Mode::Volcano => volcano_job(job, config, gpu, cluster),
+        Mode::Kueue => kueue_job(job, config, gpu, cluster),
     }
+}
+
+/// The host every replica reaches replica 0 at: its pod's DNS name under the job's headless
+/// Service (Volcano's `svc` plugin names pods `<job>-<task>-<index>`; an Indexed Job's pods have
+/// host name `<job>-<index>`), in the configured namespace.
+pub fn coordinator_host(job: &Assignment, config: &KubernetesConfig) -> String {
+    let name = object_name(&job.job_id, job.fencing_token);
+    let pod = match config.mode {
+        Mode::Volcano => format!("{name}-{TASK_NAME}-0"),
+        Mode::Kueue => format!("{name}-0"),
+    };
+    format!("{pod}.{name}.{}.svc", config.namespace)
+}
+
+/// The pod annotation that holds a replica's index in `mode`.
+fn index_annotation(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Volcano => INDEX_ANNOTATIONS[0],
+        Mode::Kueue => INDEX_ANNOTATIONS[1],
+    }
+}
+
+/// The container's environment: the job contract's variables ([`job_env`]), then the payload's
+/// `env`. The replica index comes from the pod's index annotation (downward API); every other
+/// per-replica variable refers to it as `$(MERIDIAN_REPLICA)`, which Kubernetes expands because
+/// it is defined earlier in the list.
+fn container_env(job: &Assignment, config: &KubernetesConfig, cluster: &str) -> Vec<Value> {
+    let facts = job_env::Facts {
+        job_id: job.job_id.clone(),
+        fencing_token: job.fencing_token,
+        cluster: cluster.to_owned(),
+        replicas: job.spec.gang.replicas,
+        gpus_per_replica: job.spec.gang.resources.gpus,
+        coordinator_host: coordinator_host(job, config),
+        coordinator_port: config.coordinator_port,
+    };
+    let annotation = index_annotation(config.mode);
+    let contract = job_env::variables(&job.spec.payload).into_iter().map(|variable| match variable.source {
+        Source::Replica if variable.name == job_env::REPLICA_VAR => json!({
+            "name": variable.name,
+            "valueFrom": {"fieldRef": {"fieldPath": format!("metadata.annotations['{annotation}']")}},
+        }),
+        Source::Replica => json!({"name": variable.name, "value": format!("$({})", job_env::REPLICA_VAR)}),
+        other => json!({"name": variable.name, "value": facts.value(other, 0)}),
+    });
+    let own = job.spec.payload.env.iter().map(|(k, v)| json!({"name": k, "value": v}));
+    contract.chain(own).collect()
+}
+
+/// The headless Service that gives a Kueue job's pods their DNS names (`<job>-<index>.<job>`),
+/// owned by the Job (uid `job_uid`) so that deleting the Job deletes it. Volcano's `svc` plugin
+/// makes its own.
+pub fn headless_service(job: &Assignment, config: &KubernetesConfig, job_uid: &str) -> Value {
+    let name = object_name(&job.job_id, job.fencing_token);
+    let mut meta = metadata(job, config, &[]);
+    meta["ownerReferences"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
+        "controller": false, "blockOwnerDeletion": false,
+    }]);
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": true,
+            "selector": {BINDING_LABEL: name},
+            "ports": [{"name": "coordinator", "port": config.coordinator_port, "protocol": "TCP"}],
+        },
+    })
 }
 
 fn metadata(job: &Assignment, config: &KubernetesConfig, extra_labels: &[(&str, &str)]) -> Value {
@@ -101,7 +175,7 @@ fn metadata(job: &Assignment, config: &KubernetesConfig, extra_labels: &[(&str, 
 }
 
 /// The pod template every replica runs.
-fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     let spec = &job.spec;
     let resources = &spec.gang.resources;
     let mut requests = serde_json::Map::new();
@@ -111,7 +185,7 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement)
     if resources.memory_gib > 0 {
         requests.insert("memory".into(), json!(format!("{}Gi", resources.memory_gib)));
     }
-    let env: Vec<Value> = spec.payload.env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let env = container_env(job, config, cluster);
     let mut container = json!({
         "name": TASK_NAME,
         "image": spec.payload.image.clone().unwrap_or_default(),
@@ -167,18 +241,25 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement)
             "nodeSelectorTerms": [{"matchExpressions": expressions}]
         }}});
     }
+    if config.mode == Mode::Kueue {
+        // Indexed Job pods are named `<job>-<index>` as hosts; the Service of that name makes
+        // them resolvable.
+        pod["subdomain"] = json!(object_name(&job.job_id, job.fencing_token));
+    }
     json!({
         "metadata": {"labels": {
             MANAGED_LABEL: MANAGED_VALUE,
             JOB_ID_KEY: label_value(&job.job_id),
+            BINDING_LABEL: object_name(&job.job_id, job.fencing_token),
         }},
         "spec": pod,
     })
 }
 
 /// A Volcano Job: one task of `replicas` pods, gang-scheduled (`minAvailable` = replicas);
-/// a failed pod terminates the whole job.
-pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+/// a failed pod terminates the whole job. Its `svc` plugin makes the headless Service and the
+/// pods' host names the coordinator address needs, its `env` plugin `VC_TASK_INDEX`.
+pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     let replicas = job.spec.gang.replicas;
     let mut spec = json!({
         "schedulerName": "volcano",
@@ -186,10 +267,11 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
         "queue": config.queue_for(&job.spec.tenant),
         "maxRetry": 0,
         "policies": [{"event": "PodFailed", "action": "TerminateJob"}],
+        "plugins": {"svc": [], "env": []},
         "tasks": [{
             "name": TASK_NAME,
             "replicas": replicas,
-            "template": pod_template(job, config, gpu),
+            "template": pod_template(job, config, gpu, cluster),
         }],
     });
     if let Some(class) = config.priority_class_of(&job.spec) {
@@ -204,8 +286,12 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
 }
 
 /// A `batch/v1` Job for Kueue: created suspended in the tenant's LocalQueue; Kueue resumes it
-/// when the whole gang (parallelism = completions = replicas) is admitted.
-pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement) -> Value {
+/// when the whole gang (parallelism = completions = replicas) is admitted. It is an Indexed Job,
+/// so each pod knows its replica index (annotation `batch.kubernetes.io/job-completion-index`)
+/// and has host name `<job>-<index>`. Kubernetes 1.20 has no Indexed Jobs (alpha in 1.21, beta
+/// and on by default in 1.22), but Kueue needs `Job.spec.suspend` (1.21, on by default in 1.22)
+/// anyway, so every cluster that runs Kueue has them.
+pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     let replicas = job.spec.gang.replicas;
     let queue = config.queue_for(&job.spec.tenant);
     json!({
@@ -215,9 +301,10 @@ pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement
         "spec": {
             "parallelism": replicas,
             "completions": replicas,
+            "completionMode": "Indexed",
             "backoffLimit": 0,
             "suspend": true,
-            "template": pod_template(job, config, gpu),
+            "template": pod_template(job, config, gpu, cluster),
         },
     })
 }
@@ -259,7 +346,7 @@ mod tests {
 
     #[test]
     fn a_volcano_job_carries_every_field_the_gang_needs() {
-        let object = volcano_job(&job(), &config(Mode::Volcano), &a100());
+        let object = volcano_job(&job(), &config(Mode::Volcano), &a100(), "k8s-west");
         assert_eq!(object["apiVersion"], "batch.volcano.sh/v1alpha1");
         assert_eq!(object["kind"], "Job");
         let meta = &object["metadata"];
@@ -285,7 +372,10 @@ mod tests {
         let container = &pod["containers"][0];
         assert_eq!(container["image"], "registry.example/train:1");
         assert_eq!(container["command"], json!(["python", "train.py"]));
-        assert_eq!(container["env"], json!([{"name": "EPOCHS", "value": "3"}]));
+        let env = container["env"].as_array().unwrap();
+        assert_eq!(env.last(), Some(&json!({"name": "EPOCHS", "value": "3"})), "the payload's env comes last");
+        assert_eq!(spec["plugins"], json!({"svc": [], "env": []}));
+        assert_eq!(task["template"]["metadata"]["labels"][BINDING_LABEL], "m-j-00000abc-t7");
         assert_eq!(container["resources"]["limits"]["nvidia.com/gpu"], "4");
         assert_eq!(container["resources"]["requests"]["cpu"], "16");
         assert_eq!(container["resources"]["requests"]["memory"], "128Gi");
@@ -295,7 +385,7 @@ mod tests {
     fn a_kueue_job_is_suspended_in_the_tenants_local_queue() {
         let mut job = job();
         job.spec.tenant = "nlp".into();
-        let object = kueue_job(&job, &config(Mode::Kueue), &a100());
+        let object = kueue_job(&job, &config(Mode::Kueue), &a100(), "k8s-west");
         assert_eq!(object["apiVersion"], "batch/v1");
         assert_eq!(object["kind"], "Job");
         assert_eq!(object["metadata"]["labels"][KUEUE_QUEUE_LABEL], "default");
@@ -305,7 +395,10 @@ mod tests {
         assert_eq!(spec["parallelism"], 2);
         assert_eq!(spec["completions"], 2);
         assert_eq!(spec["backoffLimit"], 0);
+        assert_eq!(spec["completionMode"], "Indexed");
         let pod = &spec["template"]["spec"];
+        assert_eq!(pod["subdomain"], "m-j-00000abc-t7");
+        assert_eq!(spec["template"]["metadata"]["labels"][BINDING_LABEL], "m-j-00000abc-t7");
         assert_eq!(pod["restartPolicy"], "Never");
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "4");
         assert_eq!(pod["nodeSelector"][PRODUCT_LABEL], "NVIDIA-A100-SXM4-80GB");
@@ -315,7 +408,7 @@ mod tests {
     fn a_mig_type_asks_for_its_profile_and_several_products_use_affinity() {
         let gpu = GpuPlacement::for_type(Some("a100-80g.1g.10gb"), vec!["A".into(), "B".into()]);
         assert_eq!(gpu.resource, "nvidia.com/mig-1g.10gb");
-        let object = volcano_job(&job(), &config(Mode::Volcano), &gpu);
+        let object = volcano_job(&job(), &config(Mode::Volcano), &gpu, "k8s-west");
         let pod = &object["spec"]["tasks"][0]["template"]["spec"];
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"], "4");
         assert!(pod.get("nodeSelector").is_none());
@@ -330,7 +423,7 @@ mod tests {
         job.spec.placement.node_selector =
             "topology.kubernetes.io/zone=us-east-1a, !spot, rack!=r7, nvidia.com/gpu.present".parse().unwrap();
         let gpu = GpuPlacement::for_type(Some("a100-80g"), vec!["NVIDIA-A100-SXM4-80GB".into()]);
-        let object = volcano_job(&job, &config(Mode::Volcano), &gpu);
+        let object = volcano_job(&job, &config(Mode::Volcano), &gpu, "k8s-west");
         let pod = &object["spec"]["tasks"][0]["template"]["spec"];
         assert_eq!(
             pod["nodeSelector"],
@@ -348,6 +441,91 @@ mod tests {
                 {"key": "spot", "operator": "DoesNotExist"},
             ])
         );
+    }
+
+    /// The container env of `object`'s pods, by name, in order.
+    fn env_of(object: &Value) -> Vec<(String, Value)> {
+        let template = match object["kind"].as_str() {
+            Some("Job") if object["apiVersion"] == "batch/v1" => &object["spec"]["template"],
+            _ => &object["spec"]["tasks"][0]["template"],
+        };
+        template["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let value = e.get("value").cloned().unwrap_or_else(|| e["valueFrom"].clone());
+                (e["name"].as_str().unwrap().to_owned(), value)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_pod_gets_the_job_contract_in_order_with_its_index_from_the_annotation() {
+        for (mode, annotation, host) in [
+            (Mode::Volcano, "volcano.sh/task-index", "m-j-00000abc-t7-main-0.m-j-00000abc-t7.ml.svc"),
+            (Mode::Kueue, "batch.kubernetes.io/job-completion-index", "m-j-00000abc-t7-0.m-j-00000abc-t7.ml.svc"),
+        ] {
+            let object = build(&job(), &config(mode), &a100(), "k8s-west");
+            let index = json!({"fieldRef": {"fieldPath": format!("metadata.annotations['{annotation}']")}});
+            let coordinator = format!("{host}:29500");
+            let expected: Vec<(&str, Value)> = vec![
+                ("MERIDIAN_JOB_ID", json!("j-00000abc")),
+                ("MERIDIAN_FENCING_TOKEN", json!("7")),
+                ("MERIDIAN_CLUSTER", json!("k8s-west")),
+                ("MERIDIAN_REPLICA", index),
+                ("MERIDIAN_REPLICAS", json!("2")),
+                ("MERIDIAN_GPUS_PER_REPLICA", json!("4")),
+                ("MERIDIAN_COORDINATOR_HOST", json!(host)),
+                ("MERIDIAN_COORDINATOR_PORT", json!("29500")),
+                ("MERIDIAN_COORDINATOR", json!(coordinator)),
+                ("MASTER_ADDR", json!(host)),
+                ("MASTER_PORT", json!("29500")),
+                ("WORLD_SIZE", json!("2")),
+                ("RANK", json!("$(MERIDIAN_REPLICA)")),
+                ("NODE_RANK", json!("$(MERIDIAN_REPLICA)")),
+                ("PET_NNODES", json!("2")),
+                ("PET_NODE_RANK", json!("$(MERIDIAN_REPLICA)")),
+                ("PET_MASTER_ADDR", json!(host)),
+                ("PET_MASTER_PORT", json!("29500")),
+                ("EPOCHS", json!("3")),
+            ];
+            let expected: Vec<(String, Value)> = expected.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            assert_eq!(env_of(&object), expected, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn opting_out_renaming_and_a_port_of_ones_own_show_in_the_pod_env() {
+        let mut job = job();
+        job.spec.payload.launcher_env_names.insert("NODE_RANK".into(), "TRAINER_NODE_RANK".into());
+        job.spec.payload.env.insert("MASTER_PORT".into(), "23456".into());
+        let config = KubernetesConfig { coordinator_port: 31_000, ..config(Mode::Volcano) };
+        let env = env_of(&build(&job, &config, &a100(), "k8s-west"));
+        let get = |name: &str| env.iter().filter(|(k, _)| k == name).map(|(_, v)| v.clone()).collect::<Vec<_>>();
+        assert_eq!(get("TRAINER_NODE_RANK"), [json!("$(MERIDIAN_REPLICA)")]);
+        assert!(get("NODE_RANK").is_empty());
+        assert_eq!(get("MASTER_PORT"), [json!("23456")], "the payload's value, once");
+        assert_eq!(get("MERIDIAN_COORDINATOR_PORT"), [json!("31000")]);
+        job.spec.payload.launcher_env = meridian_proto::spec::LauncherEnv::None;
+        job.spec.payload.launcher_env_names.clear();
+        let names: Vec<String> =
+            env_of(&build(&job, &config, &a100(), "k8s-west")).into_iter().map(|(k, _)| k).collect();
+        assert!(names.iter().all(|n| n.starts_with("MERIDIAN_") || n == "EPOCHS" || n == "MASTER_PORT"), "{names:?}");
+    }
+
+    #[test]
+    fn a_kueue_jobs_headless_service_selects_its_pods_and_is_owned_by_the_job() {
+        let service = headless_service(&job(), &config(Mode::Kueue), "uid-42");
+        assert_eq!(service["kind"], "Service");
+        assert_eq!(service["metadata"]["name"], "m-j-00000abc-t7");
+        assert_eq!(service["metadata"]["namespace"], "ml");
+        assert_eq!(service["metadata"]["ownerReferences"][0]["uid"], "uid-42");
+        assert_eq!(service["metadata"]["ownerReferences"][0]["kind"], "Job");
+        assert_eq!(service["spec"]["clusterIP"], "None");
+        assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+        assert_eq!(service["spec"]["selector"], json!({BINDING_LABEL: "m-j-00000abc-t7"}));
+        assert_eq!(service["spec"]["ports"][0]["port"], 29500);
     }
 
     #[test]

@@ -134,15 +134,34 @@ fn pod_wait_reason(pods: &[Pod]) -> Option<String> {
     })
 }
 
-/// Nodes of the job's pods, sorted (one entry per replica).
+/// Pod annotations that carry a replica's index: Volcano's, and an Indexed Job's.
+pub const INDEX_ANNOTATIONS: [&str; 2] = ["volcano.sh/task-index", "batch.kubernetes.io/job-completion-index"];
+
+/// Nodes of the job's pods, one entry per replica, in replica order: `nodes[i]` runs the
+/// replica whose `MERIDIAN_REPLICA` is `i` (the job contract). The index is the pod's
+/// [`INDEX_ANNOTATIONS`] value, else the number its name ends with (`<job>-main-3`, `<job>-3`);
+/// pods without either come last, by name.
 pub fn nodes_of(pods: &[Pod]) -> Vec<String> {
-    let mut nodes: Vec<String> = pods
+    let mut nodes: Vec<(Option<u32>, String, String)> = pods
         .iter()
         .filter(|p| pod_phase(p) != "Pending" || p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
-        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            let name = p.metadata.name.clone().unwrap_or_default();
+            Some((replica_index(p), name, node))
+        })
         .collect();
-    nodes.sort();
-    nodes
+    nodes.sort_by(|a, b| (a.0.is_none(), a.0, &a.1).cmp(&(b.0.is_none(), b.0, &b.1)));
+    nodes.into_iter().map(|(_, _, node)| node).collect()
+}
+
+/// A pod's replica index: its index annotation, else the number after the last `-` of its name.
+fn replica_index(pod: &Pod) -> Option<u32> {
+    let annotations = pod.metadata.annotations.as_ref();
+    INDEX_ANNOTATIONS
+        .iter()
+        .find_map(|key| annotations?.get(*key)?.parse().ok())
+        .or_else(|| pod.metadata.name.as_deref()?.rsplit_once('-')?.1.parse().ok())
 }
 
 /// `base`, plus the exit codes of containers that ended with one other than 0.
@@ -191,6 +210,30 @@ mod tests {
 
     fn vcjob(phase: &str) -> Value {
         json!({"spec": {"queue": "team"}, "status": {"state": {"phase": phase}}})
+    }
+
+    #[test]
+    fn nodes_are_listed_in_replica_order_by_annotation_then_name() {
+        let with_index = |name: &str, node: &str, key: &str, index: &str| {
+            let mut pod = running_pod(name, node);
+            pod.metadata.annotations = Some([(key.to_string(), index.to_string())].into());
+            pod
+        };
+        // Names alone: replica 10 after replica 2 (not string order), on nodes whose names sort
+        // the other way.
+        let pods = [running_pod("j-main-10", "a"), running_pod("j-main-2", "z"), running_pod("j-main-0", "m")];
+        assert_eq!(nodes_of(&pods), ["m", "z", "a"]);
+        // The annotation wins over the name.
+        let volcano = [
+            with_index("x-first", "n2", INDEX_ANNOTATIONS[0], "1"),
+            with_index("x-second", "n1", INDEX_ANNOTATIONS[0], "0"),
+        ];
+        assert_eq!(nodes_of(&volcano), ["n1", "n2"]);
+        let indexed = [
+            with_index("k-1-abcde", "n9", INDEX_ANNOTATIONS[1], "1"),
+            with_index("k-0-fghij", "n8", INDEX_ANNOTATIONS[1], "0"),
+        ];
+        assert_eq!(nodes_of(&indexed), ["n8", "n9"]);
     }
 
     #[test]

@@ -119,7 +119,8 @@ async fn an_unmappable_product_stops_the_backend_at_start_naming_product_and_key
     nodes[0]["metadata"]["labels"]["nvidia.com/gpu.product"] = "ACME-Z9".into();
     let api = FakeApi::start(nodes, Value::Array(Vec::new())).await;
     let (tx, _rx) = mpsc::unbounded_channel();
-    let Err(err) = KubernetesBackend::with_client(api.client(), config(Mode::Volcano), tx).await else {
+    let Err(err) = KubernetesBackend::with_client(api.client(), config(Mode::Volcano), "k8s-test".into(), tx).await
+    else {
         panic!("expected a start-up error")
     };
     let err = err.to_string();
@@ -130,7 +131,7 @@ async fn an_unmappable_product_stops_the_backend_at_start_naming_product_and_key
 
 async fn backend_on(api: &Arc<FakeApi>, mode: Mode) -> (KubernetesBackend, JobEventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (KubernetesBackend::with_client(api.client(), config(mode), tx).await.unwrap(), rx)
+    (KubernetesBackend::with_client(api.client(), config(mode), "k8s-test".into(), tx).await.unwrap(), rx)
 }
 
 async fn member(mode: Mode, controller: bool) -> (Arc<FakeApi>, KubernetesBackend, JobEventReceiver) {
@@ -179,6 +180,48 @@ async fn submit_creates_one_volcano_job_with_the_node_selector_of_its_gpu_type()
 }
 
 #[tokio::test]
+async fn a_kueue_job_gets_a_headless_service_owned_by_it_and_a_retry_ensures_it_again() {
+    let (api, backend, _rx) = member(Mode::Kueue, false).await;
+    let job = assignment("j-k", 2, "t", 2, 1);
+    assert!(matches!(backend.submit(&job).await.unwrap(), Admission::Queued { .. }));
+    let jobs = api.objects(fake::BATCH_JOBS);
+    let services = api.objects(fake::SERVICES);
+    assert_eq!((jobs.len(), services.len()), (1, 1), "{services:?}");
+    assert_eq!(services[0]["metadata"]["name"], jobs[0]["metadata"]["name"]);
+    assert_eq!(services[0]["metadata"]["ownerReferences"][0]["uid"], jobs[0]["metadata"]["uid"]);
+    assert_eq!(jobs[0]["spec"]["completionMode"], "Indexed");
+    // The Service lost (an earlier try failed after the Job was created): the retry makes it.
+    api.remove_all(fake::SERVICES);
+    assert!(matches!(backend.submit(&job).await.unwrap(), Admission::Queued { .. }));
+    assert_eq!(api.objects(fake::SERVICES).len(), 1);
+    assert_eq!(api.objects(fake::BATCH_JOBS).len(), 1, "no second Job");
+    // And a Service that exists already is fine.
+    assert!(matches!(backend.submit(&job).await.unwrap(), Admission::Queued { .. }));
+}
+
+#[tokio::test]
+async fn a_service_the_agent_may_not_create_refuses_the_job_for_good_and_removes_it() {
+    let (api, backend, _rx) = member(Mode::Kueue, false).await;
+    api.fail_next_create_of(
+        fake::SERVICES,
+        403,
+        "services is forbidden: User \"system:serviceaccount:meridian:agent\" cannot create resource \"services\"",
+    );
+    let admission = backend.submit(&assignment("j-f", 1, "t", 1, 1)).await.unwrap();
+    let Admission::Refused { reason, permanent: true } = admission else { panic!("{admission:?}") };
+    assert!(reason.contains("403") && reason.contains("create/get/delete on services"), "{reason}");
+    assert!(api.objects(fake::BATCH_JOBS).is_empty(), "the Job is deleted again");
+    assert!(backend.list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn volcano_mode_creates_no_service_of_its_own() {
+    let (api, backend, _rx) = member(Mode::Volcano, false).await;
+    backend.submit(&assignment("j-v", 2, "t", 2, 1)).await.unwrap();
+    assert!(api.objects(fake::SERVICES).is_empty(), "Volcano's svc plugin makes it");
+}
+
+#[tokio::test]
 async fn a_command_only_payload_is_refused_permanently() {
     let (api, backend, _rx) = member(Mode::Volcano, false).await;
     let mut job = assignment("bare", 1, "t", 1, 1);
@@ -217,7 +260,7 @@ async fn an_unreachable_api_is_transient() {
     let api = FakeApi::start(fixture("member"), Value::Array(Vec::new())).await;
     let client = api.client();
     let (tx, _rx) = mpsc::unbounded_channel();
-    let backend = KubernetesBackend::with_client(client, config(Mode::Volcano), tx).await.unwrap();
+    let backend = KubernetesBackend::with_client(client, config(Mode::Volcano), "k8s-test".into(), tx).await.unwrap();
     drop(api);
     let err = backend.submit(&assignment("j", 1, "t", 1, 1)).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
@@ -228,7 +271,7 @@ async fn a_create_that_conflicts_with_the_same_binding_is_idempotent() {
     let (api, backend, _rx) = member(Mode::Volcano, false).await;
     let job = assignment("j", 9, "t", 1, 1);
     // An earlier try created the object but its answer was lost; this create answers 409.
-    let object = objects::build(&job, &config(Mode::Volcano), &GpuPlacement::for_type(None, Vec::new()));
+    let object = objects::build(&job, &config(Mode::Volcano), &GpuPlacement::for_type(None, Vec::new()), "k8s-test");
     api.put(fake::VCJOBS, object);
     let held = backend.submit(&job).await.unwrap();
     assert!(matches!(held, Admission::Queued { .. }), "{held:?}");
@@ -356,4 +399,8 @@ fn the_example_rbac_grants_what_the_backend_calls() {
         assert!(rbac.contains("resources: [\"pods/log\"]"));
         assert!(rbac.contains("resources: [\"nodes\", \"pods\"]"));
     }
+    // Kueue mode creates each Job's headless Service; Volcano's svc plugin makes its own.
+    let services = "resources: [\"services\"]\n    verbs: [\"create\", \"get\", \"delete\"]";
+    assert!(kueue.contains(services), "{kueue}");
+    assert!(!volcano.contains("services"), "{volcano}");
 }

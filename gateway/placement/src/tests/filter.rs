@@ -1,8 +1,6 @@
 //! The filter: GPU type and memory, gang capacity per node, one GPU type per gang, residency,
 //! include/exclude, payload kind, connection, and the submit-time "never fits".
 
-use std::collections::BTreeMap;
-
 use meridian_proto::inventory::BackendKind;
 use meridian_proto::spec::{ClusterRules, Payload};
 
@@ -93,8 +91,7 @@ fn residency_include_exclude_and_payload_are_enforced() {
 
     // A command without an image needs bare-command support.
     let mut bare = job(1, 1);
-    bare.payload =
-        Payload { image: None, command: vec!["python".into()], env: BTreeMap::new(), secret_env: Default::default() };
+    bare.payload = Payload { image: None, command: vec!["python".into()], ..Payload::default() };
     let mut k8s = info("k8s", "us-east", Tier::Owned);
     k8s.supports_bare_commands = false;
     let fed = federation(vec![ClusterSnapshot::new(

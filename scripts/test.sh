@@ -14,6 +14,7 @@
 #   not skip) without etcd; MERIDIAN_SKIP_ETCD=1 skips them knowingly.
 #
 # Real services:
+# - A Kubernetes API server (v1.20.2, built from Debian's source once per machine): below.
 # - Slurm (controller, four fake-GPU nodes, munge) from Debian's packages, for the Slurm
 #   backend's tests: `scripts/slurm/up.sh` installs the packages when they are missing (Debian's
 #   slurmctld, slurmd, slurm-client and munge, the split `slurm-wlm` suite, falling back to the
@@ -35,7 +36,11 @@ fi
 
 slurm_dir=""
 etcd_dir=""
+kube_dir=""
 stop_services() {
+    if [ -n "$kube_dir" ]; then
+        scripts/kube/down.sh "$kube_dir" || echo "warning: could not stop the test API server in $kube_dir" >&2
+    fi
     if [ -n "$slurm_dir" ]; then
         scripts/slurm/down.sh "$slurm_dir" || echo "warning: could not stop the test Slurm in $slurm_dir" >&2
     fi
@@ -90,6 +95,26 @@ else
     scripts/slurm/up.sh "$slurm_dir" --accounting
     export MERIDIAN_SLURM_ENV="$slurm_dir/env"
 fi
+
+# --- Kubernetes API server ---
+# The Kubernetes backend's tests against a real API server (member-agent's
+# backend::kubernetes::real_tests): Kubernetes v1.20.2's kube-apiserver, built once per machine
+# from Debian's source package by scripts/kube/build.sh (about 5 minutes on 2 cores the first
+# time; cached under ~/.cache/meridian/kube-apiserver-v1.20.2 after) and started with its own
+# etcd, a token and RBAC by scripts/kube/up.sh; stopped on exit by its PIDs. The tests fail (they
+# do not skip) without it; MERIDIAN_SKIP_KUBE=1 skips them knowingly, MERIDIAN_KUBE_ENV=DIR/env
+# uses a running one.
+if [ "${MERIDIAN_SKIP_KUBE:-}" = "1" ]; then
+    echo "== Kubernetes API server: skipped (MERIDIAN_SKIP_KUBE=1); its tests will say so"
+elif [ -n "${MERIDIAN_KUBE_ENV:-}" ]; then
+    echo "== Kubernetes API server: using the running one described by $MERIDIAN_KUBE_ENV"
+else
+    kube_dir="$(mktemp -d /tmp/meridian-kube.XXXXXX)"
+    echo "== Kubernetes API server: building it if needed, starting it under $kube_dir"
+    scripts/kube/up.sh "$kube_dir"
+    export MERIDIAN_KUBE_ENV="$kube_dir/env"
+fi
+# --- end Kubernetes API server ---
 
 # --- browser (console) ---
 # The console's browser test (tests/tests/console.rs) drives a headless Chromium through

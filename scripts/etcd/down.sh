@@ -8,22 +8,8 @@ if [ ! -f "$DIR/pids" ]; then
     echo "down.sh: no $DIR/pids; nothing to stop"
     exit 0
 fi
-pids=()
-while read -r pid; do
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && pids+=("$pid")
-done <"$DIR/pids"
-for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
-for _ in $(seq 1 50); do
-    running=no
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=yes; done
-    [ "$running" = yes ] || break
-    sleep 0.1
-done
-for pid in "${pids[@]}"; do
-    kill -0 "$pid" 2>/dev/null || continue
-    kill -9 "$pid" 2>/dev/null
-    # Bounded: a killed member that nobody reaps stays visible as a zombie.
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-done
+# shellcheck source=../lib/services.sh
+. "$(cd "$(dirname "$0")" && pwd)/../lib/services.sh"
+stop_pids "$DIR/pids"
 rm -f "$DIR/pids" "$DIR/env"
 echo "down.sh: stopped the test etcd under $DIR"

@@ -27,34 +27,12 @@ die() {
     exit 1
 }
 
-# 1. The package (its service must not start on 2379/2380: policy-rc.d says no while installing).
-if ! command -v etcd >/dev/null 2>&1; then
-    sudo=()
-    if [ "$(id -u)" != 0 ]; then
-        command -v sudo >/dev/null 2>&1 || die "etcd is not installed and I am neither root nor have sudo: apt-get install etcd-server"
-        sudo=(sudo)
-    fi
-    command -v apt-get >/dev/null 2>&1 || die "etcd is not installed and there is no apt-get: install etcd (3.4 or later)"
-    created_policy=no
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
-        "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d
-        created_policy=yes
-    fi
-    echo "up.sh: installing Debian's etcd-server"
-    install_ok=yes
-    if ! DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends etcd-server >/dev/null; then
-        { "${sudo[@]}" apt-get update -qq \
-            && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends etcd-server >/dev/null; } \
-            || install_ok=no
-    fi
-    [ "$created_policy" = yes ] && "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
-    [ "$install_ok" = yes ] || die "apt-get install etcd-server failed"
-    command -v etcd >/dev/null 2>&1 || die "etcd-server is installed but there is no etcd on PATH"
-fi
+# 1. The package.
+"$(cd "$(dirname "$0")" && pwd)/install.sh" || die "could not install etcd"
 
 # 2. Already running from an earlier call with this DIR? Then only check it.
-alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+# shellcheck source=../lib/services.sh
+. "$(cd "$(dirname "$0")" && pwd)/../lib/services.sh"
 if [ -f "$DIR/pids" ] && [ -f "$DIR/env" ]; then
     all_alive=yes
     count=0
@@ -71,20 +49,7 @@ if [ -f "$DIR/pids" ] && [ -f "$DIR/env" ]; then
 fi
 
 # 3. Six free ports: nothing listens (ss), or nothing answers a connect (bash's /dev/tcp).
-port_free() {
-    if command -v ss >/dev/null 2>&1; then
-        [ -z "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
-    else
-        ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-    fi
-}
-ports=()
-port=$BASE_PORT
-while [ "${#ports[@]}" -lt 6 ]; do
-    [ "$port" -lt $((BASE_PORT + 1000)) ] || die "no six free ports in $BASE_PORT..$((BASE_PORT + 999))"
-    port_free "$port" && ports+=("$port")
-    port=$((port + 1))
-done
+free_ports 6 "$BASE_PORT" || die "no six free ports in $BASE_PORT..$((BASE_PORT + 999))"
 
 # 4. The members.
 initial_cluster=""

@@ -400,7 +400,7 @@ impl Store {
     }
 }
 
-fn per_pod_gpus(template: &Value) -> f64 {
+pub(crate) fn per_pod_gpus(template: &Value) -> f64 {
     template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
         .as_str()
         .and_then(|g| g.parse().ok())
@@ -408,7 +408,7 @@ fn per_pod_gpus(template: &Value) -> f64 {
 }
 
 /// For `sh -c 'echo a; exit N'`: the echoed words (the log) and N.
-fn script_of(template: &Value) -> Option<(String, i32)> {
+pub(crate) fn script_of(template: &Value) -> Option<(String, i32)> {
     let command = template["spec"]["containers"][0]["command"].as_array()?;
     if command.first()? != "sh" || command.get(1)? != "-c" {
         return None;

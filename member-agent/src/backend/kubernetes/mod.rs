@@ -38,6 +38,8 @@ pub mod status;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]
+mod real_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 pub use config::{KubernetesConfig, Mode};

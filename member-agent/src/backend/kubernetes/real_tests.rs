@@ -1,0 +1,580 @@
+//! The Kubernetes backend against a real API server (Kubernetes v1.20.2, started by
+//! `scripts/kube/up.sh DIR`, which `scripts/test.sh` runs): real validation, defaulting and
+//! pruning, resource versions, RBAC and errors, where the fake API server (`fake.rs`) has only
+//! our own reading of the API.
+//!
+//! - The tests read `MERIDIAN_KUBE_ENV` (`DIR/env`: URL, admin token, CA). Without it they fail,
+//!   unless `MERIDIAN_SKIP_KUBE=1` says to skip them. They share one API server (nodes are
+//!   cluster-wide), so they run one at a time and clean the namespace first.
+//! - Set-up, as an admin: the Volcano CRDs (`testdata/volcano-crds.yaml`), the agent's RBAC from
+//!   `deploy/examples/kubernetes/rbac-volcano.yaml` (which `tests/tests/helm.rs` proves equal to
+//!   what the agent chart renders), and two 8-GPU H100 nodes (`testdata/member-nodes.json`).
+//! - The agent's backend runs with the `meridian-agent` ServiceAccount's own token (a
+//!   TokenRequest), never the admin's: a missing permission is a 403 and a failed test.
+//! - No kubelet and no Volcano controller run here: [`StandIn`] plays both through the API, as
+//!   they do (PodGroups, pods made from the task template, status through the status
+//!   subresources, garbage collection of what a deleted Job owned). Pod logs need a kubelet, so
+//!   `logs` is not tested here (the fake covers it).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use meridian_proto::duration::HumanDuration;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::fake::{per_pod_gpus, script_of};
+use super::*;
+use crate::backend::conformance::{self, Reopened};
+use crate::backend::slurm::read_env_file;
+use crate::backend::{InventorySource, JobEventReceiver, JobPhase, LocalBackend};
+use crate::test_jobs::{self, job_spec};
+
+/// The agent's namespace and ServiceAccount, as the example RBAC names them.
+const NS: &str = "meridian";
+const AGENT: &str = "meridian-agent";
+/// How long a job may take to move on the real server.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Where the test API server is, from `MERIDIAN_KUBE_ENV`; None when the tests are skipped.
+struct Server {
+    url: String,
+    admin_token: String,
+    ca: String,
+}
+
+fn server() -> Option<Server> {
+    if std::env::var("MERIDIAN_SKIP_KUBE").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: MERIDIAN_SKIP_KUBE=1 (no real Kubernetes API server)");
+        return None;
+    }
+    let Ok(path) = std::env::var("MERIDIAN_KUBE_ENV") else {
+        panic!(
+            "these tests need a real Kubernetes API server: run `scripts/test.sh` (it starts one with \
+             scripts/kube/up.sh and sets MERIDIAN_KUBE_ENV), or run `scripts/kube/up.sh DIR` and set \
+             MERIDIAN_KUBE_ENV=DIR/env, or set MERIDIAN_SKIP_KUBE=1 to skip them"
+        )
+    };
+    let env = read_env_file(std::path::Path::new(&path)).unwrap_or_else(|e| panic!("MERIDIAN_KUBE_ENV={path}: {e}"));
+    Some(Server {
+        url: env["MERIDIAN_KUBE_URL"].clone(),
+        admin_token: env["MERIDIAN_KUBE_TOKEN"].clone(),
+        ca: env["MERIDIAN_KUBE_CA"].clone(),
+    })
+}
+
+impl Server {
+    /// A client that verifies the server against its certificate and sends `token`.
+    fn client(&self, token: &str) -> kube::Client {
+        install_crypto_provider();
+        let mut config = kube::Config::new(self.url.parse().unwrap());
+        config.root_cert_file = Some(self.ca.clone().into());
+        config.auth_info.token = Some(token.to_owned().into());
+        config.default_namespace = NS.into();
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+/// The resource of an object's `apiVersion` and `kind`, for the kinds the set-up creates; and
+/// whether it is namespaced.
+fn resource_of(object: &Value) -> (ApiResource, bool) {
+    let api_version = object["apiVersion"].as_str().unwrap();
+    let kind = object["kind"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let (plural, namespaced) = match kind {
+        "CustomResourceDefinition" => ("customresourcedefinitions", false),
+        "Namespace" => ("namespaces", false),
+        "Node" => ("nodes", false),
+        "ClusterRole" => ("clusterroles", false),
+        "ClusterRoleBinding" => ("clusterrolebindings", false),
+        "Queue" => ("queues", false),
+        "ServiceAccount" => ("serviceaccounts", true),
+        "Role" => ("roles", true),
+        "RoleBinding" => ("rolebindings", true),
+        other => panic!("the set-up does not create {other}"),
+    };
+    (ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural), namespaced)
+}
+
+/// Creates each object unless it exists.
+async fn ensure(admin: &kube::Client, objects: &[Value]) {
+    for object in objects {
+        let (resource, namespaced) = resource_of(object);
+        let api: Api<DynamicObject> = match (namespaced, object["metadata"]["namespace"].as_str()) {
+            (true, Some(ns)) => Api::namespaced_with(admin.clone(), ns, &resource),
+            (true, None) => Api::namespaced_with(admin.clone(), NS, &resource),
+            (false, _) => Api::all_with(admin.clone(), &resource),
+        };
+        let dynamic: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        match api.create(&PostParams::default(), &dynamic).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating {} {}: {error}", object["kind"], object["metadata"]["name"]),
+        }
+    }
+}
+
+/// The documents of a multi-document YAML text.
+fn yaml_documents(text: &str) -> Vec<Value> {
+    text.split("\n---")
+        .filter(|doc| doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .collect()
+}
+
+/// Everything the tests need on the server, made once and kept; leftovers of earlier tests in
+/// the namespace removed. Returns the admin client and the agent's own client.
+async fn set_up(server: &Server) -> (kube::Client, kube::Client) {
+    let admin = server.client(&server.admin_token);
+    ensure(&admin, &yaml_documents(include_str!("testdata/volcano-crds.yaml"))).await;
+    ensure(&admin, &yaml_documents(include_str!("../../../../deploy/examples/kubernetes/rbac-volcano.yaml"))).await;
+    let nodes: Vec<Value> = serde_json::from_str(include_str!("testdata/member-nodes.json")).unwrap();
+    ensure(&admin, &nodes).await;
+    // The namespace's `default` ServiceAccount, which pods run as (the controller manager's
+    // ServiceAccount controller would make it).
+    let default_account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": NS}});
+    ensure(&admin, &[default_account]).await;
+    // A CRD is served a moment after it is created.
+    let jobs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Volcano));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while jobs.list(&ListParams::default()).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the Volcano Job CRD is not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    clean(&admin).await;
+    (admin.clone(), server.client(&agent_token(&admin).await))
+}
+
+/// Deletes every Volcano Job, PodGroup and pod in the namespace.
+async fn clean(admin: &kube::Client) {
+    let all = DeleteParams::background();
+    for resource in [job_resource(Mode::Volcano), group_resource(Mode::Volcano)] {
+        let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &resource);
+        api.delete_collection(&all, &ListParams::default()).await.unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    pods.delete_collection(&DeleteParams { grace_period_seconds: Some(0), ..all }, &ListParams::default())
+        .await
+        .unwrap();
+}
+
+/// A token of the agent's ServiceAccount, from the TokenRequest API.
+async fn agent_token(admin: &kube::Client) -> String {
+    token_of(admin, AGENT).await
+}
+
+/// A token of ServiceAccount `name` in the namespace, from the TokenRequest API.
+async fn token_of(admin: &kube::Client, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).unwrap();
+    let answer: TokenRequest =
+        accounts.create_subresource("token", name, &PostParams::default(), &request).await.unwrap();
+    answer.status.unwrap().token
+}
+
+fn config() -> KubernetesConfig {
+    KubernetesConfig {
+        mode: Mode::Volcano,
+        namespace: NS.into(),
+        poll_interval: HumanDuration(Duration::from_millis(100)),
+        request_timeout: HumanDuration::from_secs(10),
+        ..KubernetesConfig::default()
+    }
+}
+
+/// A job of `replicas` × `gpus` H100s running `sh -c script`.
+fn job(name: &str, replicas: u32, gpus: u32, script: &str) -> Assignment {
+    let mut spec = job_spec("team", replicas, gpus, 600);
+    spec.gang.resources.cpu = 4;
+    spec.gang.resources.memory_gib = 16;
+    spec.payload.image = Some("registry.example/train:1".into());
+    spec.payload.command = vec!["sh".into(), "-c".into(), script.into()];
+    test_jobs::assignment(name, 5, spec)
+}
+
+async fn backend_with(client: kube::Client) -> (Arc<KubernetesBackend>, JobEventReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Arc::new(KubernetesBackend::with_client(client, config(), "k8s-real".into(), tx).await.unwrap()), rx)
+}
+
+// ---- the stand-in Volcano controller and kubelet ----
+
+/// Plays Volcano's job controller and scheduler and the kubelet against the real API server:
+/// every `tick` it gives each new Volcano Job a PodGroup; starts a gang whose pods all fit on
+/// the nodes' free GPUs (pods named `<job>-<task>-<index>` from the task template, bound to
+/// nodes, with Volcano's `volcano.sh/task-index` annotation, marked Running through
+/// `pods/status`; the Job Running through `jobs/status`; the PodGroup Running), else marks the
+/// PodGroup unschedulable with a reason; ends a `sh -c '…; exit N'` job one tick after it
+/// started (pods Succeeded or Failed with exit code N, the Job Completed or Failed); and deletes
+/// the pods and PodGroups whose Job is gone, as the garbage collector would.
+struct StandIn {
+    task: JoinHandle<()>,
+}
+
+impl StandIn {
+    fn start(admin: kube::Client) -> Self {
+        let task = tokio::spawn(async move {
+            let mut started: BTreeMap<String, u32> = BTreeMap::new();
+            loop {
+                if let Err(error) = stand_in_tick(&admin, &mut started).await {
+                    eprintln!("stand-in: {error}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn gpus_of(pod: &Pod) -> f64 {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref()?.limits.as_ref()?.get(inventory::GPU_RESOURCE).map(inventory::quantity))
+        .unwrap_or(0.0)
+}
+
+fn phase_of_pod(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+async fn stand_in_tick(admin: &kube::Client, started: &mut BTreeMap<String, u32>) -> kube::Result<()> {
+    let jobs_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Volcano));
+    let groups_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &group_resource(Mode::Volcano));
+    let pods_api: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let nodes_api: Api<Node> = Api::all(admin.clone());
+    let jobs: Vec<Value> = jobs_api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|j| serde_json::to_value(j).unwrap())
+        .collect();
+    let groups: Vec<Value> = groups_api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|g| serde_json::to_value(g).unwrap())
+        .collect();
+    let pods = pods_api.list(&ListParams::default()).await?.items;
+    let uids: Vec<&str> = jobs.iter().filter_map(|j| j["metadata"]["uid"].as_str()).collect();
+    let owner = |meta: &Value| -> Option<String> { meta["ownerReferences"][0]["uid"].as_str().map(String::from) };
+
+    // Garbage collection of what a deleted Job owned.
+    for group in &groups {
+        if owner(&group["metadata"]).is_some_and(|uid| !uids.contains(&uid.as_str())) {
+            let _ = groups_api
+                .delete(group["metadata"]["name"].as_str().unwrap_or_default(), &DeleteParams::default())
+                .await;
+        }
+    }
+    for pod in &pods {
+        let owned_by = pod.metadata.owner_references.iter().flatten().next().map(|r| r.uid.clone());
+        if owned_by.is_some_and(|uid| !uids.contains(&uid.as_str())) {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let _ = pods_api
+                .delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+                .await;
+        }
+    }
+
+    // Free GPUs per node: allocatable minus the pods bound there that have not finished.
+    let mut free: BTreeMap<String, f64> = BTreeMap::new();
+    for node in nodes_api.list(&ListParams::default()).await?.items {
+        let allocatable = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref()?.get(inventory::GPU_RESOURCE).map(inventory::quantity))
+            .unwrap_or(0.0);
+        free.insert(node.metadata.name.unwrap_or_default(), allocatable);
+    }
+    let all_pods: Api<Pod> = Api::all(admin.clone());
+    for pod in all_pods.list(&ListParams::default()).await?.items {
+        if matches!(phase_of_pod(&pod), "Succeeded" | "Failed") {
+            continue;
+        }
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *free.entry(node).or_default() -= gpus_of(&pod);
+        }
+    }
+
+    for job in &jobs {
+        let name = job["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let uid = job["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+        let phase = job["status"]["state"]["phase"].as_str().unwrap_or("Pending").to_owned();
+        let task = &job["spec"]["tasks"][0];
+        let replicas = task["replicas"].as_u64().unwrap_or(1) as u32;
+        let template = &task["template"];
+        let per_pod = per_pod_gpus(template);
+        let group_name = format!("{name}-{}", &uid[..8.min(uid.len())]);
+        let owner_ref = json!([{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name, "uid": uid,
+                                "controller": true, "blockOwnerDeletion": true}]);
+        if !groups.iter().any(|g| owner(&g["metadata"]).as_deref() == Some(uid.as_str())) {
+            let group = json!({
+                "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                "metadata": {"name": group_name, "namespace": NS, "ownerReferences": owner_ref},
+                "spec": {"minMember": replicas, "queue": job["spec"]["queue"],
+                         "minResources": {inventory::GPU_RESOURCE: format!("{}", per_pod * f64::from(replicas))}},
+                "status": {"phase": "Pending"},
+            });
+            groups_api.create(&PostParams::default(), &serde_json::from_value(group).unwrap()).await?;
+        }
+        match phase.as_str() {
+            "Pending" => {
+                // Place the gang: each replica on a node with room, or none at all.
+                let mut room = free.clone();
+                let mut placed = Vec::new();
+                for _ in 0..replicas {
+                    let Some((node, left)) = room.iter_mut().find(|(_, left)| **left >= per_pod) else { break };
+                    *left -= per_pod;
+                    placed.push(node.clone());
+                }
+                if placed.len() < replicas as usize {
+                    let condition = json!({"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
+                        "message": format!("{}/{replicas} tasks in gang unschedulable: insufficient {}",
+                                           replicas as usize - placed.len(), inventory::GPU_RESOURCE)});
+                    let patch = json!({"status": {"phase": "Pending", "conditions": [condition]}});
+                    groups_api.patch(&group_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    continue;
+                }
+                free = room;
+                for (index, node) in placed.iter().enumerate() {
+                    let pod_name = format!("{name}-{}-{index}", task["name"].as_str().unwrap_or("main"));
+                    let mut meta = template["metadata"].clone();
+                    meta["name"] = json!(pod_name);
+                    meta["namespace"] = json!(NS);
+                    meta["ownerReferences"] = owner_ref.clone();
+                    meta["annotations"]["volcano.sh/task-index"] = json!(index.to_string());
+                    meta["annotations"]["scheduling.k8s.io/group-name"] = json!(group_name);
+                    let mut spec = template["spec"].clone();
+                    spec["nodeName"] = json!(node);
+                    // No token controller runs here to give the namespace's ServiceAccount a
+                    // token to mount.
+                    spec["automountServiceAccountToken"] = json!(false);
+                    spec["hostname"] = json!(pod_name);
+                    spec["subdomain"] = json!(name);
+                    let pod: Pod = serde_json::from_value(
+                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}),
+                    )
+                    .unwrap();
+                    pods_api.create(&PostParams::default(), &pod).await?;
+                    let running = json!({"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}});
+                    pods_api.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(&running)).await?;
+                }
+                let patch = json!({"status": {"phase": "Running", "running": replicas, "conditions": []}});
+                groups_api.patch(&group_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                let patch = json!({"status": {"state": {"phase": "Running"}, "running": replicas}});
+                jobs_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                started.insert(uid, 0);
+            }
+            "Running" => {
+                let ticks = started.entry(uid.clone()).or_insert(0);
+                *ticks += 1;
+                let Some((_, code)) = script_of(template).filter(|_| *ticks > 1) else { continue };
+                let (pod_phase, job_phase) = if code == 0 { ("Succeeded", "Completed") } else { ("Failed", "Failed") };
+                for pod in pods.iter().filter(|p| p.metadata.owner_references.iter().flatten().any(|r| r.uid == uid)) {
+                    let terminated = json!({"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }});
+                    let status = json!({"status": {"phase": pod_phase, "containerStatuses": [{
+                        "name": objects::TASK_NAME, "image": template["spec"]["containers"][0]["image"], "imageID": "",
+                        "ready": false, "restartCount": 0, "state": {"terminated": terminated}}]}});
+                    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                    pods_api.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                }
+                let patch = json!({"status": {"state": {"phase": job_phase}}});
+                jobs_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                started.remove(&uid);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+// ---- the tests ----
+
+#[tokio::test]
+async fn the_volcano_mode_passes_the_conformance_suite_on_a_real_api_server_with_the_agents_own_rbac() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, agent) = set_up(&server).await;
+    let _stand_in = StandIn::start(admin.clone());
+    let (backend, events) = backend_with(agent.clone()).await;
+    let reopen: Box<dyn Fn() -> Reopened + Send + Sync> = Box::new(move || {
+        let agent = agent.clone();
+        Box::pin(async move {
+            let (backend, events) = backend_with(agent).await;
+            (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, events)
+        })
+    });
+    conformance::run(conformance::Subject {
+        backend: backend.clone(),
+        inventory: backend,
+        events,
+        runs: job("runs", 1, 4, "sleep 600"),
+        fills: job("fills", 2, 8, "sleep 600"),
+        succeeds: job("succeeds", 1, 1, "echo hello; exit 0"),
+        fails: job("fails", 1, 1, "echo oops >&2; exit 3"),
+        never_fits: job("never", 1, 16, "true"),
+        reopen,
+        adopts: true,
+        // Pod logs come from a kubelet, and none runs here.
+        keeps_logs: false,
+        patience: PATIENCE,
+    })
+    .await;
+    clean(&admin).await;
+}
+
+#[tokio::test]
+async fn what_the_agent_creates_survives_the_real_apis_validation_and_pruning_unchanged() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, agent) = set_up(&server).await;
+    let _stand_in = StandIn::start(admin.clone());
+    let (backend, mut events) = backend_with(agent).await;
+    let mut job = job("pruned", 2, 4, "sleep 600");
+    job.spec.priority = 90;
+    job.spec.gang.resources.gpu_types = vec!["h100".into()];
+    job.spec.placement.node_selector = "topology.kubernetes.io/zone=us-east-1a, !spot".parse().unwrap();
+    job.spec.payload.env.insert("EPOCHS".into(), "3".into());
+    backend.submit(&job).await.unwrap();
+    let sent = objects::build(
+        &job,
+        &config(),
+        &objects::GpuPlacement::for_type(Some("h100"), vec!["NVIDIA-H100-80GB-HBM3".into()]),
+        "k8s-real",
+    );
+    let jobs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Volcano));
+    let stored =
+        serde_json::to_value(jobs.get(&objects::object_name(&job.job_id, job.fencing_token)).await.unwrap()).unwrap();
+    // Every field we sent is stored as sent: nothing pruned by the schema, nothing renamed.
+    assert_eq!(stored["spec"], sent["spec"], "stored {:#}\nsent {:#}", stored["spec"], sent["spec"]);
+    assert_eq!(stored["metadata"]["labels"], sent["metadata"]["labels"]);
+    assert_eq!(stored["metadata"]["annotations"], sent["metadata"]["annotations"]);
+    // The pods made from the template pass the real Pod validation (the job contract's
+    // downward-API index and `$(MERIDIAN_REPLICA)` references included), and the gang runs
+    // with its nodes in replica order.
+    let running = loop {
+        let event = tokio::time::timeout(PATIENCE, events.recv()).await.expect("the gang starts").unwrap();
+        if let JobPhase::Running { nodes } = event.phase {
+            break nodes;
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let mut by_index = Vec::new();
+    for pod in
+        pods.list(&ListParams::default().labels(&format!("{}=m-pruned-t5", objects::BINDING_LABEL))).await.unwrap()
+    {
+        let index = pod.metadata.annotations.as_ref().unwrap()["volcano.sh/task-index"].clone();
+        let env = &pod.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap();
+        let replica = env.iter().find(|e| e.name == "MERIDIAN_REPLICA").unwrap();
+        let field = replica.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+        assert_eq!(field.field_path, "metadata.annotations['volcano.sh/task-index']");
+        by_index.push((index, pod.spec.unwrap().node_name.unwrap()));
+    }
+    by_index.sort();
+    let nodes: Vec<String> = by_index.into_iter().map(|(_, node)| node).collect();
+    assert_eq!(running, nodes, "the backend reports the node of replica i at position i");
+    clean(&admin).await;
+}
+
+#[tokio::test]
+async fn the_agents_role_is_not_wider_than_it_needs() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, _agent) = set_up(&server).await;
+    let reviews: Api<SubjectAccessReview> = Api::all(admin);
+    let user = format!("system:serviceaccount:{NS}:{AGENT}");
+    let can = |verb: &'static str, group: &'static str, resource: &'static str, namespace: Option<&'static str>| {
+        let reviews = reviews.clone();
+        let user = user.clone();
+        async move {
+            let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {"user": user,
+                "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace}}}))
+            .unwrap();
+            reviews.create(&PostParams::default(), &review).await.unwrap().status.unwrap().allowed
+        }
+    };
+    // What it must have.
+    for (verb, group, resource, ns) in [
+        ("list", "", "nodes", None),
+        ("list", "", "pods", None),
+        ("list", "scheduling.volcano.sh", "podgroups", None),
+        ("create", "batch.volcano.sh", "jobs", Some(NS)),
+        ("get", "batch.volcano.sh", "jobs", Some(NS)),
+        ("delete", "batch.volcano.sh", "jobs", Some(NS)),
+    ] {
+        assert!(can(verb, group, resource, ns).await, "the agent must be able to {verb} {group}/{resource}");
+    }
+    // What it must not have.
+    for (verb, group, resource, ns) in [
+        ("get", "", "secrets", Some(NS)),
+        ("list", "", "secrets", None),
+        ("create", "", "nodes", None),
+        ("update", "", "nodes", None),
+        ("patch", "", "nodes", None),
+        ("create", "", "pods", Some(NS)),
+        ("delete", "", "pods", Some(NS)),
+        ("update", "batch.volcano.sh", "jobs", Some(NS)),
+        ("create", "batch.volcano.sh", "jobs", Some("default")),
+        ("create", "scheduling.volcano.sh", "podgroups", Some(NS)),
+        ("create", "", "services", Some(NS)),
+        ("create", "rbac.authorization.k8s.io", "roles", Some(NS)),
+    ] {
+        assert!(
+            !can(verb, group, resource, ns).await,
+            "the agent must not be able to {verb} {group}/{resource} in {ns:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_value_the_servers_validation_refuses_fails_the_job_for_good_in_the_servers_words() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, agent) = set_up(&server).await;
+    // A Volcano queue name the CRD's pattern refuses (a 422 from the server, not from us).
+    let config = KubernetesConfig { default_queue: "Not_A_Queue".into(), ..config() };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let backend = KubernetesBackend::with_client(agent, config, "k8s-real".into(), tx).await.unwrap();
+    let admission = backend.submit(&job("badq", 1, 1, "true")).await.unwrap();
+    let Admission::Refused { reason, permanent: true } = admission else { panic!("{admission:?}") };
+    assert!(reason.contains("spec.queue") && reason.contains("Not_A_Queue"), "{reason}");
+    assert!(backend.list().await.unwrap().is_empty(), "nothing is held");
+    clean(&admin).await;
+}
+
+#[tokio::test]
+async fn a_permission_the_agent_lacks_is_a_permanent_error_naming_the_verb_and_resource() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, _agent) = set_up(&server).await;
+    let nobody = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": NS}});
+    ensure(&admin, &[nobody]).await;
+    let client = server.client(&token_of(&admin, "nobody").await);
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let Err(error) = KubernetesBackend::with_client(client, config(), "k8s-real".into(), tx).await else {
+        panic!("a ServiceAccount without the agent's role cannot run the backend")
+    };
+    assert!(!error.is_transient(), "a 403 is a configuration error, not worth retrying: {error}");
+    let text = error.to_string();
+    assert!(text.contains("403") && text.contains("list") && text.contains("nodes"), "{text}");
+}

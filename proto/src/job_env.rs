@@ -8,7 +8,7 @@
 //! or renames, is decided here once.
 //!
 //! - The `MERIDIAN_*` variables are always set ([`MERIDIAN`]); a spec cannot set or rename them
-//!   (validation refuses `payload.env` names starting with [`RESERVED_PREFIX`]).
+//!   (validation refuses those names in `payload.env`, see [`is_contract_name`]).
 //! - The launcher's variables ([`launcher_variables`]) follow, under the names
 //!   `payload.launcherEnvNames` gives them; `payload.launcherEnv: none` leaves them out.
 //! - A name `payload.env` sets is the user's: the launcher variable of that name is left out.
@@ -20,8 +20,15 @@ use std::collections::BTreeMap;
 
 use crate::spec::{LauncherEnv, Payload};
 
-/// `payload.env` names with this prefix are refused: the contract owns them.
+/// The prefix of the contract's own names; a rename may not take a name with it.
 pub const RESERVED_PREFIX: &str = "MERIDIAN_";
+
+/// Whether `name` is one of the `MERIDIAN_*` variables the contract sets, which `payload.env`
+/// may not set. Other names with the prefix stay the user's: specs written before the contract
+/// use some.
+pub fn is_contract_name(name: &str) -> bool {
+    MERIDIAN.iter().any(|(own, _)| *own == name)
+}
 
 /// Where a variable's value comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

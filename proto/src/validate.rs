@@ -337,11 +337,10 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         let field = format!("payload.env.{}", key.escape_debug());
         if !ok {
             v.push(&field, "environment variable names are letters, digits and `_`, not starting with a digit");
-        } else if key.starts_with(crate::job_env::RESERVED_PREFIX) {
+        } else if crate::job_env::is_contract_name(key) {
             v.push(
                 &field,
-                "names starting with `MERIDIAN_` are set by Meridian on every replica (see the job environment in \
-                 docs/job-spec.md); pick another name",
+                "is set by Meridian on every replica (the job environment in docs/job-spec.md); pick another name",
             );
         }
         if value.contains('\0') {
@@ -591,6 +590,8 @@ mod tests {
         let err = parse(&format!("{base}payload: {{command: [x], env: {{MERIDIAN_REPLICA: '3'}}}}\n")).unwrap_err();
         assert_eq!(fields(err.clone()), ["payload.env.MERIDIAN_REPLICA"]);
         assert!(err.to_string().contains("set by Meridian"), "{err}");
+        // Other names with the prefix stay the user's (specs written before the contract use some).
+        parse(&format!("{base}payload: {{command: [x], env: {{MERIDIAN_WITNESS_DIR: /tmp/w}}}}\n")).unwrap();
         let err =
             parse(&format!("{base}payload: {{command: [x], launcherEnvNames: {{RANK: MERIDIAN_X}}}}\n")).unwrap_err();
         assert_eq!(fields(err), ["payload.launcherEnvNames.RANK"]);

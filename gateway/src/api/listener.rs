@@ -49,6 +49,23 @@ pub async fn serve<H: Handshake>(
     let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
     let mut stop = shutdown.clone();
+    // Admits one accepted connection and runs it on its own task until `until` flips.
+    let mut spawn = |connections: &mut JoinSet<()>, tcp, peer: SocketAddr, until: watch::Receiver<bool>| {
+        let (slot, access) = match tracker.admit(peer.ip()) {
+            Admission::Serve(slot) => (slot, Access::Full),
+            Admission::Reserve(slot, refusal) => (slot, Access::HealthOnly(refusal)),
+            Admission::Refuse(refusal) => {
+                refused += 1;
+                // One line per power of two: a flood is visible without flooding the log.
+                if refused.is_power_of_two() {
+                    tracing::warn!(client = %peer, ?refusal, refused, counts = ?tracker.counts(), "REST connection refused at the cap");
+                }
+                return;
+            }
+        };
+        let connection = Connection { tcp, peer, slot, access, settings, guard: guard.clone() };
+        connections.spawn(connection.run(handshake.clone(), until));
+    };
     loop {
         tokio::select! {
             biased;
@@ -64,27 +81,29 @@ pub async fn serve<H: Handshake>(
                         continue;
                     }
                 };
-                let (slot, access) = match tracker.admit(peer.ip()) {
-                    Admission::Serve(slot) => (slot, Access::Full),
-                    Admission::Reserve(slot, refusal) => (slot, Access::HealthOnly(refusal)),
-                    Admission::Refuse(refusal) => {
-                        refused += 1;
-                        // One line per power of two: a flood is visible without flooding the log.
-                        if refused.is_power_of_two() {
-                            tracing::warn!(client = %peer, ?refusal, refused, counts = ?tracker.counts(), "REST connection refused at the cap");
-                        }
-                        continue;
-                    }
-                };
-                let connection = Connection { tcp, peer, slot, access, settings, guard: guard.clone() };
-                connections.spawn(connection.run(handshake.clone(), shutdown.clone()));
+                spawn(&mut connections, tcp, peer, shutdown.clone());
             }
         }
     }
+    // Connections the kernel completed but nobody accepted yet would be reset when the listener
+    // closes, and their clients could not tell whether the request was acted on. Accept them,
+    // answer each one request (the API answers 503 while shutting down), then close them.
+    let (drained, until) = watch::channel(false);
+    while let Ok(Ok((tcp, peer))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        spawn(&mut connections, tcp, peer, until.clone());
+    }
     drop(listener);
+    tokio::spawn(async move {
+        tokio::time::sleep(DRAIN_GRACE).await;
+        let _ = drained.send(true);
+    });
     while connections.join_next().await.is_some() {}
     Ok(())
 }
+
+/// How long a connection accepted while shutting down has to send its request before it is
+/// closed like every other.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
 /// Descriptors kept for everything that is not a REST connection: the gRPC port and its agents,
 /// the store, logs.
@@ -415,6 +434,33 @@ mod tests {
         assert!(read_to_close(&mut kept).await.is_empty());
         tokio::time::timeout(DEADLINE, running.served).await.expect("serve returned in time").unwrap().unwrap();
         assert_eq!(running.tracker.counts(), ConnectionCounts::default());
+    }
+
+    #[tokio::test]
+    async fn connections_waiting_to_be_accepted_at_shutdown_get_an_answer_not_a_reset() {
+        // Three clients connect and send their request before the loop runs, and the loop is told
+        // to stop before it accepts anything: they wait in the kernel's queue, as a client that
+        // connects just as a gateway begins a graceful restart does.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            client.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+            clients.push(client);
+        }
+        let limits = LimitsConfig::default();
+        let tracker = ConnectionTracker::new(&limits);
+        let (_stop, stopped) = watch::channel(true);
+        let router = Router::new().route("/healthz", get(|| async { "ok" }));
+        let served = tokio::spawn(async move { serve(listener, Plain, router, &limits, tracker, stopped).await });
+        for client in &mut clients {
+            let answer = read_to_close(client).await;
+            assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+        }
+        tokio::time::timeout(DEADLINE, served).await.expect("serve returned in time").unwrap().unwrap();
+        // Nothing listens any more.
+        assert!(TcpStream::connect(addr).await.is_err());
     }
 
     #[tokio::test]

@@ -35,6 +35,8 @@ die() {
 
 # shellcheck source=../lib/services.sh
 . "$scripts_dir/../lib/services.sh"
+# shellcheck source=ready.sh
+. "$scripts_dir/ready.sh"
 if [ -f "$DIR/pids" ] && [ -f "$DIR/env" ]; then
     all_alive=yes
     while read -r pid; do alive "$pid" || all_alive=no; done <"$DIR/pids"
@@ -69,19 +71,23 @@ token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "$token,admin,admin,system:masters" >"$DIR/tokens.csv"
 chmod 600 "$DIR/tokens.csv" "$DIR/sa.key"
 
-setsid "$apiserver" --etcd-servers="http://127.0.0.1:$etcd_client" --bind-address=127.0.0.1 --secure-port="$api_port" \
-    --cert-dir="$DIR/certs" --token-auth-file="$DIR/tokens.csv" --authorization-mode=RBAC \
-    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$DIR/sa.pub" \
-    --service-account-signing-key-file="$DIR/sa.key" --service-cluster-ip-range=10.96.0.0/16 \
-    </dev/null >"$DIR/apiserver.log" 2>&1 &
+# The API server's command line, kept so scripts/kube/restart-apiserver.sh can start it again
+# over the same etcd, certificate and tokens.
+cat >"$DIR/apiserver.sh" <<RUN
+#!/bin/sh
+exec "$apiserver" --etcd-servers="http://127.0.0.1:$etcd_client" --bind-address=127.0.0.1 --secure-port="$api_port" \\
+    --cert-dir="$DIR/certs" --token-auth-file="$DIR/tokens.csv" --authorization-mode=RBAC \\
+    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$DIR/sa.pub" \\
+    --service-account-signing-key-file="$DIR/sa.key" --service-cluster-ip-range=10.96.0.0/16
+RUN
+chmod 755 "$DIR/apiserver.sh"
+echo "https://127.0.0.1:$api_port" >"$DIR/url"
+echo "$token" >"$DIR/admin-token"
+chmod 600 "$DIR/admin-token"
+setsid "$DIR/apiserver.sh" </dev/null >"$DIR/apiserver.log" 2>&1 &
 echo $! >>"$DIR/pids"
 
-deadline=$((SECONDS + DEADLINE_S))
-until curl -ksf -H "Authorization: Bearer $token" "https://127.0.0.1:$api_port/readyz" >/dev/null 2>&1; do
-    while read -r pid; do alive "$pid" || die "a process exited while starting (PID $pid)"; done <"$DIR/pids"
-    [ "$SECONDS" -lt "$deadline" ] || die "the API server was not ready within ${DEADLINE_S}s"
-    sleep 0.3
-done
+wait_ready "$DIR" || die "the API server was not ready within ${DEADLINE_S}s"
 cat >"$DIR/env" <<ENV
 export MERIDIAN_KUBE_URL=https://127.0.0.1:$api_port
 export MERIDIAN_KUBE_TOKEN=$token

@@ -59,13 +59,28 @@ pub struct KubernetesConfig {
     /// Deadline of every API call.
     #[serde(default = "default_request_timeout")]
     pub request_timeout: HumanDuration,
-    /// How often job status is polled.
+    /// Where job status comes from: `watch` (the default) or `poll`.
+    #[serde(default)]
+    pub status_updates: StatusUpdates,
+    /// `poll`: how often job status is read. `watch`: the longest time between two status rounds
+    /// without a change (they read the watch caches, not the API).
     #[serde(default = "default_poll_interval")]
     pub poll_interval: HumanDuration,
     /// The coordinator port of every job (`MERIDIAN_COORDINATOR_PORT`, `MASTER_PORT`): each pod
     /// has its own address, so one port serves every job.
     #[serde(default = "default_coordinator_port")]
     pub coordinator_port: u16,
+}
+
+/// Where the Kubernetes backend learns job status from (`kubernetes.statusUpdates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatusUpdates {
+    /// List once, then watch jobs, pods and PodGroups/Workloads; relist on `410 Gone`.
+    #[default]
+    Watch,
+    /// List them every `pollInterval`.
+    Poll,
 }
 
 fn default_namespace() -> String {
@@ -95,6 +110,7 @@ impl Default for KubernetesConfig {
             priority_classes: Vec::new(),
             preemptible_priority_class: None,
             request_timeout: default_request_timeout(),
+            status_updates: StatusUpdates::default(),
             poll_interval: default_poll_interval(),
             coordinator_port: default_coordinator_port(),
         }

@@ -9,10 +9,12 @@
 //!
 //! Every object Meridian creates carries the label `app.kubernetes.io/managed-by=meridian`, the
 //! job id as a label and annotation, and the fencing token as an annotation, so `list` (and a
-//! restarted agent) finds every binding by listing that label. Status is learned by polling
-//! (every `pollInterval`): one labelled list of jobs and pods, and one list of PodGroups or
-//! Workloads, per round, whatever the number of jobs. A watch would answer sooner; polling keeps
-//! the API load fixed and needs no resume logic. Every API call has the `requestTimeout` deadline.
+//! restarted agent) finds every binding by listing that label. Status comes from watches
+//! ([`watch`], `statusUpdates: watch`, the default): the jobs, their pods and the PodGroups or
+//! Workloads are listed once and then watched, and each change is reported from the caches. With
+//! `statusUpdates: poll` every `pollInterval` lists them again instead (one labelled list of jobs
+//! and pods, and one list of PodGroups or Workloads, per round). Every API call has the
+//! `requestTimeout` deadline.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -34,6 +36,7 @@ pub mod inventory;
 pub mod objects;
 pub mod pressure;
 pub mod status;
+mod watch;
 
 #[cfg(test)]
 pub(crate) mod fake;
@@ -42,7 +45,7 @@ mod real_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{KubernetesConfig, Mode};
+pub use config::{KubernetesConfig, Mode, StatusUpdates};
 use inventory::{GpuTypeMapper, Scan};
 use objects::{GpuPlacement, JOB_ID_KEY, MANAGED_LABEL, MANAGED_VALUE, TOKEN_KEY};
 
@@ -365,7 +368,7 @@ impl Shared {
         }
         self.cancel_now(&job.job_id, job.fencing_token).await?;
         Ok(Some(Admission::Refused {
-            reason: format!("{error}; the agent needs create/get/delete on services in namespace `{}`", self.ns()),
+            reason: format!("{error}; the agent needs create on services in namespace `{}`", self.ns()),
             permanent: true,
         }))
     }
@@ -450,13 +453,45 @@ impl Shared {
     async fn sync_status(&self) -> Result<()> {
         let started = tokio::time::Instant::now();
         let snapshot = self.snapshot().await?;
+        self.report_changes(&snapshot, |_, entry| entry.since.is_some_and(|since| since < started));
+        Ok(())
+    }
+
+    /// One status round from the watch caches: no API call, except one `get` per tracked binding
+    /// the caches lack, to tell a deleted object from one created after the cache last heard.
+    async fn sync_from_watch(&self, snapshot: &Snapshot) -> Result<()> {
+        let missing: Vec<(String, u64)> = self
+            .lock_tracked()
+            .iter()
+            .filter(|(job_id, entry)| {
+                entry.since.is_some()
+                    && !snapshot.bindings.iter().any(|b| &b.job_id == *job_id && b.fencing_token == entry.fencing_token)
+            })
+            .map(|(job_id, entry)| (job_id.clone(), entry.fencing_token))
+            .collect();
+        let mut gone = Vec::new();
+        for (job_id, token) in missing {
+            let name = objects::object_name(&job_id, token);
+            if self.call("get job", self.jobs().get_opt(&name)).await?.is_none() {
+                gone.push((job_id, token));
+            }
+        }
+        self.report_changes(snapshot, |job_id, entry| {
+            gone.iter().any(|(id, token)| id == job_id && *token == entry.fencing_token)
+        });
+        Ok(())
+    }
+
+    /// Reports every tracked binding whose phase in `snapshot` differs from the last one
+    /// reported, and stops tracking the ended ones and the missing ones `gone` says are gone.
+    fn report_changes(&self, snapshot: &Snapshot, gone_if_missing: impl Fn(&str, &Tracked) -> bool) {
         let mut tracked = self.lock_tracked();
         let mut gone = Vec::new();
         for (job_id, entry) in tracked.iter_mut() {
             let token = entry.fencing_token;
             let Some(binding) = snapshot.bindings.iter().find(|b| &b.job_id == job_id && b.fencing_token == token)
             else {
-                if entry.since.is_some_and(|since| since < started) {
+                if gone_if_missing(job_id, entry) {
                     gone.push(job_id.clone());
                 }
                 continue;
@@ -475,13 +510,29 @@ impl Shared {
         for job_id in gone {
             tracked.remove(&job_id);
         }
-        Ok(())
     }
 }
 
-/// Polls until aborted (the backend aborts it when dropped); a failed round is logged and retried.
+/// Reports status changes until aborted (the backend aborts it when dropped): from watches, or
+/// by polling (`statusUpdates`); a failed round is logged and retried.
 async fn run_status_loop(shared: Arc<Shared>) {
     let interval = shared.config.poll_interval.0.max(Duration::from_millis(10));
+    if shared.config.status_updates == StatusUpdates::Watch {
+        let watched = watch::Watched::start(&shared.client, shared.ns(), shared.config.mode);
+        if !watched.ready().await {
+            return;
+        }
+        loop {
+            // A change wakes the loop at once; `pollInterval` bounds the time between rounds.
+            tokio::select! {
+                () = watched.changed() => {}
+                () = tokio::time::sleep(interval) => {}
+            }
+            if let Err(error) = shared.sync_from_watch(&watched.snapshot()).await {
+                tracing::warn!(%error, "kubernetes: status round failed");
+            }
+        }
+    }
     loop {
         tokio::time::sleep(interval).await;
         if let Err(error) = shared.sync_status().await {

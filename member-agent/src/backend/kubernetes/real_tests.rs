@@ -50,6 +50,8 @@ struct Server {
     url: String,
     admin_token: String,
     ca: String,
+    /// The directory `scripts/kube/up.sh` keeps the server's state in.
+    dir: String,
 }
 
 fn server() -> Option<Server> {
@@ -69,6 +71,7 @@ fn server() -> Option<Server> {
         url: env["MERIDIAN_KUBE_URL"].clone(),
         admin_token: env["MERIDIAN_KUBE_TOKEN"].clone(),
         ca: env["MERIDIAN_KUBE_CA"].clone(),
+        dir: env["MERIDIAN_KUBE_DIR"].clone(),
     })
 }
 
@@ -117,7 +120,14 @@ async fn ensure(admin: &kube::Client, objects: &[Value]) {
         let dynamic: DynamicObject = serde_json::from_value(object.clone()).unwrap();
         match api.create(&PostParams::default(), &dynamic).await {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            // There from an earlier run: bring it up to date (an RBAC file that changed).
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let name = object["metadata"]["name"].as_str().unwrap();
+                let current = api.get(name).await.unwrap();
+                let mut updated = dynamic.clone();
+                updated.metadata.resource_version = current.metadata.resource_version;
+                api.replace(name, &PostParams::default(), &updated).await.unwrap();
+            }
             Err(error) => panic!("creating {} {}: {error}", object["kind"], object["metadata"]["name"]),
         }
     }
@@ -577,4 +587,46 @@ async fn a_permission_the_agent_lacks_is_a_permanent_error_naming_the_verb_and_r
     assert!(!error.is_transient(), "a 403 is a configuration error, not worth retrying: {error}");
     let text = error.to_string();
     assert!(text.contains("403") && text.contains("list") && text.contains("nodes"), "{text}");
+}
+
+#[tokio::test]
+async fn watches_resume_after_the_api_server_restarts_and_report_what_changed_meanwhile() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, agent) = set_up(&server).await;
+    let stand_in = StandIn::start(admin.clone());
+    let (backend, mut events) = backend_with(agent).await;
+    let job = job("survivor", 1, 1, "sleep 600");
+    backend.submit(&job).await.unwrap();
+    loop {
+        if matches!(next_event(&mut events).await.phase, JobPhase::Running { .. }) {
+            break;
+        }
+    }
+    // The API server goes away under the open watches and comes back over the same etcd.
+    drop(stand_in);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kube/restart-apiserver.sh");
+    let restarted = std::process::Command::new(script).arg(&server.dir).output().unwrap();
+    assert!(restarted.status.success(), "{}", String::from_utf8_lossy(&restarted.stderr));
+    // The job ends while nothing watched it live: the resumed watch reports it.
+    let jobs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Volcano));
+    let name = objects::object_name(&job.job_id, job.fencing_token);
+    let ended = json!({"status": {"state": {"phase": "Failed", "message": "ended while the API server restarted"}}});
+    jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&ended)).await.unwrap();
+    let phase = loop {
+        let event = next_event(&mut events).await;
+        if event.phase.is_terminal() {
+            break event.phase;
+        }
+    };
+    assert!(
+        matches!(&phase, JobPhase::Failed { message } if message.contains("ended while the API server restarted")),
+        "{phase:?}"
+    );
+    clean(&admin).await;
+}
+
+/// The next job event, within [`PATIENCE`].
+async fn next_event(events: &mut JobEventReceiver) -> crate::backend::JobEvent {
+    tokio::time::timeout(PATIENCE, events.recv()).await.expect("an event in time").expect("events open")
 }

@@ -630,3 +630,60 @@ async fn watches_resume_after_the_api_server_restarts_and_report_what_changed_me
 async fn next_event(events: &mut JobEventReceiver) -> crate::backend::JobEvent {
     tokio::time::timeout(PATIENCE, events.recv()).await.expect("an event in time").expect("events open")
 }
+
+/// Reads from the API server's own metrics how many GET, LIST and WATCH requests it has served
+/// on jobs, pods and PodGroups, all clients together.
+async fn status_reads(admin: &kube::Client) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(request).await.unwrap();
+    text.lines()
+        .filter(|line| line.starts_with("apiserver_request_total{"))
+        .filter(|line| ["jobs", "pods", "podgroups"].iter().any(|r| line.contains(&format!("resource=\"{r}\""))))
+        .filter(|line| ["GET", "LIST", "WATCH"].iter().any(|v| line.contains(&format!("verb=\"{v}\""))))
+        .filter(|line| line.contains("subresource=\"\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
+}
+
+/// The API calls the status loop makes with many held jobs, polling and watching, counted by
+/// the API server itself over a window in which nothing else calls it. The figures in
+/// docs/benchmarks.md come from `MERIDIAN_KUBE_CALLS_JOBS=1000 MERIDIAN_KUBE_CALLS_WINDOW_SECS=60`;
+/// the test command runs it with 50 jobs for 10 s per mode.
+#[tokio::test]
+async fn watching_costs_no_api_calls_per_round_however_many_jobs_are_held() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, agent) = set_up(&server).await;
+    let count: usize = std::env::var("MERIDIAN_KUBE_CALLS_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let window = Duration::from_secs(
+        std::env::var("MERIDIAN_KUBE_CALLS_WINDOW_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10),
+    );
+    // Held jobs as the agent would have submitted them; no stand-in runs, so they stay queued.
+    let jobs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Volcano));
+    let gpu = objects::GpuPlacement::for_type(None, Vec::new());
+    for i in 0..count {
+        let object = objects::build(&job(&format!("held-{i}"), 1, 1, "sleep 600"), &config(), &gpu, "k8s-real");
+        jobs.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+    }
+    let mut per_minute = BTreeMap::new();
+    for mode in [StatusUpdates::Poll, StatusUpdates::Watch] {
+        let config = KubernetesConfig { status_updates: mode, poll_interval: HumanDuration::from_secs(2), ..config() };
+        let (tx, _events) = mpsc::unbounded_channel();
+        let backend = KubernetesBackend::with_client(agent.clone(), config, "k8s-real".into(), tx).await.unwrap();
+        assert_eq!(backend.list().await.unwrap().len(), count, "every held job is adopted");
+        // Let the watches open (their first list is not a per-round cost), then count.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = status_reads(&admin).await;
+        tokio::time::sleep(window).await;
+        let calls = status_reads(&admin).await - before;
+        drop(backend);
+        per_minute.insert(format!("{mode:?}"), calls as f64 * 60.0 / window.as_secs_f64());
+    }
+    println!("kubernetes status loop, {count} held jobs, API calls per minute: {per_minute:?}");
+    let (poll, watch) = (per_minute["Poll"], per_minute["Watch"]);
+    // Polling lists jobs, pods and PodGroups every 2 s (90 a minute); watching lists nothing.
+    assert!(poll >= 45.0, "polling reads every round: {per_minute:?}");
+    assert!(watch * 10.0 <= poll, "watching costs a tenth of polling or less: {per_minute:?}");
+    clean(&admin).await;
+}

@@ -100,6 +100,7 @@ fn resource_of(object: &Value) -> (ApiResource, bool) {
         "ClusterRole" => ("clusterroles", false),
         "ClusterRoleBinding" => ("clusterrolebindings", false),
         "Queue" => ("queues", false),
+        "LocalQueue" => ("localqueues", true),
         "ServiceAccount" => ("serviceaccounts", true),
         "Role" => ("roles", true),
         "RoleBinding" => ("rolebindings", true),
@@ -686,4 +687,59 @@ async fn watching_costs_no_api_calls_per_round_however_many_jobs_are_held() {
     assert!(poll >= 45.0, "polling reads every round: {per_minute:?}");
     assert!(watch * 10.0 <= poll, "watching costs a tenth of polling or less: {per_minute:?}");
     clean(&admin).await;
+}
+
+/// Kueue's objects where 1.20 takes them: Kueue's suspended-Job flow cannot run here (1.20 has
+/// no `Job.spec.suspend` and drops it silently), but the LocalQueues and Workloads the backend
+/// reads are custom resources the real server stores and validates; queue pressure and the
+/// watch caches read them back from it. As the admin: the example RBAC's Kueue role would widen
+/// the Volcano role the other tests check.
+#[tokio::test]
+async fn kueue_workloads_on_the_real_server_give_the_queue_pressure() {
+    let Some(server) = server() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (admin, _agent) = set_up(&server).await;
+    ensure(&admin, &yaml_documents(include_str!("testdata/kueue-crds.yaml"))).await;
+    let workloads: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &group_resource(Mode::Kueue));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while workloads.list(&ListParams::default()).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the Workload CRD is not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    workloads.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
+    let queue = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+        "metadata": {"name": "lq-team", "namespace": NS}, "spec": {"clusterQueue": "cq-gpu"}});
+    ensure(&admin, &[queue]).await;
+    let now = "2026-12-04T00:00:00Z";
+    for (name, count, gpus, condition) in [
+        (
+            "waits",
+            2,
+            "8",
+            json!({"type": "QuotaReserved", "status": "False", "reason": "Pending",
+            "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu", "lastTransitionTime": now}),
+        ),
+        (
+            "runs",
+            1,
+            "4",
+            json!({"type": "Admitted", "status": "True", "reason": "Admitted", "message": "admitted", "lastTransitionTime": now}),
+        ),
+    ] {
+        let workload = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"queueName": "lq-team", "podSets": [{"name": "main", "count": count, "template": {"spec": {
+                "containers": [{"name": "main", "image": "i", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}}]}});
+        workloads.create(&PostParams::default(), &serde_json::from_value(workload).unwrap()).await.unwrap();
+        let status = json!({"status": {"conditions": [condition]}});
+        workloads.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    }
+    let config = KubernetesConfig { mode: Mode::Kueue, ..config() };
+    let (tx, _events) = mpsc::unbounded_channel();
+    let backend = KubernetesBackend::with_client(admin.clone(), config, "k8s-real".into(), tx).await.unwrap();
+    let pressure = backend.pressure().await.unwrap();
+    let loads: Vec<(&str, u32, u32, u32)> =
+        pressure.queues.iter().map(|q| (&*q.queue, q.pending_jobs, q.pending_gpus, q.running_gpus)).collect();
+    assert_eq!(loads, [("lq-team", 1, 16, 4)], "{pressure:?}");
+    workloads.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
 }

@@ -162,6 +162,15 @@ fn job_resource(mode: Mode) -> ApiResource {
     }
 }
 
+/// Whether a submit created the Job itself or found it from an earlier try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Created {
+    /// This submit created it: nothing of it ran yet.
+    Now,
+    /// An earlier try did: it may be running.
+    Earlier,
+}
+
 fn service_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Service"), "services")
 }
@@ -287,10 +296,8 @@ impl Shared {
         }
         let snapshot = self.snapshot().await?;
         if let Some(held) = snapshot.bindings.iter().find(|b| b.job_id == job.job_id) {
-            if held.fencing_token == job.fencing_token
-                && let Some(refused) = self.ensure_service(job, &held.uid).await?
-            {
-                return Ok(refused);
+            if held.fencing_token == job.fencing_token {
+                self.ensure_service(job, &held.uid, Created::Earlier).await?;
             }
             return Ok(snapshot.admission_of(held, job.fencing_token, self.config.mode));
         }
@@ -325,13 +332,18 @@ impl Shared {
         match created {
             Ok(Ok(created)) => {
                 let uid = created.metadata.uid.clone().unwrap_or_default();
-                Ok(self.ensure_service(job, &uid).await?.unwrap_or(Admission::Queued { reason }))
+                Ok(self.ensure_service(job, &uid, Created::Now).await?.unwrap_or(Admission::Queued { reason }))
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
                 // Created by an earlier try whose answer was lost, or a name clash: the token decides.
                 let now = self.snapshot().await?;
                 match now.bindings.iter().find(|b| b.name == name) {
-                    Some(held) => Ok(now.admission_of(held, job.fencing_token, self.config.mode)),
+                    Some(held) => {
+                        if held.fencing_token == job.fencing_token {
+                            self.ensure_service(job, &held.uid, Created::Earlier).await?;
+                        }
+                        Ok(now.admission_of(held, job.fencing_token, self.config.mode))
+                    }
                     None => {
                         Err(BackendError::transient(format!("kubernetes: job `{name}` exists but is not readable yet")))
                     }
@@ -347,11 +359,12 @@ impl Shared {
 
     /// Kueue mode: makes sure the headless Service that gives the job's pods their DNS names
     /// (the coordinator address) exists, owned by the Job `job_uid`; an existing one is fine.
-    /// Volcano's `svc` plugin makes its own, so Volcano mode does nothing. A refusal the agent
-    /// cannot fix by retrying (no RBAC for Services, an invalid object) deletes the Job and
-    /// answers with a permanent refusal naming the cause; a transient failure is an error, and
-    /// the agent's retry of the submit comes back here.
-    async fn ensure_service(&self, job: &Assignment, job_uid: &str) -> Result<Option<Admission>> {
+    /// Volcano's `svc` plugin makes its own, so Volcano mode does nothing. A transient failure is
+    /// an error, and the agent's retry of the submit comes back here. A refusal retrying cannot
+    /// fix (no RBAC for Services, an invalid object): for a Job created just now, the Job is
+    /// deleted and the answer is a permanent refusal naming the cause; for one created earlier
+    /// (which may be running), it is logged and the Job kept.
+    async fn ensure_service(&self, job: &Assignment, job_uid: &str, created: Created) -> Result<Option<Admission>> {
         if self.config.mode != Mode::Kueue {
             return Ok(None);
         }
@@ -365,6 +378,10 @@ impl Shared {
         };
         if error.is_transient() {
             return Err(error);
+        }
+        if created == Created::Earlier {
+            tracing::error!(%error, job = %job.job_id, "kubernetes: the job's headless Service cannot be created; its replicas cannot resolve the coordinator");
+            return Ok(None);
         }
         self.cancel_now(&job.job_id, job.fencing_token).await?;
         Ok(Some(Admission::Refused {

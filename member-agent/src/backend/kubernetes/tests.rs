@@ -217,6 +217,23 @@ async fn a_service_the_agent_may_not_create_refuses_the_job_for_good_and_removes
 }
 
 #[tokio::test]
+async fn a_job_found_from_an_earlier_try_gets_its_service_and_is_never_deleted_for_it() {
+    let (api, backend, _rx) = member(Mode::Kueue, false).await;
+    let job = assignment("j-e", 4, "t", 2, 1);
+    // An earlier try created the Job, but its answer (and the Service) were lost: the create
+    // answers 409 and the Service is made now.
+    let object = objects::build(&job, &config(Mode::Kueue), &GpuPlacement::for_type(None, Vec::new()), "k8s-test");
+    api.put(fake::BATCH_JOBS, object);
+    assert!(matches!(backend.submit(&job).await.unwrap(), Admission::Queued { .. }));
+    assert_eq!(api.objects(fake::SERVICES).len(), 1, "the retry made the Service");
+    // A Service the API refuses for good on a later retry keeps the Job (it may run).
+    api.remove_all(fake::SERVICES);
+    api.fail_next_create_of(fake::SERVICES, 403, "services is forbidden");
+    assert!(matches!(backend.submit(&job).await.unwrap(), Admission::Queued { .. }));
+    assert_eq!(api.objects(fake::BATCH_JOBS).len(), 1, "the Job stays");
+}
+
+#[tokio::test]
 async fn volcano_mode_creates_no_service_of_its_own() {
     let (api, backend, _rx) = member(Mode::Volcano, false).await;
     backend.submit(&assignment("j-v", 2, "t", 2, 1)).await.unwrap();

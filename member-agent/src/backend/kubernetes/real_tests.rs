@@ -6,9 +6,9 @@
 //! - The tests read `MERIDIAN_KUBE_ENV` (`DIR/env`: URL, admin token, CA). Without it they fail,
 //!   unless `MERIDIAN_SKIP_KUBE=1` says to skip them. They share one API server (nodes are
 //!   cluster-wide), so they run one at a time and clean the namespace first.
-//! - Set-up, as an admin: the Volcano CRDs (`testdata/volcano-crds.yaml`), the agent's RBAC from
-//!   `deploy/examples/kubernetes/rbac-volcano.yaml` (which `tests/tests/helm.rs` proves equal to
-//!   what the agent chart renders), and two 8-GPU H100 nodes (`testdata/member-nodes.json`).
+//! - Set-up, as an admin: the Volcano CRDs (`testdata/volcano-crds.yaml`), the agent's
+//!   ServiceAccount and RBAC as the agent chart renders them ([`agent_rbac`]), and two 8-GPU H100
+//!   nodes (`testdata/member-nodes.json`).
 //! - The agent's backend runs with the `meridian-agent` ServiceAccount's own token (a
 //!   TokenRequest), never the admin's: a missing permission is a 403 and a failed test.
 //! - No kubelet and no Volcano controller run here: [`StandIn`] plays both through the API, as
@@ -142,12 +142,48 @@ fn yaml_documents(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The agent's ServiceAccount and RBAC as the agent chart renders them for Volcano mode
+/// (`helm template` with `MERIDIAN_HELM`, which the test command sets), else the example file
+/// `deploy/examples/kubernetes/rbac-volcano.yaml`, whose rules `tests/tests/helm.rs` proves equal
+/// to the chart's.
+fn agent_rbac() -> Vec<Value> {
+    const KINDS: [&str; 5] = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+    let helm = std::env::var_os("MERIDIAN_HELM").filter(|_| std::env::var("MERIDIAN_SKIP_HELM").as_deref() != Ok("1"));
+    let Some(helm) = helm else {
+        eprintln!(
+            "no MERIDIAN_HELM: applying deploy/examples/kubernetes/rbac-volcano.yaml instead of the rendered chart"
+        );
+        let example = yaml_documents(include_str!("../../../../deploy/examples/kubernetes/rbac-volcano.yaml"));
+        return example.into_iter().filter(|d| KINDS.contains(&d["kind"].as_str().unwrap_or_default())).collect();
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "cluster: k8s-real\nregion: us-east\nkubernetes:\n  mode: volcano\n").unwrap();
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/helm/meridian-agent");
+    let out = std::process::Command::new(&helm)
+        .args(["template", AGENT, chart, "--namespace", NS, "--values"])
+        .arg(&values)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    let rendered: Vec<Value> = yaml_documents(&String::from_utf8(out.stdout).unwrap())
+        .into_iter()
+        .filter(|d| KINDS.contains(&d["kind"].as_str().unwrap_or_default()))
+        .collect();
+    let account = rendered.iter().find(|d| d["kind"] == "ServiceAccount").expect("the chart makes a ServiceAccount");
+    assert_eq!(account["metadata"]["name"], AGENT, "the tests take tokens for this account");
+    assert_eq!(rendered.len(), KINDS.len(), "one of each: {rendered:?}");
+    rendered
+}
+
 /// Everything the tests need on the server, made once and kept; leftovers of earlier tests in
 /// the namespace removed. Returns the admin client and the agent's own client.
 async fn set_up(server: &Server) -> (kube::Client, kube::Client) {
     let admin = server.client(&server.admin_token);
     ensure(&admin, &yaml_documents(include_str!("testdata/volcano-crds.yaml"))).await;
-    ensure(&admin, &yaml_documents(include_str!("../../../../deploy/examples/kubernetes/rbac-volcano.yaml"))).await;
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
+    ensure(&admin, &[namespace]).await;
+    ensure(&admin, &agent_rbac()).await;
     let nodes: Vec<Value> = serde_json::from_str(include_str!("testdata/member-nodes.json")).unwrap();
     ensure(&admin, &nodes).await;
     // The namespace's `default` ServiceAccount, which pods run as (the controller manager's

@@ -35,6 +35,7 @@ pub mod config;
 pub mod inventory;
 pub mod objects;
 pub mod pressure;
+mod service;
 pub mod status;
 mod watch;
 
@@ -48,6 +49,7 @@ pub(crate) mod tests;
 pub use config::{KubernetesConfig, Mode, StatusUpdates};
 use inventory::{GpuTypeMapper, Scan};
 use objects::{GpuPlacement, JOB_ID_KEY, MANAGED_LABEL, MANAGED_VALUE, TOKEN_KEY};
+use service::Created;
 
 /// Most bytes of job output read back from the API per `logs` call.
 const LOG_READ_CAP: usize = 1024 * 1024;
@@ -160,19 +162,6 @@ fn job_resource(mode: Mode) -> ApiResource {
         }
         Mode::Kueue => ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs"),
     }
-}
-
-/// Whether a submit created the Job itself or found it from an earlier try.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Created {
-    /// This submit created it: nothing of it ran yet.
-    Now,
-    /// An earlier try did: it may be running.
-    Earlier,
-}
-
-fn service_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Service"), "services")
 }
 
 /// PodGroups (Volcano) or Workloads (Kueue): what the scheduler queues.
@@ -355,39 +344,6 @@ impl Shared {
             }
             Err(timeout) => Err(timeout),
         }
-    }
-
-    /// Kueue mode: makes sure the headless Service that gives the job's pods their DNS names
-    /// (the coordinator address) exists, owned by the Job `job_uid`; an existing one is fine.
-    /// Volcano's `svc` plugin makes its own, so Volcano mode does nothing. A transient failure is
-    /// an error, and the agent's retry of the submit comes back here. A refusal retrying cannot
-    /// fix (no RBAC for Services, an invalid object): for a Job created just now, the Job is
-    /// deleted and the answer is a permanent refusal naming the cause; for one created earlier
-    /// (which may be running), it is logged and the Job kept.
-    async fn ensure_service(&self, job: &Assignment, job_uid: &str, created: Created) -> Result<Option<Admission>> {
-        if self.config.mode != Mode::Kueue {
-            return Ok(None);
-        }
-        let services: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &service_resource());
-        let object: DynamicObject = serde_json::from_value(objects::headless_service(job, &self.config, job_uid))
-            .map_err(|e| BackendError::permanent(format!("kubernetes: building the job's Service: {e}")))?;
-        let error = match self.deadline("create service", services.create(&PostParams::default(), &object)).await? {
-            Ok(_) => return Ok(None),
-            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(None),
-            Err(error) => api_error("create the job's headless Service", error),
-        };
-        if error.is_transient() {
-            return Err(error);
-        }
-        if created == Created::Earlier {
-            tracing::error!(%error, job = %job.job_id, "kubernetes: the job's headless Service cannot be created; its replicas cannot resolve the coordinator");
-            return Ok(None);
-        }
-        self.cancel_now(&job.job_id, job.fencing_token).await?;
-        Ok(Some(Admission::Refused {
-            reason: format!("{error}; the agent needs create on services in namespace `{}`", self.ns()),
-            permanent: true,
-        }))
     }
 
     fn untrack(&self, job_id: &str, fencing_token: u64) {

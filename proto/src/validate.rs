@@ -331,8 +331,7 @@ pub fn validate(spec: &JobSpec, catalog: &GpuCatalog) -> Result<(), SpecError> {
         }
     }
     for (key, value) in &payload.env {
-        let ok = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let ok = crate::job_env::is_env_name(key);
         // A bad name is shown escaped: it may hold a NUL or a line break.
         let field = format!("payload.env.{}", key.escape_debug());
         if !ok {

@@ -222,16 +222,7 @@ pub(crate) async fn rendezvous(
     assert_eq!(job.spec.gang.replicas, 2, "the rendezvous check runs two replicas");
     let admission = backend.submit(job).await.expect("submit the rendezvous job");
     assert!(matches!(admission, Admission::Started { .. } | Admission::Queued { .. }), "{admission:?}");
-    let deadline = tokio::time::Instant::now() + patience;
-    let end = loop {
-        let event = tokio::time::timeout_at(deadline, events.recv())
-            .await
-            .unwrap_or_else(|_| panic!("the rendezvous job did not end within {patience:?}"))
-            .expect("the backend's event channel is open");
-        if event.job_id == job.job_id && event.fencing_token == job.fencing_token && event.phase.is_terminal() {
-            break event.phase;
-        }
-    };
+    let end = next_event(events, patience, job, JobPhase::is_terminal).await.phase;
     let output = backend.logs(&job.job_id, job.fencing_token, Some(0), 64 * 1024).await.expect("logs").data;
     assert!(matches!(end, JobPhase::Succeeded { .. }), "the replicas did not find each other: {end:?}\n{output}");
     let id = &job.job_id;
@@ -246,11 +237,22 @@ pub(crate) async fn rendezvous(
 /// The next event of `job`'s binding that satisfies `wanted`; panics when none comes in time.
 /// A terminal event of a cancelled binding is a broken rule.
 async fn wait_for(subject: &mut Subject, job: &Assignment, wanted: impl Fn(&JobPhase) -> bool) -> JobEvent {
-    let deadline = tokio::time::Instant::now() + subject.patience;
+    next_event(&mut subject.events, subject.patience, job, wanted).await
+}
+
+/// The next event on `events` of `job`'s binding that satisfies `wanted`, within `patience`;
+/// panics when none comes in time, or when a cancelled binding of the job reports an end.
+async fn next_event(
+    events: &mut JobEventReceiver,
+    patience: Duration,
+    job: &Assignment,
+    wanted: impl Fn(&JobPhase) -> bool,
+) -> JobEvent {
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
-        let event = tokio::time::timeout_at(deadline, subject.events.recv())
+        let event = tokio::time::timeout_at(deadline, events.recv())
             .await
-            .unwrap_or_else(|_| panic!("no matching event for `{}` within {:?}", job.job_id, subject.patience))
+            .unwrap_or_else(|_| panic!("no matching event for `{}` within {patience:?}", job.job_id))
             .expect("the backend's event channel is open");
         if event.job_id == job.job_id && event.fencing_token == job.fencing_token && wanted(&event.phase) {
             return event;

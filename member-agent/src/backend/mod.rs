@@ -176,6 +176,12 @@ pub trait LocalBackend: Send + Sync {
     }
 }
 
+/// FNV-1a of `text`: a hash that is the same on every agent build, for names and ports derived
+/// from job ids (Kubernetes object names, Slurm coordinator ports).
+pub(crate) fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
 /// The name of a backend kind in messages and configs.
 pub fn backend_name(kind: BackendKind) -> &'static str {
     match kind {

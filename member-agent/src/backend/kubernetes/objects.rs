@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::config::{KubernetesConfig, Mode};
 use super::inventory::{GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL};
 use super::status::INDEX_ANNOTATIONS;
+use crate::backend::fnv32;
 
 /// Label on every object Meridian creates, to list them all.
 pub const MANAGED_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -70,11 +71,6 @@ pub fn object_name(job_id: &str, fencing_token: u64) -> String {
     let id = label_value(job_id).replace('.', "-");
     let id = id.trim_matches('-');
     format!("m-{id}-t{fencing_token}")
-}
-
-/// FNV-1a, so names are the same on every agent build.
-fn fnv32(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
 /// Builds the object for `job` in the configured mode, on the member cluster named `cluster`.

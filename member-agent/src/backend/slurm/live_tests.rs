@@ -122,6 +122,12 @@ async fn fixture(config: SlurmConfig) -> Fixture {
     }
 }
 
+/// A backend over the test cluster, and its job events.
+async fn started(config: &SlurmConfig) -> (SlurmBackend, JobEventReceiver) {
+    let (tx, events) = mpsc::unbounded_channel();
+    (SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap(), events)
+}
+
 /// The next event of `job_id` that satisfies `wanted`, within `patience`.
 pub(super) async fn event_where(
     events: &mut JobEventReceiver,
@@ -240,8 +246,7 @@ async fn a_two_node_gang_runs_its_command_once_per_replica_with_its_env() {
     let _one = ONE_AT_A_TIME.lock().await;
     let config = config(&env);
     clean(&config).await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let (backend, mut events) = started(&config).await;
     let out = config.work_dir.join(unique("gang-out"));
     let script = format!("echo \"$GREETING on $SLURMD_NODENAME\" >> '{}'", out.display());
     let mut job = assignment("gang", 2, 2, &["sh", "-c", &script]);
@@ -262,8 +267,7 @@ async fn two_replicas_find_each_other_through_the_coordinator_on_slurm() {
     let _one = ONE_AT_A_TIME.lock().await;
     let config = config(&env);
     clean(&config).await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let (backend, mut events) = started(&config).await;
     let command = conformance::rendezvous_command();
     let words: Vec<&str> = command.iter().map(String::as_str).collect();
     let job = assignment("meet", 2, 1, &words);

@@ -430,9 +430,7 @@ async fn read_chunk(mut file: tokio::fs::File, request: LogRequest, ended: bool)
 /// Where a binding's coordinator port search starts: FNV-1a of `job:token`, the same on every
 /// agent build.
 fn hashed_offset(job_id: &str, fencing_token: u64) -> u32 {
-    format!("{job_id}:{fencing_token}")
-        .bytes()
-        .fold(0x811c_9dc5_u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    super::fnv32(&format!("{job_id}:{fencing_token}"))
 }
 
 fn admission_of(phase: JobPhase) -> Admission {

@@ -144,6 +144,7 @@ struct Measured {
     post: Vec<Duration>,
     gang_offers: u64,
     leases_in_window: u64,
+    quotes: u64,
     rss_mib: u64,
 }
 
@@ -269,6 +270,7 @@ async fn run(scale: &Scale, gateway_runtime: tokio::runtime::Handle) -> Result<M
         post,
         gang_offers: shared.gang_offers.load(Ordering::Relaxed),
         leases_in_window,
+        quotes: shared.quotes.load(Ordering::Relaxed),
         rss_mib,
     })
 }
@@ -348,6 +350,8 @@ struct Shared {
     gang_offers: AtomicU64,
     /// Lease renewals received.
     leases: AtomicU64,
+    /// Start quote requests received.
+    quotes: AtomicU64,
 }
 
 impl Shared {
@@ -468,6 +472,13 @@ impl FakeAgent {
             }
             // The bench never asks for output.
             GatewayCommand::Logs { .. } => {}
+            // A bench agent has no plan to quote from; its answer still makes the round trip, and
+            // the gateway falls back to its own estimate as with any backend that gives none.
+            GatewayCommand::Quote { request_id, .. } => {
+                self.shared.quotes.fetch_add(1, Ordering::Relaxed);
+                out.send(AgentEvent::Quote { request_id, result: Err("a bench agent gives no start quotes".into()) })
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -806,6 +817,7 @@ fn report(scale: &Scale, m: &Measured, p: &Profile) {
         m.leases_in_window
     );
     println!("| offers of queued gangs (should be 0) | {} | |", m.gang_offers);
+    println!("| start quotes asked of the agents (whole run) | {} | |", m.quotes);
     println!("| resident memory at window end, MiB | {} | |", m.rss_mib);
     println!();
     println!("Profile: `meridian_placement` alone over the same {} clusters", scale.agents);

@@ -52,6 +52,7 @@ pub struct AgentMetrics {
     messages_dropped: Counter,
     gateway_epoch: Gauge,
     stale_epoch_messages: Counter,
+    quotes: Family<Labels, Counter>,
 }
 
 /// Seconds since the gateway last renewed the lease or welcomed the agent; absent before that.
@@ -93,6 +94,7 @@ impl AgentMetrics {
         let messages_dropped = Counter::default();
         let gateway_epoch = Gauge::default();
         let stale_epoch_messages = Counter::default();
+        let quotes = Family::<Labels, Counter>::default();
         registry.register(
             "meridian_agent_stream_connected",
             "1 while a gateway stream is up and welcomed, else 0",
@@ -140,6 +142,11 @@ impl AgentMetrics {
             "Gateway messages refused because they came from an older epoch than the newest seen (a deposed leader)",
             stale_epoch_messages.clone(),
         );
+        registry.register(
+            "meridian_agent_start_quotes",
+            "Start quotes answered to the gateway, by outcome (quoted, or failed: the backend could not say, or was busy)",
+            quotes.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             stream_connected,
@@ -153,6 +160,7 @@ impl AgentMetrics {
             messages_dropped,
             gateway_epoch,
             stale_epoch_messages,
+            quotes,
         }
     }
 
@@ -181,6 +189,12 @@ impl AgentMetrics {
     /// A message from an older epoch was refused.
     pub(crate) fn stale_epoch_refused(&self) {
         self.stale_epoch_messages.inc();
+    }
+
+    /// A start quote was answered: with a quote, or with why not.
+    pub(crate) fn quote_answered(&self, quoted: bool) {
+        let outcome = if quoted { "quoted" } else { "failed" };
+        self.quotes.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
     }
 
     /// Whether a welcomed stream is up now.

@@ -100,6 +100,42 @@ pub enum AgentEvent {
         /// The output, or why the member could not give it.
         result: Result<LogChunk, String>,
     },
+    /// The answer to [`GatewayCommand::Quote`].
+    Quote {
+        /// The request answered.
+        request_id: u64,
+        /// When the gang could start, or why the member cannot say.
+        result: Result<StartQuote, String>,
+    },
+}
+
+/// When a gang could start on a member, from the member's own scheduler (its plan, not a
+/// guess from released GPUs): per GPU type the member has that the gang accepts.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartQuote {
+    /// One entry per GPU type on which the gang can start; a type on which it never can (too
+    /// few nodes, selectors) is left out, so an empty list means "never here".
+    pub starts: Vec<TypeStart>,
+    /// How the member worked it out (`EASY plan`, `sbatch --test-only`), for `explain`.
+    pub basis: String,
+}
+
+impl StartQuote {
+    /// The earliest start over all types, if any.
+    pub fn earliest(&self) -> Option<&TypeStart> {
+        self.starts.iter().min_by_key(|s| s.after_secs)
+    }
+}
+
+/// When a gang could start on a member, on one GPU type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TypeStart {
+    /// The GPU type.
+    pub gpu_type: String,
+    /// Seconds from the answer until the member expects to start the gang (0: now).
+    pub after_secs: u64,
 }
 
 /// A piece of a job's output, as the member keeps it (a bounded tail of everything it wrote).
@@ -177,5 +213,15 @@ pub enum GatewayCommand {
         from: Option<u64>,
         /// The most bytes to send back.
         max_bytes: u32,
+    },
+    /// Asks when a gang shaped like `spec` could start on the member; nothing is submitted. The
+    /// agent answers [`AgentEvent::Quote`].
+    Quote {
+        /// Echoed in the answer.
+        request_id: u64,
+        /// A queued job of that shape (for the member's logs and names).
+        job_id: String,
+        /// Its spec.
+        spec: JobSpec,
     },
 }

@@ -16,6 +16,7 @@ use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayComman
 use crate::config::CoreConfig;
 use crate::io::{ConnId, Effects, Error, Reply};
 use crate::ledger::Ledger;
+use crate::quotes::{self, QuoteRequests};
 use crate::record::{KnownCluster, Record};
 use crate::registry::{Link, Registry};
 use crate::snapshots::Snapshots;
@@ -32,6 +33,8 @@ pub(crate) struct Agents<'a> {
     pub(crate) snapshots: &'a mut Snapshots,
     /// Running jobs' GPU utilisation.
     pub(crate) usage: &'a mut UsageBook,
+    /// Start quotes in flight.
+    pub(crate) quotes: &'a mut QuoteRequests,
     /// The jobs.
     pub(crate) ledger: Ledger<'a>,
     /// Rules a test switched off.
@@ -187,6 +190,19 @@ impl Agents<'_> {
             // Output goes to whoever asked, around the core (the runtime routes it); it changes
             // no state.
             AgentEvent::Logs { .. } => {}
+            AgentEvent::Quote { request_id, result } => {
+                // Only the cluster asked may answer; a quote moves expected waits, never what can
+                // start now, so the next round uses it without one being wanted.
+                let Some(pending) = self.quotes.take(request_id) else { return };
+                if pending.cluster != cluster {
+                    return;
+                }
+                if let Err(reason) = &result {
+                    tracing::debug!(cluster = %cluster, %reason, "no start quote");
+                }
+                let quote = quotes::kept(result, now_ms);
+                Arc::make_mut(&mut entry.quotes).insert(pending.key, quote);
+            }
         }
     }
 

@@ -56,6 +56,7 @@ pub mod io;
 mod jobs;
 mod ledger;
 pub mod quota;
+mod quotes;
 pub mod record;
 pub mod registry;
 mod requests;
@@ -81,6 +82,7 @@ use demand::DemandBook;
 use expiry::Expiry;
 use jobs::JobTable;
 use ledger::{Ledger, Signals};
+use quotes::QuoteRequests;
 use registry::Registry;
 use requests::Requests;
 use round::Round;
@@ -113,6 +115,8 @@ pub struct Core {
     snapshots: Snapshots,
     /// Demand keys of queued jobs.
     demands: DemandBook,
+    /// Start quotes asked of members and not yet answered.
+    quotes: QuoteRequests,
     /// Running jobs' GPU utilisation (in memory only).
     usage: UsageBook,
     /// Counters for metrics (see `tally.rs`), published with each view.
@@ -170,6 +174,7 @@ impl Core {
             timers,
             registry: Registry::from_known(loaded.clusters, now_ms),
             demands: DemandBook::default(),
+            quotes: QuoteRequests::default(),
             tally: Arc::default(),
             signals: Signals::new(),
             cluster_view: ClusterViewCache::new(),
@@ -239,6 +244,8 @@ impl Core {
         expiry.expire_unknown(now_ms, effects);
         expiry.expire_finished(now_ms, effects);
         self.demands.forget_unused();
+        let ttl_ms = (self.config.placement.quote_ttl_secs * 1000.0) as i64;
+        self.registry.expire_quotes(now_ms.saturating_sub(ttl_ms));
         self.usage.forget_stale(|id| self.jobs.get(id).map(Arc::as_ref));
     }
 
@@ -259,6 +266,7 @@ impl Core {
             registry: &mut self.registry,
             snapshots: &mut self.snapshots,
             usage: &mut self.usage,
+            quotes: &mut self.quotes,
             ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
             #[cfg(test)]
             mutations: self.mutations,
@@ -281,6 +289,7 @@ impl Core {
             registry: &self.registry,
             snapshots: &self.snapshots,
             demands: &mut self.demands,
+            quotes: &mut self.quotes,
             ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
         }
     }

@@ -417,7 +417,7 @@ fn deliver(
                 }
             }
         }
-        GatewayCommand::Logs { .. } => {}
+        GatewayCommand::Logs { .. } | GatewayCommand::Quote { .. } => {}
     }
     out
 }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use meridian_placement::{ClusterSnapshot, FederationSnapshot, NetworkTable};
+use meridian_placement::{ClusterSnapshot, FederationSnapshot, NetworkTable, Quotes};
 use meridian_proto::inventory::{ClusterInfo, Inventory, QueuePressure};
 
 use crate::io::ConnId;
@@ -31,6 +31,8 @@ pub struct ClusterEntry {
     pub last_seen_ms: i64,
     /// The live stream, if connected.
     pub link: Option<Link>,
+    /// The member's start quotes (in memory only; see `quotes.rs`), shared with the snapshots.
+    pub quotes: Arc<Quotes>,
     /// Placement's view of `info` and `inventory` (indexed, priced), built at the first round
     /// after either changes; each round renews only its pressure and connection state.
     cached: OnceLock<ClusterSnapshot>,
@@ -38,7 +40,15 @@ pub struct ClusterEntry {
 
 impl ClusterEntry {
     fn new(info: ClusterInfo, inventory: Inventory, last_seen_ms: i64, link: Option<Link>) -> Self {
-        Self { info, inventory, pressure: Arc::default(), last_seen_ms, link, cached: OnceLock::new() }
+        Self {
+            info,
+            inventory,
+            pressure: Arc::default(),
+            last_seen_ms,
+            link,
+            quotes: Arc::default(),
+            cached: OnceLock::new(),
+        }
     }
 
     /// Replaces the reported inventory.
@@ -126,13 +136,30 @@ impl Registry {
             && entry.link.as_ref().is_some_and(|l| l.conn == conn)
         {
             entry.link = None;
+            // A new agent plans afresh; the old one's quotes say nothing about it.
+            entry.quotes = Arc::default();
         }
         Some(name)
     }
 
-    /// The snapshot placement reads: every known cluster with its last report.
-    /// `gpu_speed` is placement's GPU-type throughput table (`PlacementConfig::gpu_speed`).
-    pub fn snapshot(&self, network: &Arc<NetworkTable>, gpu_speed: &BTreeMap<String, f64>) -> FederationSnapshot {
+    /// Drops every quote that arrived before `oldest_ms`.
+    pub fn expire_quotes(&mut self, oldest_ms: i64) {
+        for entry in self.clusters.values_mut() {
+            if !entry.quotes.is_empty() && entry.quotes.iter_oldest().is_some_and(|at| at < oldest_ms) {
+                Arc::make_mut(&mut entry.quotes).expire(oldest_ms);
+            }
+        }
+    }
+
+    /// The snapshot placement reads: every known cluster with its last report and quotes, read
+    /// at `now_ms`. `gpu_speed` is placement's GPU-type throughput table
+    /// (`PlacementConfig::gpu_speed`).
+    pub fn snapshot(
+        &self,
+        network: &Arc<NetworkTable>,
+        gpu_speed: &BTreeMap<String, f64>,
+        now_ms: i64,
+    ) -> FederationSnapshot {
         FederationSnapshot {
             clusters: self
                 .clusters
@@ -146,7 +173,8 @@ impl Registry {
                         }
                         snapshot
                     });
-                    cached.renewed(Arc::clone(&c.pressure), c.link.is_some())
+                    let renewed = cached.renewed(Arc::clone(&c.pressure), c.link.is_some());
+                    if c.quotes.is_empty() { renewed } else { renewed.with_quotes(Arc::clone(&c.quotes), now_ms) }
                 })
                 .collect(),
             network: Arc::clone(network),

@@ -16,6 +16,7 @@ use crate::demand::DemandBook;
 use crate::io::Effects;
 use crate::ledger::Ledger;
 use crate::quota::{Hold, RoundQuotas};
+use crate::quotes::QuoteRequests;
 use crate::record::JobRecord;
 use crate::registry::Registry;
 use crate::snapshots::Snapshots;
@@ -37,6 +38,8 @@ pub(crate) struct Round<'a> {
     pub(crate) snapshots: &'a Snapshots,
     /// Demand keys.
     pub(crate) demands: &'a mut DemandBook,
+    /// Start quotes in flight.
+    pub(crate) quotes: &'a mut QuoteRequests,
     /// The jobs.
     pub(crate) ledger: Ledger<'a>,
 }
@@ -96,7 +99,8 @@ impl Round<'_> {
     /// can start there now, or stays queued with its decision saying why.
     pub(crate) fn run(mut self, now_ms: i64, effects: &mut Effects) {
         self.ledger.signals.round_done();
-        let mut snapshot = self.snapshots.for_round(self.registry, &self.config.placement.gpu_speed);
+        self.quotes.new_round(now_ms);
+        let mut snapshot = self.snapshots.for_round(self.registry, &self.config.placement.gpu_speed, now_ms);
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
         // time), with what earlier rounds kept about them. The round refers to a job by its
@@ -228,6 +232,8 @@ impl Round<'_> {
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
+                // Where the job waits, ask the members' own plans when it could start.
+                self.quotes.ask_for(self.registry, job, &decision, &config, now_ms, effects);
                 self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };

@@ -23,10 +23,15 @@ impl Snapshots {
         Self { network: Arc::new(network), never_fits: None }
     }
 
-    /// A round's own snapshot of `registry` (its reservations change only this copy).
-    /// `gpu_speed` is placement's GPU-type throughput table.
-    pub(crate) fn for_round(&self, registry: &Registry, gpu_speed: &BTreeMap<String, f64>) -> FederationSnapshot {
-        registry.snapshot(&self.network, gpu_speed)
+    /// A round's own snapshot of `registry` at `now_ms` (its reservations change only this
+    /// copy). `gpu_speed` is placement's GPU-type throughput table.
+    pub(crate) fn for_round(
+        &self,
+        registry: &Registry,
+        gpu_speed: &BTreeMap<String, f64>,
+        now_ms: i64,
+    ) -> FederationSnapshot {
+        registry.snapshot(&self.network, gpu_speed, now_ms)
     }
 
     /// The snapshot submits are checked against. Whether a job could ever run depends only on
@@ -39,7 +44,8 @@ impl Snapshots {
         match &self.never_fits {
             Some(snapshot) => Arc::clone(snapshot),
             None => {
-                let snapshot = Arc::new(registry.snapshot(&self.network, gpu_speed));
+                // Whether a job could ever run reads no quote.
+                let snapshot = Arc::new(registry.snapshot(&self.network, gpu_speed, 0));
                 self.never_fits = Some(Arc::clone(&snapshot));
                 snapshot
             }

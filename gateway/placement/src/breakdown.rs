@@ -17,6 +17,10 @@ pub struct ScoreBreakdown {
     pub gpu_type: Name,
     /// Seconds until enough GPUs are expected to be free (0 when it fits now).
     pub expected_wait_secs: f64,
+    /// `expected_wait_secs` comes from the member's own start quote (its scheduler's plan for a
+    /// gang of this shape), not from its release profile; left out of JSON when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub quoted: bool,
     /// Seconds to copy the job's data from other regions.
     pub transfer_secs: f64,
     /// max(wait, transfer): when the job is expected to start.
@@ -56,6 +60,10 @@ impl ScoreBreakdown {
         self.deadline_penalty_secs += penalty_secs;
         self.total += penalty_secs;
     }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_zero(value: &f64) -> bool {

@@ -42,6 +42,15 @@ pub struct PlacementConfig {
     /// deadline beats one that misses it unless the latter starts hours sooner or the former costs
     /// far more; the job's burst budget still bounds what it may spend.
     pub deadline_miss_penalty_secs: f64,
+    /// For a queued job that cannot start now, the gateway asks this many of its best-scored
+    /// clusters (those that cannot start it now either) for a start quote: when their own
+    /// scheduler would start a gang of this shape (see `docs/architecture.md#start-quotes`).
+    /// Default 3; 0 asks none, and placement estimates every wait from release profiles.
+    pub quote_candidates: u32,
+    /// How long a member's start quote is used before it is asked again. Default 30 s: quotes
+    /// move as jobs start and end, and asking costs the member a plan (on Slurm, an
+    /// `sbatch --test-only`).
+    pub quote_ttl_secs: f64,
 }
 
 impl Default for PlacementConfig {
@@ -54,6 +63,8 @@ impl Default for PlacementConfig {
             hold_after_secs: 1_800.0,
             gpu_speed: BTreeMap::new(),
             deadline_miss_penalty_secs: 21_600.0,
+            quote_candidates: 3,
+            quote_ttl_secs: 30.0,
         }
     }
 }
@@ -69,6 +80,7 @@ impl PlacementConfig {
             ("burstUsdWeight", self.burst_usd_weight),
             ("holdAfterSecs", self.hold_after_secs),
             ("deadlineMissPenaltySecs", self.deadline_miss_penalty_secs),
+            ("quoteTtlSecs", self.quote_ttl_secs),
         ]
         .into_iter()
         .filter(|(_, value)| !(value.is_finite() && *value >= 0.0))

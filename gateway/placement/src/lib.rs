@@ -22,6 +22,7 @@
 //!   - `name.rs`: [`Name`] and [`Names`], shared text for clusters, regions and GPU types.
 //!   - `network.rs`: the [`NetworkTable`] of links between regions (transfer time, egress).
 //!   - `index.rs`: each cluster's free nodes bucketed by free GPUs, for best fit.
+//!   - `quote.rs`: members' start quotes ([`Quotes`], [`quote_key`]), kept per cluster.
 //!   - `snapshot.rs`: [`ClusterSnapshot`] and [`FederationSnapshot`], what placement reads.
 //!   - `need.rs`: the job as placement reads it ([`PayloadKind`], the gang's per-replica demand).
 //!   - `reasons.rs`: why a cluster may not take a job ([`Rejection`], [`Reasons`]) in words.
@@ -58,6 +59,7 @@ mod need;
 pub mod network;
 mod place;
 pub mod queue;
+mod quote;
 mod reasons;
 mod reserve;
 mod score;
@@ -76,6 +78,7 @@ pub use name::{Name, Names};
 pub use need::PayloadKind;
 pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use place::{never_fits, place, place_waited};
+pub use quote::{Quote, Quotes, quote_key};
 pub use reasons::{Reasons, Rejection};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 pub use verdict::{Candidate, Verdict};

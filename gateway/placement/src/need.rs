@@ -48,6 +48,8 @@ pub(crate) struct Need<'a> {
     /// The selectors' text for rejections, made at the first rejection that needs it and then
     /// shared by every cluster the selector rejects.
     selector_text: [OnceCell<Name>; 2],
+    /// The job's [`quote_key`](crate::quote_key), worked out the first time a cluster has quotes.
+    quote_key: OnceCell<u64>,
 }
 
 impl<'a> Need<'a> {
@@ -66,7 +68,13 @@ impl<'a> Need<'a> {
             cluster_selector: selector(job.placement.cluster_selector()),
             node_selector: selector(job.placement.node_selector()),
             selector_text: Default::default(),
+            quote_key: OnceCell::new(),
         }
+    }
+
+    /// The key members' quotes for this job's shape are kept under.
+    pub(crate) fn quote_key(&self) -> u64 {
+        *self.quote_key.get_or_init(|| crate::quote::quote_key(self.job))
     }
 
     /// Whether the job's nodeSelector accepts the nodes of `shape`.

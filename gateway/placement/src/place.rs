@@ -37,7 +37,10 @@ pub fn place_waited(
     let need = Need::of(job);
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
     let mut candidates = Vec::with_capacity(snapshot.clusters.len());
-    let mut best_owned_wait = f64::INFINITY;
+    // When compute could start on the best owned cluster: its queue wait or the copy of the
+    // job's data to it, whichever is longer. The burst gate compares this, not the queue wait
+    // alone: a job whose data sits next to a cloud cluster would otherwise be copied for an hour
+    // to an owned cluster that "starts it now".
     let mut best_owned_start = f64::INFINITY;
 
     for cluster in &snapshot.clusters {
@@ -50,7 +53,6 @@ pub fn place_waited(
         let verdict = if reasons.is_empty() {
             let breakdown = score(&need, cluster, &options, &mut regions, config);
             if info.tier == Tier::Owned {
-                best_owned_wait = best_owned_wait.min(breakdown.expected_wait_secs);
                 best_owned_start = best_owned_start.min(breakdown.expected_start_secs);
             }
             Verdict::Scored(breakdown)
@@ -67,13 +69,13 @@ pub fn place_waited(
         let after_secs = after.as_secs();
         // Also true when no owned cluster fits.
         let owned_is_slow =
-            waited_secs + best_owned_wait > after_secs as f64 || deadline.is_some_and(|d| d.owned_would_miss());
+            waited_secs + best_owned_start > after_secs as f64 || deadline.is_some_and(|d| d.owned_would_miss());
         if owned_is_slow {
             // Past the threshold the owner values time more than money (within the budget), and
             // the more so the longer the owned clusters would keep the job waiting: a wait of k
             // times `burst.after` divides the weight of a dollar by k. When no owned cluster can
             // run the job, waiting buys nothing and dollars keep their burst weight.
-            let owned_total = waited_secs + best_owned_wait;
+            let owned_total = waited_secs + best_owned_start;
             let patience = if owned_total.is_finite() && owned_total > after_secs as f64 {
                 after_secs as f64 / owned_total
             } else {
@@ -88,7 +90,7 @@ pub fn place_waited(
         } else {
             for candidate in candidates.iter_mut().filter(|c| c.tier == Tier::Cloud && c.score().is_some()) {
                 candidate.verdict = Verdict::Rejected {
-                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_wait, waited_secs, after_secs }
+                    reasons: Rejection::BurstNotYet { owned_wait_secs: best_owned_start, waited_secs, after_secs }
                         .into(),
                 };
             }

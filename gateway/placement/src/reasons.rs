@@ -87,7 +87,8 @@ pub enum Rejection {
     BurstNever,
     /// A cloud (burst) cluster, and owned clusters are expected to start the job soon enough.
     BurstNotYet {
-        /// Best expected wait on an owned cluster, seconds.
+        /// Best expected start on an owned cluster, seconds: the queue wait or the data copy,
+        /// whichever is longer (the field keeps its old name for stored decisions).
         owned_wait_secs: f64,
         /// How long the job has already waited in the federation queue, seconds.
         #[serde(default)]
@@ -201,7 +202,7 @@ impl fmt::Display for Rejection {
             Rejection::BurstNotYet { owned_wait_secs, waited_secs, after_secs } => write!(
                 f,
                 "cloud (burst) capacity is used only when owned clusters would make the job wait more than {} in all; \
-                 it has waited {} and the best owned cluster is expected to start it in {}",
+                 it has waited {} and the best owned cluster is expected to start it in {} (queue wait or data copy)",
                 Secs(*after_secs as f64),
                 Secs(*waited_secs),
                 Secs(*owned_wait_secs)

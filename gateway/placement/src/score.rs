@@ -14,7 +14,7 @@ use meridian_proto::spec::DataRef;
 
 use crate::breakdown::{ScoreBreakdown, combine};
 use crate::config::PlacementConfig;
-use crate::fit::{Nodes, TypeOptions, fit_now};
+use crate::fit::{Nodes, TypeOption, TypeOptions, fit_now};
 use crate::need::{Demand, Need};
 use crate::network::NetworkTable;
 use crate::snapshot::ClusterSnapshot;
@@ -61,30 +61,43 @@ pub(crate) fn score<'a>(
 ) -> ScoreBreakdown {
     let demand = &need.demand;
     let nodes = Nodes::of(cluster, need);
+    let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
+    let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
+    let mut quoted = false;
     let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(nodes, options, demand) {
         Ok((option, plan)) => {
             let fragmentation = plan.fragmentation(nodes, option.type_id, demand);
             (Some(option), true, fragmentation, 0.0)
         }
         Err(free_gpus) => {
-            // Wait for the cheapest type; which nodes free up first is unknown, so fragmentation
-            // is what the gang would leave on empty nodes.
-            let option = options.first().copied();
+            let guess = expected_wait_secs(cluster, free_gpus, need.total_gpus, config);
+            // The member's own plan, where it quoted this shape; else wait for the cheapest type.
+            let (option, wait) = match quoted_option(need, cluster, options, transfer_secs, hours, config) {
+                Some((option, wait)) => {
+                    quoted = true;
+                    // The member counts neither its own queued jobs nor the federation's: with
+                    // either waiting ahead, the later estimate counts.
+                    let ahead = cluster.pressure.pending_gpus() > 0 || cluster.waiting_gpus() > 0;
+                    (Some(option), if ahead { wait.max(guess) } else { wait })
+                }
+                None => (options.first().copied(), guess),
+            };
+            // Which nodes free up first is unknown here, so fragmentation is what the gang would
+            // leave on empty nodes.
             let gpu_type = option.and_then(|o| o.gpu_type(cluster.index()));
             let fragmentation = gpu_type.map_or(0.0, |t| empty_node_fragmentation(demand, nodes, t));
-            (option, false, fragmentation, expected_wait_secs(cluster, free_gpus, need.total_gpus, config))
+            (option, false, fragmentation, wait)
         }
     };
     let price = option.map_or(0.0, |o| o.price);
-    let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
     let compute_usd = need.total_gpus as f64 * price * hours;
-    let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
     let expected_start_secs = expected_wait_secs.max(transfer_secs);
     let total = combine(expected_start_secs, compute_usd + egress_usd, fragmentation, config.usd_to_seconds, config);
     ScoreBreakdown {
         fits_now,
         gpu_type: option.and_then(|o| o.gpu_type(cluster.index()).cloned()).unwrap_or_default(),
         expected_wait_secs,
+        quoted,
         transfer_secs,
         expected_start_secs,
         egress_usd,
@@ -94,6 +107,34 @@ pub(crate) fn score<'a>(
         deadline_penalty_secs: 0.0,
         total,
     }
+}
+
+/// The GPU type to wait for by the member's quote for this shape, with its quoted wait: of the
+/// quoted types among `options`, the one whose start and compute cost weigh least. None without
+/// a quote, or when the quote names none of them (the caller then guesses).
+fn quoted_option(
+    need: &Need<'_>,
+    cluster: &ClusterSnapshot,
+    options: &TypeOptions,
+    transfer_secs: f64,
+    hours: f64,
+    config: &PlacementConfig,
+) -> Option<(TypeOption, f64)> {
+    if cluster.quotes().is_empty() {
+        return None;
+    }
+    let quote = cluster.quote(need.quote_key())?;
+    let mut best: Option<(TypeOption, f64, f64)> = None;
+    for option in options.iter() {
+        let Some(name) = option.gpu_type(cluster.index()) else { continue };
+        let Some(&(_, start_at_ms)) = quote.starts.iter().find(|(t, _)| t == name) else { continue };
+        let wait = cluster.secs_until(start_at_ms);
+        let weight = wait.max(transfer_secs) + config.usd_to_seconds * need.total_gpus as f64 * option.price * hours;
+        if best.is_none_or(|(_, _, w)| weight < w) {
+            best = Some((*option, wait, weight));
+        }
+    }
+    best.map(|(option, wait, _)| (option, wait))
 }
 
 /// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting in its

@@ -9,6 +9,7 @@ use meridian_proto::inventory::{ClusterInfo, Inventory, NodeFree, QueuePressure}
 use crate::index::{FreeIndex, clamp};
 use crate::name::Name;
 use crate::network::NetworkTable;
+use crate::quote::{Quote, Quotes};
 
 /// Everything placement knows about one member cluster at one moment: its last report and whether
 /// its agent is connected.
@@ -47,6 +48,10 @@ pub struct ClusterSnapshot {
     labels_text: OnceLock<Name>,
     /// The node shapes' labels as text for rejections, made the same way.
     node_labels_text: OnceLock<Name>,
+    /// The member's start quotes (shared with the gateway's book; see [`crate::quote`]).
+    quotes: Arc<Quotes>,
+    /// The gateway's clock for this cycle (Unix ms), against which quoted starts are read.
+    now_ms: i64,
 }
 
 /// The whole federation as placement sees it for one cycle.
@@ -77,6 +82,8 @@ impl ClusterSnapshot {
             waiting_gpus: 0,
             labels_text: OnceLock::new(),
             node_labels_text: OnceLock::new(),
+            quotes: Arc::default(),
+            now_ms: 0,
         }
     }
 
@@ -85,6 +92,31 @@ impl ClusterSnapshot {
     /// type's doc), so a caller can keep one snapshot per cluster and renew only its pressure.
     pub fn renewed(&self, pressure: Arc<QueuePressure>, connected: bool) -> Self {
         Self { pressure, connected, waiting_gpus: 0, ..self.clone() }
+    }
+
+    /// This snapshot with the member's start quotes, read at `now_ms` on the gateway's clock.
+    pub fn with_quotes(mut self, quotes: Arc<Quotes>, now_ms: i64) -> Self {
+        self.quotes = quotes;
+        self.now_ms = now_ms;
+        self
+    }
+
+    /// The member's quotes.
+    pub fn quotes(&self) -> &Quotes {
+        &self.quotes
+    }
+
+    /// The member's quote for shape `key`, if it has one (see [`crate::quote_key`]).
+    pub(crate) fn quote(&self, key: u64) -> Option<&Quote> {
+        if self.quotes.is_empty() {
+            return None;
+        }
+        self.quotes.get(key)
+    }
+
+    /// Seconds from this cycle until `start_at_ms` (0 if past).
+    pub(crate) fn secs_until(&self, start_at_ms: i64) -> f64 {
+        (start_at_ms.saturating_sub(self.now_ms).max(0)) as f64 / 1000.0
     }
 
     /// Records that a job of `gpus` GPUs from the federation queue will wait for this cluster, so

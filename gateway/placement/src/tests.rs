@@ -16,6 +16,7 @@ mod deadlines;
 mod filter;
 mod holds;
 mod properties;
+mod quotes;
 mod score;
 mod selectors;
 

@@ -31,6 +31,7 @@ mod gang;
 pub mod offer;
 mod pass;
 mod preempt;
+mod quote;
 mod remaining;
 mod report;
 mod reservation;
@@ -44,6 +45,7 @@ mod proptests;
 pub mod testkit;
 
 pub use preempt::{Preemption, PreemptionPolicy, PreemptionStops};
+pub use quote::QUOTE_BASIS;
 pub use remaining::{OVERDUE_FLOOR, OVERDUE_RUN_ON_FRACTION};
 pub use report::MAX_RELEASE_BUCKETS;
 pub use scheduler::BuiltinScheduler;

@@ -73,6 +73,8 @@ pub(super) struct EventLoop {
     pub(super) usage: UsageWindow,
     /// A utilisation sample task is running.
     pub(super) sample_in_flight: bool,
+    /// Start quote tasks running.
+    pub(super) quotes_in_flight: usize,
 }
 
 impl EventLoop {
@@ -217,7 +219,24 @@ impl EventLoop {
                 let task = tasks::logs(Arc::clone(&self.backend), request_id, job_id, fencing_token, from, max_bytes);
                 self.spawn(TaskLabel::Logs { request_id }, task);
             }
+            GatewayCommand::Quote { request_id, job_id, spec } => self.on_quote(request_id, job_id, spec),
         }
+    }
+
+    /// Works out a start quote as a task, unless [`tasks::MAX_QUOTES_IN_FLIGHT`] are under way:
+    /// then it answers at once that the member is busy (the gateway keeps its own estimate and
+    /// may ask again later).
+    fn on_quote(&mut self, request_id: u64, job_id: String, spec: meridian_proto::spec::JobSpec) {
+        if self.quotes_in_flight >= tasks::MAX_QUOTES_IN_FLIGHT {
+            self.metrics.quote_answered(false);
+            let busy = format!("busy: {} start quotes are being worked out here", self.quotes_in_flight);
+            self.send(AgentEvent::Quote { request_id, result: Err(busy) });
+            return;
+        }
+        self.quotes_in_flight += 1;
+        let assignment = Assignment { job_id, fencing_token: 0, spec, last_preempted_at_ms: None };
+        let task = tasks::quote(Arc::clone(&self.backend), request_id, assignment);
+        self.spawn(TaskLabel::Quote { request_id }, task);
     }
 
     /// A message from an older epoch than `newest`: its sender is no longer the leader. Nothing
@@ -406,6 +425,11 @@ impl EventLoop {
                 self.send_report(report);
             }
             TaskOutput::Logs { request_id, result } => self.send(AgentEvent::Logs { request_id, result }),
+            TaskOutput::Quoted { request_id, result } => {
+                self.quotes_in_flight = self.quotes_in_flight.saturating_sub(1);
+                self.metrics.quote_answered(result.is_ok());
+                self.send(AgentEvent::Quote { request_id, result });
+            }
             TaskOutput::Sampled(result) => self.on_sampled(result),
         }
     }
@@ -429,6 +453,13 @@ impl EventLoop {
                 request_id,
                 result: Err(format!("the member's backend failed while reading the output: {error}")),
             }),
+            Some(TaskLabel::Quote { request_id }) => {
+                self.quotes_in_flight = self.quotes_in_flight.saturating_sub(1);
+                self.send(AgentEvent::Quote {
+                    request_id,
+                    result: Err(format!("the member's backend failed while working out a start quote: {error}")),
+                });
+            }
             None => {}
         }
     }
@@ -742,6 +773,7 @@ fn describe(message: &Inbound) -> (&'static str, Option<&str>) {
             GatewayCommand::Ack { job_id, .. } => ("ack", Some(job_id)),
             GatewayCommand::Lease { .. } => ("lease", None),
             GatewayCommand::Logs { job_id, .. } => ("logs", Some(job_id)),
+            GatewayCommand::Quote { job_id, .. } => ("quote", Some(job_id)),
         },
         Inbound::InvalidOffer { job_id, .. } => ("offer", Some(job_id)),
         Inbound::Invalid(_) => ("invalid", None),

@@ -188,6 +188,7 @@ impl Agent {
             sampling: self.sampling,
             usage: UsageWindow::new(window),
             sample_in_flight: false,
+            quotes_in_flight: 0,
         };
         event_loop.run(shutdown).await;
         let _ = stop_metrics.send(());

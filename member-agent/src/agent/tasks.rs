@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_proto::inventory::{Inventory, QueuePressure};
-use meridian_proto::protocol::Assignment;
+use meridian_proto::protocol::{Assignment, StartQuote};
 
 use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend, LogChunk};
 use crate::usage::{GpuSample, UsageError, UtilizationSource};
@@ -19,6 +19,14 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// How long one `logs` call may take: a person is waiting for the answer.
 const LOGS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one start quote may take: the gateway's round never waits for it, but an answer
+/// that comes later than this is stale.
+const QUOTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Start quotes worked out at once; more requests are answered "busy" at once, so a slow
+/// scheduler (Slurm's `sbatch --test-only`) is never queued up behind.
+pub(crate) const MAX_QUOTES_IN_FLIGHT: usize = 4;
 
 /// The most output one logs answer carries (the gRPC stream's messages stay small).
 pub(crate) const LOGS_MAX_BYTES: u32 = 256 * 1024;
@@ -63,6 +71,13 @@ pub(crate) enum TaskOutput {
         /// The output, or why not, for people.
         result: Result<LogChunk, String>,
     },
+    /// A start quote, for the gateway's quote request `request_id`.
+    Quoted {
+        /// The request answered.
+        request_id: u64,
+        /// When the gang could start, or why the member cannot say.
+        result: Result<StartQuote, String>,
+    },
     /// A round of GPU utilisation samples.
     Sampled(Result<Vec<GpuSample>, UsageError>),
 }
@@ -90,6 +105,11 @@ pub(crate) enum TaskLabel {
     Report,
     /// A logs request.
     Logs {
+        /// The request.
+        request_id: u64,
+    },
+    /// A start quote request.
+    Quote {
         /// The request.
         request_id: u64,
     },
@@ -164,7 +184,16 @@ pub(crate) async fn logs(
     TaskOutput::Logs { request_id, result }
 }
 
-/// Fetches inventory and pressure.
+/// Asks the backend for a start quote for `assignment`'s shape; one try, bounded in time.
+pub(crate) async fn quote(backend: Arc<dyn LocalBackend>, request_id: u64, assignment: Assignment) -> TaskOutput {
+    let result = match tokio::time::timeout(QUOTE_TIMEOUT, backend.quote(&assignment)).await {
+        Ok(Ok(quote)) => Ok(quote),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("the member's scheduler gave no start quote within {QUOTE_TIMEOUT:?}")),
+    };
+    TaskOutput::Quoted { request_id, result }
+}
+
 /// Samples GPU utilisation on a blocking thread (the source reads a file or calls NVML).
 pub(crate) async fn sample(source: Arc<dyn UtilizationSource>) -> TaskOutput {
     let result = tokio::task::spawn_blocking(move || source.sample())

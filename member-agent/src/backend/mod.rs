@@ -24,14 +24,15 @@ use std::pin::Pin;
 
 use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
 use meridian_proto::protocol::Assignment;
-pub use meridian_proto::protocol::LogChunk;
+pub use meridian_proto::protocol::{LogChunk, StartQuote, TypeStart};
 /// The local scheduler's answer to [`LocalBackend::submit`]: defined with the member's answer to
 /// an offer, which the simulator's agents share.
 pub use meridian_scheduler::offer::Admission;
 
 /// Implements [`LocalBackend`] and [`InventorySource`] for `$backend`, whose every call is
 /// answered by the method of its `shared` state named after the call with `_now`
-/// (`submit_now`, `cancel_now`, `list_now`, `logs_now`, `inventory_now`, `pressure_now`): the
+/// (`submit_now`, `cancel_now`, `list_now`, `logs_now`, `quote_now`, `inventory_now`,
+/// `pressure_now`): the
 /// Slurm and Kubernetes backends, whose status loops hold the same state. One place for the
 /// plumbing, so the two cannot drift apart.
 macro_rules! delegate_to_shared_state {
@@ -65,6 +66,13 @@ macro_rules! delegate_to_shared_state {
             ) -> $crate::backend::BackendFuture<'a, $crate::backend::LogChunk> {
                 let request = $crate::backend::logs::LogRequest { from, max_bytes };
                 Box::pin(self.shared.logs_now(job_id, fencing_token, request))
+            }
+
+            fn quote<'a>(
+                &'a self,
+                job: &'a ::meridian_proto::protocol::Assignment,
+            ) -> $crate::backend::BackendFuture<'a, $crate::backend::StartQuote> {
+                Box::pin(self.shared.quote_now(job))
             }
         }
 
@@ -152,6 +160,20 @@ pub trait LocalBackend: Send + Sync {
     /// then every GPU of its nodes.
     fn devices(&self) -> std::collections::BTreeMap<String, Vec<(String, Vec<String>)>> {
         std::collections::BTreeMap::new()
+    }
+
+    /// When a gang shaped like `job` could start here, per GPU type the member has that the job
+    /// accepts, from the local scheduler's own plan; nothing is submitted and nothing changes.
+    /// `job.fencing_token` is 0: it is no binding. A backend that cannot plan answers
+    /// [`BackendError::Permanent`] saying so (the default); the gateway then keeps its own
+    /// estimate from the member's release profile. What each backend answers, and what it costs,
+    /// is in `docs/backends.md#start-quotes`.
+    fn quote<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, StartQuote> {
+        let _ = job;
+        Box::pin(std::future::ready(Err(BackendError::permanent(format!(
+            "the {} backend gives no start quotes",
+            backend_name(self.kind())
+        )))))
     }
 
     /// Part of the output of the binding (`job_id`, `fencing_token`): at most `max_bytes` from

@@ -128,6 +128,20 @@ impl From<&AgentEvent> for pb::AgentMessage {
                     Err(message) => pb::logs_reply::Result::Error(message.clone()),
                 }),
             }),
+            AgentEvent::Quote { request_id, result } => Body::Quote(pb::QuoteReply {
+                request_id: *request_id,
+                result: Some(match result {
+                    Ok(quote) => pb::quote_reply::Result::Quote(pb::StartQuote {
+                        starts: quote
+                            .starts
+                            .iter()
+                            .map(|s| pb::TypeStart { gpu_type: s.gpu_type.clone(), after_seconds: s.after_secs })
+                            .collect(),
+                        basis: quote.basis.clone(),
+                    }),
+                    Err(message) => pb::quote_reply::Result::Error(message.clone()),
+                }),
+            }),
         };
         pb::AgentMessage { body: Some(body) }
     }
@@ -188,8 +202,31 @@ impl TryFrom<pb::AgentMessage> for Option<AgentEvent> {
                     None => return Err(ConvertError::MissingField("logs.result".into())),
                 },
             },
+            Body::Quote(reply) => AgentEvent::Quote {
+                request_id: reply.request_id,
+                result: match reply.result {
+                    Some(pb::quote_reply::Result::Quote(quote)) => Ok(quote_from_wire(quote)?),
+                    Some(pb::quote_reply::Result::Error(message)) => Err(message),
+                    None => return Err(ConvertError::MissingField("quote.result".into())),
+                },
+            },
         }))
     }
+}
+
+fn quote_from_wire(quote: pb::StartQuote) -> Result<StartQuote> {
+    let starts = quote
+        .starts
+        .into_iter()
+        .enumerate()
+        .map(|(i, start)| {
+            if start.gpu_type.trim().is_empty() {
+                return Err(ConvertError::MissingField(format!("quote.starts[{i}].gpu_type")));
+            }
+            Ok(TypeStart { gpu_type: start.gpu_type, after_secs: start.after_seconds })
+        })
+        .collect::<Result<_>>()?;
+    Ok(StartQuote { starts, basis: quote.basis })
 }
 
 impl From<&Assignment> for pb::Offer {
@@ -233,6 +270,7 @@ impl GatewayCommand {
             GatewayCommand::Ack { .. } => "ack",
             GatewayCommand::Lease { .. } => "lease",
             GatewayCommand::Logs { .. } => "logs",
+            GatewayCommand::Quote { .. } => "quote",
         }
     }
 }
@@ -265,6 +303,11 @@ impl From<&GatewayCommand> for pb::GatewayMessage {
                     max_bytes: *max_bytes,
                 })
             }
+            GatewayCommand::Quote { request_id, job_id, spec } => Body::Quote(pb::QuoteRequest {
+                request_id: *request_id,
+                job_id: job_id.clone(),
+                spec: Some(pb::JobSpec::from(spec)),
+            }),
         };
         pb::GatewayMessage { body: Some(body), epoch: 0 }
     }
@@ -304,6 +347,17 @@ impl TryFrom<pb::GatewayMessage> for GatewayCommand {
                     fencing_token: request.fencing_token,
                     from: request.from,
                     max_bytes: request.max_bytes,
+                }
+            }
+            Body::Quote(request) => {
+                if request.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("quote.job_id".into()));
+                }
+                let spec = request.spec.ok_or_else(|| ConvertError::MissingField("quote.spec".into()))?;
+                GatewayCommand::Quote {
+                    request_id: request.request_id,
+                    job_id: request.job_id,
+                    spec: JobSpec::try_from(spec)?,
                 }
             }
         })
@@ -355,6 +409,18 @@ mod tests {
                 result: Ok(LogChunk { data: "hello\n".into(), offset: 4, next_offset: 10, complete: true }),
             },
             AgentEvent::Logs { request_id: 8, result: Err("no such job".into()) },
+            AgentEvent::Quote {
+                request_id: 9,
+                result: Ok(StartQuote {
+                    starts: vec![
+                        TypeStart { gpu_type: "A100".into(), after_secs: 0 },
+                        TypeStart { gpu_type: "V100".into(), after_secs: 5400 },
+                    ],
+                    basis: "EASY plan".into(),
+                }),
+            },
+            AgentEvent::Quote { request_id: 10, result: Ok(StartQuote::default()) },
+            AgentEvent::Quote { request_id: 11, result: Err("sbatch --test-only failed".into()) },
         ];
         for event in events {
             let back = Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap();
@@ -383,6 +449,26 @@ mod tests {
         let message = pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(wire)) };
         let err = Option::<AgentEvent>::try_from(message).unwrap_err();
         assert!(err.to_string().contains("heartbeat.jobs[0].state"), "{err}");
+    }
+
+    #[test]
+    fn a_quote_request_round_trips_and_a_start_without_a_type_names_its_entry() {
+        let spec = crate::testing::spec(crate::testing::JOB);
+        let command = GatewayCommand::Quote { request_id: 3, job_id: "j-3".into(), spec };
+        assert_eq!(GatewayCommand::try_from(pb::GatewayMessage::from(&command)).unwrap(), command);
+        let reply = pb::QuoteReply {
+            request_id: 1,
+            result: Some(pb::quote_reply::Result::Quote(pb::StartQuote {
+                starts: vec![
+                    pb::TypeStart { gpu_type: "A100".into(), after_seconds: 1 },
+                    pb::TypeStart { gpu_type: " ".into(), after_seconds: 2 },
+                ],
+                basis: String::new(),
+            })),
+        };
+        let message = pb::AgentMessage { body: Some(pb::agent_message::Body::Quote(reply)) };
+        let err = Option::<AgentEvent>::try_from(message).unwrap_err();
+        assert!(err.to_string().contains("quote.starts[1].gpu_type"), "{err}");
     }
 
     #[test]

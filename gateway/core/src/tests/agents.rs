@@ -186,7 +186,7 @@ fn the_registry_snapshot_follows_new_inventories_prices_and_pressure() {
     let network = Arc::new(meridian_placement::NetworkTable::default());
     let speeds = BTreeMap::new();
     let free_of = |registry: &Registry| {
-        let snapshot = registry.snapshot(&network, &speeds);
+        let snapshot = registry.snapshot(&network, &speeds, 0);
         snapshot.clusters[0].inventory().gpus_free()
     };
     let mut registry = Registry::default();
@@ -195,7 +195,7 @@ fn the_registry_snapshot_follows_new_inventories_prices_and_pressure() {
     registry.entry_of_mut(1).unwrap().set_inventory(busy);
     assert_eq!(free_of(&registry), 8);
     // A round's reservation changes only that round's copy.
-    let mut round = registry.snapshot(&network, &speeds);
+    let mut round = registry.snapshot(&network, &speeds, 0);
     assert!(round.clusters[0].reserve(&spec(JOB)));
     assert_eq!(round.clusters[0].inventory().gpus_free(), 0);
     assert_eq!(free_of(&registry), 8);
@@ -208,7 +208,7 @@ fn the_registry_snapshot_follows_new_inventories_prices_and_pressure() {
     registry.connect(dearer, Link { conn: 2, instance: "i".into() }, 0);
     registry.entry_of_mut(2).unwrap().pressure =
         Arc::new(QueuePressure { estimated_wait_secs: 42, ..Default::default() });
-    let snapshot = registry.snapshot(&network, &speeds);
+    let snapshot = registry.snapshot(&network, &speeds, 0);
     assert_eq!(snapshot.clusters[0].info().prices["h100"], 9.0);
     assert_eq!(snapshot.clusters[0].pressure.estimated_wait_secs, 42);
     assert!(snapshot.clusters[0].connected);

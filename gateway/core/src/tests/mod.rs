@@ -9,6 +9,7 @@ mod durability;
 mod offers;
 mod properties;
 mod quota;
+mod quotes;
 mod rounds;
 mod tally;
 mod views;

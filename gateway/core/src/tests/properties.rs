@@ -185,7 +185,7 @@ impl Model {
                     agent.held.retain(|j, (t, s)| s.is_terminal() || keep.contains(&(j.clone(), *t)));
                     agent.offers.clear();
                 }
-                GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } => {}
+                GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } | GatewayCommand::Quote { .. } => {}
             }
         }
         for conn in &fx.close {

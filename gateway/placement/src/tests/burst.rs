@@ -101,3 +101,30 @@ fn the_longer_owned_clusters_would_keep_a_job_waiting_the_less_a_dollar_weighs()
     // Below the threshold the cloud is not a candidate at all.
     assert_eq!(weight_at(600), None);
 }
+
+#[test]
+fn an_owned_cluster_that_starts_now_but_must_copy_the_data_for_an_hour_does_not_close_the_cloud() {
+    // 2 TiB next to the cloud cluster (us-west); the owned cluster in us-east is empty.
+    let owned = cluster("owned", "us-east", Tier::Owned, vec![shape("h100", 8, &[8])]);
+    let cloud = cluster("cloud", "us-west", Tier::Cloud, vec![shape("h100", 8, &[8])]);
+    let mut spec = job(1, 8);
+    spec.data = vec![DataRef { uri: "s3://corpus/x".into(), size_gib: 2048.0, region: "us-west".into() }];
+    spec.placement.burst = BurstPolicy::After { after: HumanDuration::from_secs(1800), max_usd_per_hour: None };
+    let fed = federation(vec![owned, cloud]);
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    let owned_score = d.candidates.iter().find(|c| c.cluster == "owned").and_then(|c| c.score()).cloned();
+    let owned_score = owned_score.expect("the owned cluster is scored");
+    assert_eq!(owned_score.expected_wait_secs, 0.0, "the owned cluster has the GPUs now");
+    assert!(owned_score.transfer_secs > 1800.0, "but copying 2 TiB takes {} s", owned_score.transfer_secs);
+    // Compute could start there only after the copy, past `burst.after`: the cloud competes, and
+    // its start now outweighs its price.
+    assert_eq!(chosen(&d), Some("cloud"), "{}", d.summary());
+
+    // With the data next to the owned cluster, the gate stays shut as before.
+    spec.data[0].region = "us-east".into();
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    assert_eq!(chosen(&d), Some("owned"));
+    let reasons = rejections(&d, "cloud");
+    assert!(matches!(reasons.as_slice(), [Rejection::BurstNotYet { .. }]), "{reasons:?}");
+    assert!(reasons[0].to_string().contains("(queue wait or data copy)"), "{}", reasons[0]);
+}

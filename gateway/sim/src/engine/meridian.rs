@@ -72,6 +72,8 @@ pub struct GatewayCounts {
     pub records: u64,
     /// Placement rounds run.
     pub rounds: u64,
+    /// Start quotes the core asked of the agents.
+    pub quotes: u64,
 }
 
 /// The core and the simulated agents.
@@ -98,6 +100,9 @@ struct Agent {
     outbox: BTreeSet<(u32, u64)>,
     /// When the agent last reported (virtual seconds).
     reported_at: Option<u64>,
+    /// Start quotes worked out and not yet delivered: (asked at, the answer). Each reaches the
+    /// gateway at the first round after the one that asked, as a real answer takes a round trip.
+    quotes: Vec<(u64, AgentEvent)>,
 }
 
 impl Agent {
@@ -277,9 +282,23 @@ impl Replay<'_> {
     }
 
     /// Members that changed report their inventory, and every busy member its pressure (whose
-    /// release times move with the clock), as an agent's periodic report would.
+    /// release times move with the clock), as an agent's periodic report would; start quotes
+    /// asked before now arrive.
     fn report_members(&mut self, now: u64) -> Result<(), SimError> {
         let at = Duration::from_secs(now);
+        for cluster in 0..self.members.len() {
+            let due: Vec<AgentEvent> = match self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster)) {
+                Some(agent) if !agent.quotes.is_empty() => {
+                    let (due, later): (Vec<_>, Vec<_>) = agent.quotes.drain(..).partition(|(asked, _)| *asked < now);
+                    agent.quotes = later;
+                    due.into_iter().map(|(_, event)| event).collect()
+                }
+                _ => Vec::new(),
+            };
+            for event in due {
+                self.gateway_step(Input::Agent { conn: conn_of(cluster), event }, now)?;
+            }
+        }
         for cluster in 0..self.members.len() {
             let dirty = self.dirty.get(cluster).copied().unwrap_or(false);
             let reported_at = self.federation.as_ref().and_then(|f| f.agents.get(cluster)).and_then(|a| a.reported_at);
@@ -400,6 +419,20 @@ impl Replay<'_> {
                 Ok(())
             }
             GatewayCommand::Offer(assignment) => self.agent_offered(cluster, assignment, now, answers),
+            GatewayCommand::Quote { request_id, job_id, spec } => {
+                // The member's plan now; the answer arrives with the next round (a round trip).
+                let Some(member) = self.members.get(cluster) else { return Ok(()) };
+                let queue = member.scheduler.queue_for(&spec.tenant).to_owned();
+                let run_for = Duration::from_secs(spec.runtime.estimate.as_secs());
+                let local = LocalJob::from_spec(job_id, &spec, queue, run_for);
+                let quote = member.scheduler.quote(&local, Duration::from_secs(now));
+                let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+                federation.counts.quotes += 1;
+                if let Some(agent) = federation.agents.get_mut(cluster) {
+                    agent.quotes.push((now, AgentEvent::Quote { request_id, result: Ok(quote) }));
+                }
+                Ok(())
+            }
             GatewayCommand::Cancel { job_id, fencing_token } => {
                 let Some(federation) = self.federation.as_mut() else { return Ok(()) };
                 federation.counts.cancels += 1;

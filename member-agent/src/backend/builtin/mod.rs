@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::inventory::{BackendKind, Inventory, QueuePressure};
-use meridian_proto::protocol::Assignment;
+use meridian_proto::protocol::{Assignment, StartQuote};
 use meridian_proto::spec::JobSpec;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -271,6 +271,21 @@ impl BuiltinBackend {
         pressure
     }
 
+    /// The scheduler's [quote](BuiltinScheduler::quote) for `job`'s shape, in job time (the
+    /// scheduler counts in shrunk time, like [`pressure_now`](Self::pressure_now)).
+    fn quote_now(&self, job: &Assignment) -> StartQuote {
+        let state = self.shared.lock();
+        let queue = state.scheduler.queue_for(&job.spec.tenant).to_string();
+        let (run_for, _) = run_time(&job.spec, state.time_scale());
+        let local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
+        let mut quote = state.scheduler.quote(&local, self.shared.now());
+        let time_scale = state.time_scale();
+        for start in &mut quote.starts {
+            start.after_secs = (start.after_secs as f64 / time_scale).round() as u64;
+        }
+        quote
+    }
+
     fn logs_now(&self, job_id: &str, fencing_token: u64, request: LogRequest) -> Result<LogChunk, BackendError> {
         let state = self.shared.lock();
         let RunnerState::Process(runner) = &state.runner else {
@@ -336,6 +351,10 @@ impl LocalBackend for BuiltinBackend {
         max_bytes: usize,
     ) -> BackendFuture<'a, LogChunk> {
         Box::pin(std::future::ready(self.logs_now(job_id, fencing_token, LogRequest { from, max_bytes })))
+    }
+
+    fn quote<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, StartQuote> {
+        Box::pin(std::future::ready(Ok(self.quote_now(job))))
     }
 
     /// Under the process runner, hands the deadline to its lease watchdog; nothing under the

@@ -2,8 +2,10 @@
 //! allocatable, the GPU model from NVIDIA GPU feature discovery labels, minus what bound,
 //! non-terminal pods request. Unschedulable or NotReady nodes have nothing free.
 //!
-//! Nodes are grouped into shapes by (GPU type, GPUs, CPU, memory). The labels every node of a
-//! shape shares are kept by [`Scan::shape_labels`], ready for `NodeShape` to carry them.
+//! Each node's GPU kinds (its full GPUs, each MIG profile) are read once as [`GpuSlot`]s; nodes are
+//! grouped into shapes by (GPU type, GPUs, CPU, memory). The labels every node of a shape shares
+//! are kept by [`Scan::shape_labels`], ready for `NodeShape` to carry them. Start quotes plan
+//! over the same slots node by node (`quote.rs`).
 
 use std::collections::BTreeMap;
 
@@ -43,19 +45,39 @@ pub struct Scan {
     pub products: BTreeMap<String, Vec<String>>,
 }
 
-/// One GPU "slot kind" of a node: its full GPUs, or one MIG profile.
-struct Entry<'a> {
-    node: &'a str,
-    gpu_type: String,
-    gpu_memory_gib: u32,
-    resource: String,
-    gpus: u32,
-    cpu: u32,
-    memory_gib: u32,
-    cpu_raw: f64,
-    memory_bytes: f64,
-    usable: bool,
-    labels: &'a BTreeMap<String, String>,
+/// One GPU kind of one node: its full GPUs, or one MIG profile. Inventory groups these into
+/// shapes; a start quote plans over them one by one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSlot {
+    /// The node's name.
+    pub node: String,
+    /// The node's GPU product label.
+    pub product: String,
+    /// The Meridian GPU type (`a100-80g`, or a MIG type `a100-80g.1g.10gb`).
+    pub gpu_type: String,
+    /// Memory per GPU (or per MIG slice) in GiB.
+    pub gpu_memory_gib: u32,
+    /// The extended resource pods ask for (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`).
+    pub resource: String,
+    /// What the node can hold: GPUs of this kind, and the node's CPU and memory.
+    pub allocatable: Amounts,
+    /// What bound, unfinished pods leave of it (counted whether or not the node is usable).
+    pub free: Amounts,
+    /// Ready and schedulable: new pods may land on it.
+    pub usable: bool,
+    /// All the node's labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// GPUs of one kind, CPU and memory of one node, unrounded as the API's quantities give them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Amounts {
+    /// GPUs (or MIG slices).
+    pub gpus: f64,
+    /// CPU cores.
+    pub cpu: f64,
+    /// Memory in GiB.
+    pub memory_gib: f64,
 }
 
 impl GpuTypeMapper {
@@ -87,6 +109,36 @@ impl GpuTypeMapper {
     }
 }
 
+impl Amounts {
+    /// What `requests` (resource name → amount, as [`pod_requests`] gives) hold of a node whose
+    /// GPUs of this kind are `gpu_resource`.
+    pub fn of_requests(requests: &BTreeMap<String, f64>, gpu_resource: &str) -> Self {
+        let amount = |name: &str| requests.get(name).copied().unwrap_or(0.0);
+        Self { gpus: amount(gpu_resource), cpu: amount("cpu"), memory_gib: amount("memory") / GIB }
+    }
+
+    /// Rounded down to what whole replicas can use, as the inventory reports it.
+    pub fn whole(&self) -> NodeFree {
+        NodeFree { gpus: whole(self.gpus), cpu: whole(self.cpu), memory_gib: whole(self.memory_gib) }
+    }
+}
+
+impl std::ops::Add for Amounts {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self { gpus: self.gpus + other.gpus, cpu: self.cpu + other.cpu, memory_gib: self.memory_gib + other.memory_gib }
+    }
+}
+
+impl std::ops::Sub for Amounts {
+    type Output = Self;
+
+    fn sub(self, other: Self) -> Self {
+        Self { gpus: self.gpus - other.gpus, cpu: self.cpu - other.cpu, memory_gib: self.memory_gib - other.memory_gib }
+    }
+}
+
 /// Reads a Kubernetes quantity (`96`, `500m`, `512Gi`, `1e3`, `64G`) as a number of base units.
 pub fn quantity(q: &Quantity) -> f64 {
     let text = q.0.trim();
@@ -110,10 +162,8 @@ pub fn quantity(q: &Quantity) -> f64 {
     number.parse::<f64>().map_or(0.0, |n| n * factor)
 }
 
-/// Bytes → whole GiB, rounded down.
-fn gib(bytes: f64) -> u32 {
-    (bytes / (1024.0 * 1024.0 * 1024.0)).floor().clamp(0.0, f64::from(u32::MAX)) as u32
-}
+/// Bytes in a GiB.
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 fn whole(value: f64) -> u32 {
     value.floor().clamp(0.0, f64::from(u32::MAX)) as u32
@@ -162,9 +212,8 @@ fn mig_memory_gib(profile: &str) -> Option<u32> {
     profile.split('.').nth(1)?.strip_suffix("gb")?.parse().ok()
 }
 
-/// Builds the inventory of the GPU nodes among `nodes`, with what `pods` hold taken off.
-pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan, BackendError> {
-    let catalog = GpuCatalog::default();
+/// What bound, unfinished `pods` request, by node, then resource name.
+fn used_by_node(pods: &[Pod]) -> BTreeMap<&str, BTreeMap<String, f64>> {
     let mut used = BTreeMap::<&str, BTreeMap<String, f64>>::new();
     for pod in pods.iter().filter(|p| pod_holds_resources(p)) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
@@ -173,9 +222,17 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
             *per_node.entry(name).or_default() += amount;
         }
     }
+    used
+}
+
+/// The GPU kinds of the GPU nodes among `nodes` (by node name, full GPUs before MIG profiles),
+/// with what `pods` hold taken off. A node with GPUs but no product label, or a product that maps
+/// to no GPU type, is an error naming it.
+pub fn gpu_slots(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Vec<GpuSlot>, BackendError> {
+    let catalog = GpuCatalog::default();
+    let used = used_by_node(pods);
     let empty_labels = BTreeMap::new();
-    let mut entries = Vec::new();
-    let mut products = BTreeMap::<String, Vec<String>>::new();
+    let mut slots = Vec::new();
     let mut sorted: Vec<&Node> = nodes.iter().collect();
     sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     for node in sorted {
@@ -211,23 +268,21 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
             .map(|mib| u32::try_from(mib / 1024).unwrap_or(u32::MAX))
             .or_else(|| catalog.memory_gib(&base))
             .unwrap_or(0);
-        let cpu_total = amount("cpu");
-        let memory_total = amount("memory");
+        let node_used = used.get(name);
         let usable = ready && schedulable;
         let mut add = |gpu_type: String, gpu_memory_gib: u32, resource: String, gpus: u32| {
-            products.entry(gpu_type.clone()).or_default().push(product.clone());
-            entries.push(Entry {
-                node: name,
+            let allocatable = Amounts { gpus: f64::from(gpus), cpu: amount("cpu"), memory_gib: amount("memory") / GIB };
+            let held = node_used.map(|u| Amounts::of_requests(u, &resource)).unwrap_or_default();
+            slots.push(GpuSlot {
+                node: name.to_owned(),
+                product: product.clone(),
                 gpu_type,
                 gpu_memory_gib,
-                gpus,
-                cpu: whole(cpu_total),
-                memory_gib: gib(memory_total),
-                cpu_raw: cpu_total,
-                memory_bytes: memory_total,
-                usable,
-                labels,
                 resource,
+                allocatable,
+                free: allocatable - held,
+                usable,
+                labels: labels.clone(),
             });
         };
         if full_gpus > 0 {
@@ -239,45 +294,50 @@ pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan
             add(format!("{base}.{profile}"), memory, resource.clone(), whole(*count));
         }
     }
+    Ok(slots)
+}
+
+/// The labels of a node that its shape keeps: all but those that name one node (its hostname),
+/// which would split every node into a shape of its own. A `placement.nodeSelector` is matched
+/// against these.
+pub fn without_per_node_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.iter().filter(|(k, _)| !is_per_node_label(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Builds the inventory of the GPU nodes among `nodes`, with what `pods` hold taken off.
+pub fn scan(nodes: &[Node], pods: &[Pod], mapper: &GpuTypeMapper) -> Result<Scan, BackendError> {
+    let slots = gpu_slots(nodes, pods, mapper)?;
     let mut scan = Scan::default();
+    let mut products = BTreeMap::<String, Vec<String>>::new();
     let mut shapes: BTreeMap<ShapeKey, NodeShape> = BTreeMap::new();
     let mut labels_by_shape: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for entry in &entries {
-        let node_used = used.get(entry.node);
-        let used_of = |resource: &str| node_used.and_then(|u| u.get(resource)).copied().unwrap_or(0.0);
-        let free = if entry.usable {
-            NodeFree {
-                gpus: whole(f64::from(entry.gpus) - used_of(&entry.resource)),
-                cpu: whole(entry.cpu_raw - used_of("cpu")),
-                memory_gib: gib(entry.memory_bytes - used_of("memory")),
-            }
-        } else {
-            NodeFree::default()
-        };
-        // Labels that name one node (its hostname) would split every node into a shape of its
-        // own; the rest are part of the shape, so a nodeSelector matches whole shapes exactly.
-        let shared_labels: BTreeMap<String, String> =
-            entry.labels.iter().filter(|(k, _)| !is_per_node_label(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
-        let key = (entry.gpu_type.clone(), entry.gpus, entry.cpu, entry.memory_gib, shared_labels.clone());
-        let base = format!("{}x{}-{}c-{}g", entry.gpu_type, entry.gpus, entry.cpu, entry.memory_gib);
+    for slot in &slots {
+        products.entry(slot.gpu_type.clone()).or_default().push(slot.product.clone());
+        let size = slot.allocatable.whole();
+        let free = if slot.usable { slot.free.whole() } else { NodeFree::default() };
+        // Labels that name one node would split every node into a shape of its own; the rest
+        // are part of the shape, so a nodeSelector matches whole shapes exactly.
+        let shared_labels = without_per_node_labels(&slot.labels);
+        let key = (slot.gpu_type.clone(), size.gpus, size.cpu, size.memory_gib, shared_labels.clone());
+        let base = format!("{}x{}-{}c-{}g", slot.gpu_type, size.gpus, size.cpu, size.memory_gib);
         let same_base = shapes.keys().filter(|k| (&k.0, k.1, k.2, k.3) == (&key.0, key.1, key.2, key.3)).count();
         let name = if shapes.contains_key(&key) || same_base == 0 { base } else { format!("{base}-{}", same_base + 1) };
         let shape = shapes.entry(key).or_insert_with(|| NodeShape {
             name: name.clone(),
-            gpu_type: entry.gpu_type.clone(),
-            gpu_memory_gib: entry.gpu_memory_gib,
-            gpus_per_node: entry.gpus,
-            cpu_per_node: entry.cpu,
-            memory_gib_per_node: entry.memory_gib,
+            gpu_type: slot.gpu_type.clone(),
+            gpu_memory_gib: slot.gpu_memory_gib,
+            gpus_per_node: size.gpus,
+            cpu_per_node: size.cpu,
+            memory_gib_per_node: size.memory_gib,
             free: Vec::new(),
             labels: shared_labels,
         });
         let name = shape.name.clone();
         shape.free.push(free);
         match labels_by_shape.get_mut(&name) {
-            Some(common) => common.retain(|k, v| entry.labels.get(k) == Some(v)),
+            Some(common) => common.retain(|k, v| slot.labels.get(k) == Some(v)),
             None => {
-                labels_by_shape.insert(name, entry.labels.clone());
+                labels_by_shape.insert(name, slot.labels.clone());
             }
         }
     }

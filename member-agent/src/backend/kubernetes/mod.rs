@@ -6,6 +6,7 @@
 //! - [`status`]: object status → [`JobPhase`].
 //! - [`inventory`]: Nodes + Pods → [`Inventory`].
 //! - [`pressure`]: PodGroups / Workloads → [`QueuePressure`].
+//! - `quote`: Nodes + Pods → a start quote, from Meridian pods' estimated ends.
 //!
 //! Every object Meridian creates carries the label `app.kubernetes.io/managed-by=meridian`, the
 //! job id as a label and annotation, and the fencing token as an annotation, so `list` (and a
@@ -35,6 +36,7 @@ pub mod config;
 pub mod inventory;
 pub mod objects;
 pub mod pressure;
+mod quote;
 mod service;
 pub mod status;
 mod watch;
@@ -246,13 +248,20 @@ impl Shared {
 
     /// Nodes and pods of the whole cluster → inventory.
     async fn scan(&self) -> Result<Scan> {
+        let (nodes, pods) = self.nodes_and_pods().await?;
+        inventory::scan(&nodes, &pods, &self.mapper)
+    }
+
+    /// Every node and every unfinished pod of the cluster: what the inventory and start quotes
+    /// are made from.
+    async fn nodes_and_pods(&self) -> Result<(Vec<Node>, Vec<Pod>)> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let pods: Api<Pod> = Api::all(self.client.clone());
         let nodes = self.call("list nodes", nodes.list(&ListParams::default())).await?;
         // Finished pods hold nothing; the API filters them out (the scan checks again).
         let unfinished = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
         let pods = self.call("list pods", pods.list(&unfinished)).await?;
-        inventory::scan(&nodes.items, &pods.items, &self.mapper)
+        Ok((nodes.items, pods.items))
     }
 
     /// Every Meridian binding in the namespace, its pods, and the PodGroups/Workloads.

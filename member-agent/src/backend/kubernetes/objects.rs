@@ -28,6 +28,9 @@ pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 pub const TASK_NAME: &str = "main";
 /// Pod label: the object name of the binding, which a Kueue job's headless Service selects.
 pub const BINDING_LABEL: &str = "meridian.io/binding";
+/// Pod annotation: the job's `runtime.estimate` in whole seconds, from which a start quote
+/// expects the pod's resources back (its start time + the estimate).
+pub const ESTIMATE_KEY: &str = "meridian.io/runtime-estimate-seconds";
 
 /// Where the job's replicas must land: the GPU resource to ask for, and the product labels
 /// of nodes with the job's GPU type.
@@ -243,11 +246,14 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement,
         pod["subdomain"] = json!(object_name(&job.job_id, job.fencing_token));
     }
     json!({
-        "metadata": {"labels": {
-            MANAGED_LABEL: MANAGED_VALUE,
-            JOB_ID_KEY: label_value(&job.job_id),
-            BINDING_LABEL: object_name(&job.job_id, job.fencing_token),
-        }},
+        "metadata": {
+            "labels": {
+                MANAGED_LABEL: MANAGED_VALUE,
+                JOB_ID_KEY: label_value(&job.job_id),
+                BINDING_LABEL: object_name(&job.job_id, job.fencing_token),
+            },
+            "annotations": {ESTIMATE_KEY: spec.runtime.estimate.0.as_secs().to_string()},
+        },
         "spec": pod,
     })
 }
@@ -398,6 +404,21 @@ mod tests {
         assert_eq!(pod["restartPolicy"], "Never");
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "4");
         assert_eq!(pod["nodeSelector"][PRODUCT_LABEL], "NVIDIA-A100-SXM4-80GB");
+    }
+
+    #[test]
+    fn every_pod_carries_the_jobs_runtime_estimate_in_seconds() {
+        let mut job = job();
+        job.spec.runtime.estimate = HumanDuration::from_secs(5400);
+        for mode in [Mode::Volcano, Mode::Kueue] {
+            let object = build(&job, &config(mode), &a100(), "k8s-west");
+            let template = match mode {
+                Mode::Volcano => &object["spec"]["tasks"][0]["template"],
+                Mode::Kueue => &object["spec"]["template"],
+            };
+            assert_eq!(template["metadata"]["annotations"], json!({ESTIMATE_KEY: "5400"}), "{mode:?}");
+            assert!(object["metadata"]["annotations"].get(ESTIMATE_KEY).is_none(), "on the pods only: {mode:?}");
+        }
     }
 
     #[test]

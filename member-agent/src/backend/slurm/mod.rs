@@ -37,6 +37,9 @@ mod fair_share_tests;
 mod live_tests;
 mod parse;
 mod poll;
+mod quote;
+#[cfg(test)]
+mod quote_tests;
 mod script;
 
 pub use config::{QosRule, SlurmConfig};
@@ -63,6 +66,8 @@ pub(crate) struct Shared {
     tracked: Mutex<BTreeMap<String, Tracked>>,
     /// One submit or cancel at a time, so "look, then sbatch" cannot race itself.
     submit_lock: tokio::sync::Mutex<()>,
+    /// One `sbatch --test-only` at a time, spaced apart ([`quote`]).
+    quote_gate: quote::QuoteGate,
 }
 
 /// A binding the status loop watches.
@@ -97,6 +102,7 @@ impl SlurmBackend {
             events,
             tracked: Mutex::new(BTreeMap::new()),
             submit_lock: tokio::sync::Mutex::new(()),
+            quote_gate: quote::QuoteGate::default(),
         });
         shared.inventory_now().await?;
         let poller = tokio::spawn(poll::run_status_loop(Arc::downgrade(&shared)));

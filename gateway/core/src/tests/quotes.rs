@@ -1,0 +1,156 @@
+//! Start quotes: a round that leaves a job queued asks its best clusters that cannot start it
+//! now, once per shape while a quote is fresh or a request in flight; the answer replaces the
+//! estimate from the release profile; nothing waits for it.
+
+use meridian_proto::inventory::{GpuRelease, QueuePressure};
+use meridian_proto::protocol::{StartQuote, TypeStart};
+
+use super::*;
+
+const GANG: &str = "name: gang\ntenant: t\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+
+/// The quote requests in `fx`: (stream, request id, job).
+fn quote_requests(fx: &Effects) -> Vec<(ConnId, u64, String)> {
+    fx.sends
+        .iter()
+        .filter_map(|(c, m)| match m {
+            GatewayCommand::Quote { request_id, job_id, .. } => Some((*c, *request_id, job_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn quote(request_id: u64, after_secs: u64) -> AgentEvent {
+    let starts = vec![TypeStart { gpu_type: "h100".into(), after_secs }];
+    AgentEvent::Quote { request_id, result: Ok(StartQuote { starts, basis: "EASY plan".into() }) }
+}
+
+/// A busy cluster whose release profile says every GPU is back in 10 minutes.
+fn busy(h: &mut Harness, name: &str) -> ConnId {
+    let (conn, _) = h.connect(name, name);
+    h.event(conn, inventory_event(&[0, 0]));
+    let pressure = QueuePressure { releases: vec![GpuRelease { after_secs: 600, gpus: 16 }], ..Default::default() };
+    h.event(conn, AgentEvent::Pressure(pressure));
+    conn
+}
+
+fn wait_on(h: &mut Harness, id: &str, cluster: &str) -> Option<(f64, bool)> {
+    let explained = h.core.view().explain(id)?;
+    let candidate = explained.candidates.iter().find(|c| c.cluster == cluster)?;
+    candidate.score.as_ref().map(|s| (s.expected_wait_secs, s.quoted))
+}
+
+#[test]
+fn a_waiting_gang_asks_for_a_quote_once_and_its_answer_replaces_the_guess() {
+    let mut h = Harness::new(CoreConfig::default());
+    let east = busy(&mut h, "east");
+    let gang = h.submit(GANG);
+    // A second gang of the same shape shares the quote: one request for both.
+    let twin = h.submit(&GANG.replace("name: gang", "name: twin"));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.state(&gang), JobState::Queued);
+    let asked = quote_requests(&fx);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let (conn, request_id, job) = asked[0].clone();
+    assert_eq!((conn, job.as_str()), (east, gang.as_str()));
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((600.0, false)));
+    // The round did not wait for the answer: both jobs are decided already.
+    assert!(wait_on(&mut h, &twin, "east").is_some());
+
+    // The member's plan: whole nodes are back only in two hours.
+    h.advance(Duration::from_secs(5));
+    h.event(east, quote(request_id, 7200));
+    // The next refresh of the gang's decision (30 s on) reads it, and asks nothing.
+    h.advance(Duration::from_secs(24));
+    h.event(
+        east,
+        AgentEvent::Pressure(QueuePressure {
+            releases: vec![GpuRelease { after_secs: 571, gpus: 16 }],
+            ..Default::default()
+        }),
+    );
+    h.advance(Duration::from_secs(2));
+    let fx = h.step(Input::Round);
+    assert!(quote_requests(&fx).is_empty(), "{:?}", fx.sends);
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((7200.0 - 26.0, true)));
+    let summary = h.summary(&gang);
+    assert!(summary.contains("east"), "{summary}");
+
+    // Past the quote's time to live it is dropped and asked again.
+    h.advance(Duration::from_secs(31));
+    h.event(east, AgentEvent::Pressure(QueuePressure::default()));
+    h.step(Input::Tick);
+    let fx = h.step(Input::Round);
+    assert_eq!(quote_requests(&fx).len(), 1, "{:?}", fx.sends);
+    assert!(wait_on(&mut h, &gang, "east").is_some_and(|(_, quoted)| !quoted));
+}
+
+#[test]
+fn an_answer_from_another_stream_or_to_an_unknown_request_changes_nothing() {
+    let mut h = Harness::new(CoreConfig::default());
+    let east = busy(&mut h, "east");
+    let west = busy(&mut h, "west");
+    let gang = h.submit(GANG);
+    let fx = h.step(Input::Round);
+    let asked = quote_requests(&fx);
+    assert_eq!(asked.len(), 2, "both clusters are candidates: {asked:?}");
+    let east_request = asked.iter().find(|(c, _, _)| *c == east).map(|a| a.1).unwrap();
+    // West answers east's request, and someone answers a request never made.
+    h.event(west, quote(east_request, 60));
+    h.event(east, quote(9_999, 60));
+    h.step(Input::Round);
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((600.0, false)));
+    assert_eq!(wait_on(&mut h, &gang, "west"), Some((600.0, false)));
+}
+
+#[test]
+fn a_member_that_cannot_quote_is_not_asked_again_while_its_answer_is_fresh() {
+    let mut h = Harness::new(CoreConfig::default());
+    let east = busy(&mut h, "east");
+    let gang = h.submit(GANG);
+    let fx = h.step(Input::Round);
+    let (_, request_id, _) = quote_requests(&fx)[0].clone();
+    h.event(east, AgentEvent::Quote { request_id, result: Err("the kubernetes backend gives no start quotes".into()) });
+    h.advance(Duration::from_secs(5));
+    let fx = h.step(Input::Round);
+    assert!(quote_requests(&fx).is_empty());
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((600.0, false)), "the guess stays");
+}
+
+#[test]
+fn quotes_are_off_with_no_candidates_and_a_job_that_starts_now_asks_nothing() {
+    let mut config = CoreConfig::default();
+    config.placement.quote_candidates = 0;
+    let mut h = Harness::new(config);
+    busy(&mut h, "east");
+    h.submit(GANG);
+    assert!(quote_requests(&h.step(Input::Round)).is_empty());
+
+    let mut h = Harness::new(CoreConfig::default());
+    h.east(&[8, 8]);
+    let gang = h.submit(GANG);
+    let fx = h.step(Input::Round);
+    assert_eq!(h.state(&gang), JobState::Offered);
+    assert!(quote_requests(&fx).is_empty());
+}
+
+#[test]
+fn one_cluster_has_at_most_four_requests_in_flight_and_a_lost_answer_is_asked_again() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (conn, _) = h.connect("east", "east");
+    h.event(conn, inventory_event(&[0; 8]));
+    for replicas in 2..=7 {
+        h.submit(
+            &GANG
+                .replace("replicas: 2", &format!("replicas: {replicas}"))
+                .replace("name: gang", &format!("name: g{replicas}")),
+        );
+    }
+    let fx = h.step(Input::Round);
+    assert_eq!(quote_requests(&fx).len(), 4, "six shapes, four in flight at most");
+    assert_eq!(h.core.quotes.in_flight(), 4);
+    // No answer comes: past the request timeout, the next refresh of the decisions asks again.
+    h.advance(Duration::from_secs(31));
+    let fx = h.step(Input::Round);
+    assert_eq!(quote_requests(&fx).len(), 4);
+}

@@ -623,7 +623,7 @@
         h("th", { scope: "row" }, c.cluster, h("div", { class: "muted small" }, c.region + " · " + c.tier)),
         h("td", {}, h("span", { class: "badge verdict " + c.verdict }, c.verdict)),
         h("td", {}, s ? (s.fitsNow ? "now" : fmtDuration(s.expectedStartSecs)) : "—",
-          s ? h("div", { class: "muted small" }, "wait " + fmtDuration(s.expectedWaitSecs) + " · transfer " + fmtDuration(s.transferSecs)) : null),
+          s ? h("div", { class: "muted small" }, "wait " + fmtDuration(s.expectedWaitSecs) + (s.quoted ? " (member's quote)" : "") + " · transfer " + fmtDuration(s.transferSecs)) : null),
         h("td", { class: "num" }, s ? usd(s.computeUsd) : "—", s ? h("div", { class: "muted small" }, "egress " + usd(s.egressUsd)) : null),
         h("td", {}, s ? (s.gpuType || "—") + (s.fragmentation ? " · frag " + Number(s.fragmentation).toFixed(2) : "") : "—"),
         h("td", { class: "num" }, s ? Number(s.total).toLocaleString() : "—"),

@@ -167,6 +167,10 @@ pub fn explain(explanation: &Value) -> String {
             let wait = num_at(score, "/expectedWaitSecs");
             match (score.get("fitsNow").and_then(Value::as_bool), wait) {
                 (Some(true), None | Some(0.0)) => "now".to_owned(),
+                // A member's own start quote, not the gateway's estimate from its releases.
+                (_, Some(wait)) if score.get("quoted").and_then(Value::as_bool) == Some(true) => {
+                    format!("{} (quoted)", format::duration(wait))
+                }
                 (_, Some(wait)) => format::duration(wait),
                 (_, None) => NONE.to_owned(),
             }

@@ -191,8 +191,7 @@ impl Agents<'_> {
             // no state.
             AgentEvent::Logs { .. } => {}
             AgentEvent::Quote { request_id, result } => {
-                // Only the cluster asked may answer; a quote moves expected waits, never what can
-                // start now, so the next round uses it without one being wanted.
+                // Only the cluster asked may answer.
                 let Some(pending) = self.quotes.take(request_id) else { return };
                 if pending.cluster != cluster {
                     return;
@@ -200,8 +199,14 @@ impl Agents<'_> {
                 if let Err(reason) = &result {
                     tracing::debug!(cluster = %cluster, %reason, "no start quote");
                 }
+                let quoted = result.is_ok();
                 let quote = quotes::kept(result, now_ms);
                 Arc::make_mut(&mut entry.quotes).insert(pending.key, quote);
+                if quoted {
+                    // Jobs waiting on an estimate are decided again at the next round.
+                    self.quotes.answered(now_ms);
+                    self.ledger.signals.want_round();
+                }
             }
         }
     }

@@ -53,6 +53,9 @@ pub(crate) struct QuoteRequests {
     pending: HashMap<u64, Pending>,
     in_flight: HashMap<String, usize>,
     asked_this_round: usize,
+    /// When the newest answer arrived (Unix ms; 0 before any): decisions older than that are
+    /// placed again, within the round's refresh budget.
+    newest_answer_ms: i64,
 }
 
 impl QuoteRequests {
@@ -150,6 +153,16 @@ impl QuoteRequests {
         let command = GatewayCommand::Quote { request_id, job_id: job_id.to_string(), spec: spec.clone() };
         effects.sends.push((conn, command));
         true
+    }
+
+    /// An answer to a request was kept at `now_ms`.
+    pub(crate) fn answered(&mut self, now_ms: i64) {
+        self.newest_answer_ms = self.newest_answer_ms.max(now_ms);
+    }
+
+    /// When the newest answer was kept (Unix ms; 0 before any).
+    pub(crate) fn newest_answer_ms(&self) -> i64 {
+        self.newest_answer_ms
     }
 
     /// The request `request_id` answers, if it is still in flight (it is then no longer).

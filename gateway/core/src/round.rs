@@ -210,7 +210,9 @@ impl Round<'_> {
                 });
             if !fits_somewhere {
                 let previous = entry.decided.as_deref();
-                let fresh = previous.is_some_and(|d| d.is_fresh(now_ms, DECISION_REFRESH_MS));
+                // A member's quote that arrived after the decision may change it: not fresh.
+                let max_age = DECISION_REFRESH_MS.min(now_ms.saturating_sub(self.quotes.newest_answer_ms()) + 1);
+                let fresh = previous.is_some_and(|d| d.is_fresh(now_ms, max_age));
                 let first = previous.is_none();
                 if fresh || (!first && refreshed >= MAX_REFRESHES_PER_ROUND) {
                     if let Some(Decided::Live { decision, .. }) = previous

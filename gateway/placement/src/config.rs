@@ -47,7 +47,7 @@ pub struct PlacementConfig {
     /// scheduler would start a gang of this shape (see `docs/architecture.md#start-quotes`).
     /// Default 3; 0 asks none, and placement estimates every wait from release profiles.
     pub quote_candidates: u32,
-    /// How long a member's start quote is used before it is asked again. Default 30 s: quotes
+    /// How long a member's start quote is used before it is asked again. Default 60 s: quotes
     /// move as jobs start and end, and asking costs the member a plan (on Slurm, an
     /// `sbatch --test-only`).
     pub quote_ttl_secs: f64,
@@ -64,7 +64,7 @@ impl Default for PlacementConfig {
             gpu_speed: BTreeMap::new(),
             deadline_miss_penalty_secs: 21_600.0,
             quote_candidates: 3,
-            quote_ttl_secs: 30.0,
+            quote_ttl_secs: 60.0,
         }
     }
 }

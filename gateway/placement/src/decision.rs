@@ -118,7 +118,11 @@ pub(crate) fn summarize(
     let (verb, when) = if score.fits_now {
         ("Chose", "starts now".to_owned())
     } else {
-        ("Waiting for", format!("expected to start in {}, so the job stays queued", Secs(score.expected_start_secs)))
+        let basis = if score.quoted { format!(" by {}'s own plan", chosen.cluster) } else { String::new() };
+        (
+            "Waiting for",
+            format!("expected to start in {}{basis}, so the job stays queued", Secs(score.expected_start_secs)),
+        )
     };
     format!(
         "{verb} {} ({tier}, {}) for job '{job_name}' ({replicas}×{gpus} {}): {when}; data transfer {}, compute \

@@ -186,3 +186,22 @@ fn submit_and_cancel_lines() {
         "job j-1 had already Succeeded; nothing to cancel\n"
     );
 }
+
+#[test]
+fn explain_marks_a_wait_that_is_the_members_own_quote() {
+    let explanation = json!({
+        "jobId": "j-7f3b", "state": "Queued", "summary": "Waiting for east.",
+        "candidates": [
+            {"cluster": "east", "region": "us-east", "tier": "owned", "verdict": "chosen", "reasons": [],
+             "score": {"fitsNow": false, "expectedWaitSecs": 9000.0, "quoted": true, "transferSecs": 0.0,
+                       "egressUsd": 0.0, "computeUsd": 0.0, "fragmentation": 0.0, "total": 9000.0}},
+            {"cluster": "west", "region": "us-west", "tier": "owned", "verdict": "feasible", "reasons": [],
+             "score": {"fitsNow": false, "expectedWaitSecs": 7200.0, "transferSecs": 0.0,
+                       "egressUsd": 0.0, "computeUsd": 0.0, "fragmentation": 0.0, "total": 9100.0}}
+        ]
+    });
+    let text = explain(&explanation);
+    assert!(text.contains("2h30m (quoted)"), "{text}");
+    assert!(text.contains("   2h     ") || text.contains(" 2h "), "the estimate is not marked: {text}");
+    assert!(!text.contains("2h (quoted)"), "{text}");
+}

@@ -59,25 +59,28 @@ fn a_waiting_gang_asks_for_a_quote_once_and_its_answer_replaces_the_guess() {
 
     // The member's plan: whole nodes are back only in two hours.
     h.advance(Duration::from_secs(5));
-    h.event(east, quote(request_id, 7200));
-    // The next refresh of the gang's decision (30 s on) reads it, and asks nothing.
-    h.advance(Duration::from_secs(24));
-    h.event(
-        east,
-        AgentEvent::Pressure(QueuePressure {
-            releases: vec![GpuRelease { after_secs: 571, gpus: 16 }],
-            ..Default::default()
-        }),
-    );
-    h.advance(Duration::from_secs(2));
+    let fx = h.event(east, quote(request_id, 7200));
+    assert!(fx.sends.is_empty());
+    assert!(h.core.wants_round(), "a quote that may change a decision asks for a round");
+    // The next round decides again at once (the decision is older than the quote), and asks
+    // nothing.
+    h.advance(Duration::from_secs(1));
     let fx = h.step(Input::Round);
     assert!(quote_requests(&fx).is_empty(), "{:?}", fx.sends);
-    assert_eq!(wait_on(&mut h, &gang, "east"), Some((7200.0 - 26.0, true)));
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((7200.0 - 1.0, true)));
+    // The quote keeps until its time to live: a later refresh reads it and asks nothing.
+    h.advance(Duration::from_secs(23));
+    let pressure = QueuePressure { releases: vec![GpuRelease { after_secs: 576, gpus: 16 }], ..Default::default() };
+    h.event(east, AgentEvent::Pressure(pressure));
+    h.advance(Duration::from_secs(8));
+    let fx = h.step(Input::Round);
+    assert!(quote_requests(&fx).is_empty(), "{:?}", fx.sends);
+    assert_eq!(wait_on(&mut h, &gang, "east"), Some((7200.0 - 32.0, true)));
     let summary = h.summary(&gang);
-    assert!(summary.contains("east"), "{summary}");
+    assert!(summary.contains("by east's own plan"), "{summary}");
 
-    // Past the quote's time to live it is dropped and asked again.
-    h.advance(Duration::from_secs(31));
+    // Past the quote's time to live (60 s) it is dropped and asked again.
+    h.advance(Duration::from_secs(30));
     h.event(east, AgentEvent::Pressure(QueuePressure::default()));
     h.step(Input::Tick);
     let fx = h.step(Input::Round);

@@ -601,6 +601,7 @@ impl FakeAgent {
             // The member's own job gives its 4 GPUs back in an hour.
             releases: vec![GpuRelease { after_secs: 3600, gpus: LOCAL_GPUS }],
             estimated_wait_secs: 0,
+            preemptible: Vec::new(),
         }
     }
 }

@@ -236,12 +236,32 @@ pub struct QueuePressure {
     pub releases: Vec<GpuRelease>,
     /// The agent's own estimate of how long a newly queued job waits.
     pub estimated_wait_secs: u64,
+    /// GPUs held by running preemptible jobs, by their priority (ascending): a job of higher
+    /// priority could have them by preemption. Empty where the member does not preempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preemptible: Vec<PreemptibleGpus>,
+}
+
+/// GPUs held by running preemptible jobs of one priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptibleGpus {
+    /// The jobs' priority.
+    pub priority: u32,
+    /// GPUs they hold.
+    pub gpus: u32,
 }
 
 impl QueuePressure {
     /// GPUs wanted by jobs already waiting in the cluster's local queues.
     pub fn pending_gpus(&self) -> u32 {
         self.queues.iter().fold(0u32, |sum, q| sum.saturating_add(q.pending_gpus))
+    }
+
+    /// GPUs a job of `priority` could have by preemption: those of preemptible jobs of strictly
+    /// lower priority.
+    pub fn preemptible_below(&self, priority: u32) -> u64 {
+        self.preemptible.iter().filter(|p| p.priority < priority).map(|p| u64::from(p.gpus)).sum()
     }
 
     /// Jobs waiting in the cluster's local queues.

@@ -136,6 +136,10 @@ pub struct TypeStart {
     pub gpu_type: String,
     /// Seconds from the answer until the member expects to start the gang (0: now).
     pub after_secs: u64,
+    /// The start needs the member to preempt lower-priority preemptible jobs: offered the job,
+    /// it queues it and stops them after their grace period.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub preempts: bool,
 }
 
 /// A piece of a job's output, as the member keeps it (a bounded tail of everything it wrote).

@@ -147,6 +147,7 @@ fn write_binary_seeds() {
                 }],
                 releases: vec![GpuRelease { after_secs: 60, gpus: 8 }, GpuRelease { after_secs: 3600, gpus: 16 }],
                 estimated_wait_secs: 900,
+                preemptible: Vec::new(),
             }),
         ),
         (

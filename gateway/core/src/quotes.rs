@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use meridian_placement::{Decision, PlacementConfig, Quote, Verdict, quote_key};
+use meridian_placement::{Decision, PlacementConfig, Quote, QuotedStart, Verdict, quote_key};
 use meridian_proto::protocol::{GatewayCommand, StartQuote};
 use meridian_proto::spec::JobSpec;
 
@@ -193,7 +193,11 @@ pub(crate) fn kept(result: Result<StartQuote, String>, now_ms: i64) -> Quote {
             .into_iter()
             .map(|s| {
                 let after_ms = i64::try_from(s.after_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
-                (s.gpu_type.into(), now_ms.saturating_add(after_ms))
+                QuotedStart {
+                    gpu_type: s.gpu_type.into(),
+                    start_at_ms: now_ms.saturating_add(after_ms),
+                    preempts: s.preempts,
+                }
             })
             .collect(),
         Err(_) => Vec::new(),

@@ -248,8 +248,12 @@ impl Round<'_> {
             if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
                 self.ledger.tally().count_data_moved(job, &region);
             }
+            let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
+                if preempts {
+                    target.forget_quotes();
+                }
                 fits_somewhere_now.clear();
             }
             queue.placed(&next);

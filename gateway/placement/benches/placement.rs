@@ -92,6 +92,7 @@ fn cluster(rng: &mut StdRng, index: usize) -> ClusterSnapshot {
         }],
         releases,
         estimated_wait_secs: rng.random_range(0..14_400),
+        preemptible: Vec::new(),
     };
     let mut info = testing::cluster_info(&format!("{}-{index:03}", if tier == Tier::Cloud { "cloud" } else { "dc" }));
     info.region = (*pick(rng, &REGIONS)).to_owned();

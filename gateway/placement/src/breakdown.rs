@@ -21,6 +21,11 @@ pub struct ScoreBreakdown {
     /// gang of this shape), not from its release profile; left out of JSON when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub quoted: bool,
+    /// The member's quote starts the gang by preempting lower-priority preemptible jobs (after
+    /// their grace): the job may be offered now, and the member preempts for it. Left out of JSON
+    /// when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preempts: bool,
     /// Seconds to copy the job's data from other regions.
     pub transfer_secs: f64,
     /// max(wait, transfer): when the job is expected to start.

@@ -117,6 +117,15 @@ pub(crate) fn summarize(
     };
     let (verb, when) = if score.fits_now {
         ("Chose", "starts now".to_owned())
+    } else if score.preempts {
+        (
+            "Chose",
+            format!(
+                "starts in {} once {} preempts lower-priority preemptible jobs for it (its own plan)",
+                Secs(score.expected_start_secs),
+                chosen.cluster
+            ),
+        )
     } else {
         let basis = if score.quoted { format!(" by {}'s own plan", chosen.cluster) } else { String::new() };
         (

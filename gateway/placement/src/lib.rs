@@ -78,7 +78,7 @@ pub use name::{Name, Names};
 pub use need::PayloadKind;
 pub use network::{DataCopy, LinkCost, NetworkError, NetworkLink, NetworkTable};
 pub use place::{never_fits, place, place_waited};
-pub use quote::{Quote, Quotes, quote_key};
+pub use quote::{Quote, QuotedStart, Quotes, quote_key};
 pub use reasons::{Reasons, Rejection};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
 pub use verdict::{Candidate, Verdict};

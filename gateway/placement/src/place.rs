@@ -106,7 +106,8 @@ pub fn place_waited(
         candidate.score().map(|s| Choice {
             cluster: candidate.cluster.clone(),
             gpu_type: s.gpu_type.clone(),
-            starts_now: s.fits_now,
+            // A start by preemption is offered now: the member queues the job and preempts.
+            starts_now: s.fits_now || s.preempts,
             expected_start_secs: s.expected_start_secs,
             score: s.total,
         })

@@ -25,11 +25,23 @@ use crate::name::Name;
 /// gateway's clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Quote {
-    /// (GPU type, expected start in Unix ms) per type the member quoted; an empty list means the
-    /// member says the gang never starts there.
-    pub starts: Vec<(Name, i64)>,
+    /// Per GPU type the member quoted; an empty list means the member says the gang never starts
+    /// there (or could not say).
+    pub starts: Vec<QuotedStart>,
     /// When the answer arrived (Unix ms).
     pub received_at_ms: i64,
+}
+
+/// When a member expects to start a gang on one GPU type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotedStart {
+    /// The GPU type.
+    pub gpu_type: Name,
+    /// The expected start, Unix ms on the gateway's clock.
+    pub start_at_ms: i64,
+    /// The start needs the member to preempt lower-priority preemptible jobs: offered the job
+    /// now, it queues it and stops them after their grace period.
+    pub preempts: bool,
 }
 
 /// The quotes one cluster has given, by [`quote_key`].

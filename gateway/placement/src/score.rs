@@ -64,21 +64,24 @@ pub(crate) fn score<'a>(
     let hours = need.job.runtime.estimate.as_secs_f64() / 3600.0;
     let (transfer_secs, egress_usd) = regions.get(&cluster.info().region);
     let mut quoted = false;
+    let mut preempts = false;
     let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(nodes, options, demand) {
         Ok((option, plan)) => {
             let fragmentation = plan.fragmentation(nodes, option.type_id, demand);
             (Some(option), true, fragmentation, 0.0)
         }
         Err(free_gpus) => {
-            let guess = expected_wait_secs(cluster, free_gpus, need.total_gpus, config);
+            let guess = expected_wait_secs(cluster, free_gpus, need, config);
             // The member's own plan, where it quoted this shape; else wait for the cheapest type.
             let (option, wait) = match quoted_option(need, cluster, options, transfer_secs, hours, config) {
-                Some((option, wait)) => {
+                Some((option, wait, by_preemption)) => {
                     quoted = true;
+                    preempts = by_preemption;
                     // The member counts neither its own queued jobs nor the federation's: with
-                    // either waiting ahead, the later estimate counts.
+                    // either waiting ahead, the later estimate counts. A start by preemption
+                    // jumps that queue (the victims are of lower priority).
                     let ahead = cluster.pressure.pending_gpus() > 0 || cluster.waiting_gpus() > 0;
-                    (Some(option), if ahead { wait.max(guess) } else { wait })
+                    (Some(option), if ahead && !by_preemption { wait.max(guess) } else { wait })
                 }
                 None => (options.first().copied(), guess),
             };
@@ -98,6 +101,7 @@ pub(crate) fn score<'a>(
         gpu_type: option.and_then(|o| o.gpu_type(cluster.index()).cloned()).unwrap_or_default(),
         expected_wait_secs,
         quoted,
+        preempts,
         transfer_secs,
         expected_start_secs,
         egress_usd,
@@ -119,31 +123,35 @@ fn quoted_option(
     transfer_secs: f64,
     hours: f64,
     config: &PlacementConfig,
-) -> Option<(TypeOption, f64)> {
+) -> Option<(TypeOption, f64, bool)> {
     if cluster.quotes().is_empty() {
         return None;
     }
     let quote = cluster.quote(need.quote_key())?;
-    let mut best: Option<(TypeOption, f64, f64)> = None;
+    let mut best: Option<(TypeOption, f64, bool, f64)> = None;
     for option in options.iter() {
         let Some(name) = option.gpu_type(cluster.index()) else { continue };
-        let Some(&(_, start_at_ms)) = quote.starts.iter().find(|(t, _)| t == name) else { continue };
-        let wait = cluster.secs_until(start_at_ms);
+        let Some(start) = quote.starts.iter().find(|s| s.gpu_type == *name) else { continue };
+        let wait = cluster.secs_until(start.start_at_ms);
         let weight = wait.max(transfer_secs) + config.usd_to_seconds * need.total_gpus as f64 * option.price * hours;
-        if best.is_none_or(|(_, _, w)| weight < w) {
-            best = Some((*option, wait, weight));
+        if best.is_none_or(|(_, _, _, w)| weight < w) {
+            best = Some((*option, wait, start.preempts, weight));
         }
     }
-    best.map(|(option, wait, _)| (option, wait))
+    best.map(|(option, wait, preempts, _)| (option, wait, preempts))
 }
 
 /// Earliest time the cluster is expected to have enough GPUs for the jobs already waiting in its
 /// queues, the federation-queue jobs decided earlier this cycle to wait for it, plus this one: `free_gpus` (free GPUs of the acceptable nodes) plus the release profile.
 /// Enough GPUs free now but in the wrong places (the gang did not fit) still need a release.
-fn expected_wait_secs(cluster: &ClusterSnapshot, free_gpus: u64, job_gpus: u64, config: &PlacementConfig) -> f64 {
+fn expected_wait_secs(cluster: &ClusterSnapshot, free_gpus: u64, need: &Need<'_>, config: &PlacementConfig) -> f64 {
     let local: u64 = cluster.pressure.queues.iter().map(|q| u64::from(q.pending_gpus)).sum();
     let pending = local.saturating_add(cluster.waiting_gpus());
-    let needed = pending.saturating_add(job_gpus);
+    let needed = pending.saturating_add(need.total_gpus);
+    // GPUs of preemptible jobs of lower priority count as free for this job: the member would
+    // preempt them for it (after a grace period the member's quote states). A count, not a fit:
+    // only a quote marked `preempts` lets the job be offered on them.
+    let free_gpus = free_gpus.saturating_add(cluster.pressure.preemptible_below(need.job.priority));
     // Agents send releases ascending; sort a copy only if one did not.
     let releases = &cluster.pressure.releases;
     let (earliest, last) = if releases.windows(2).all(|w| w[0].after_secs <= w[1].after_secs) {

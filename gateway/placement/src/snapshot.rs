@@ -101,6 +101,12 @@ impl ClusterSnapshot {
         self
     }
 
+    /// Forgets the member's quotes for the rest of this cycle: an offer that will make it preempt
+    /// changes its plan, and no later decision in the cycle may count on the same victims.
+    pub fn forget_quotes(&mut self) {
+        self.quotes = Arc::default();
+    }
+
     /// The member's quotes.
     pub fn quotes(&self) -> &Quotes {
         &self.quotes

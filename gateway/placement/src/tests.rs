@@ -62,6 +62,7 @@ fn busy(name: &str, region: &str, tier: Tier, shapes: Vec<NodeShape>, wait_secs:
         }],
         releases: vec![GpuRelease { after_secs: wait_secs, gpus: total }],
         estimated_wait_secs: wait_secs,
+        preemptible: Vec::new(),
     };
     ClusterSnapshot::new(info(name, region, tier), Inventory { shapes }, pressure, true)
 }

@@ -222,7 +222,11 @@ impl<'a> Replay<'a> {
                 .filter_map(|m| m.scheduler.next_preemption_stop())
                 .min()
                 .map(|d| d.as_secs_f64().ceil() as u64);
-            let Some(now) = [arrival, handoff, failover, completion, preemption_stop].into_iter().flatten().min()
+            // Start quotes the gateway asked for arrive a second later (a round trip), and the
+            // gateway's next round reads them.
+            let quote_answer = self.next_quote_answer();
+            let Some(now) =
+                [arrival, handoff, failover, completion, preemption_stop, quote_answer].into_iter().flatten().min()
             else {
                 break;
             };
@@ -479,7 +483,13 @@ impl<'a> Replay<'a> {
                 self.mark(cluster);
             }
             for job in started {
+                let (id, nodes) = (job.job_id.clone(), job.nodes.clone());
                 self.started(cluster, job, now)?;
+                // Meridian's jobs wait in a member's queue only for a preemption; one that
+                // starts there is reported by its agent.
+                if self.federation.is_some() {
+                    self.agent_job_started(cluster, self.job(&id)?.id, nodes, now)?;
+                }
             }
         }
         Ok(())
@@ -649,6 +659,12 @@ impl<'a> Replay<'a> {
     /// paid, and it goes back to be placed again (Meridian: to the federation queue; the
     /// baselines: to the same member's queue, as Slurm requeues a preempted job).
     fn victim_stopped(&mut self, cluster: usize, job: &SimJob, now: u64) -> Result<(), SimError> {
+        // Meridian: a job whose GPUs were reserved while its data was copied has not started; it
+        // is preempted all the same, and placed again.
+        if self.federation.is_some() && self.staging_on(cluster, job.id) {
+            self.preemption.preemptions += 1;
+            return self.agent_job_preempted(cluster, job.id, now);
+        }
         let Some(outcome) = self.outcomes.get_mut(job.id as usize).and_then(Option::take) else {
             return Err(invariant(format!("job {} was preempted but never started", job.id)));
         };

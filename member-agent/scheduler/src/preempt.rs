@@ -117,6 +117,44 @@ impl BuiltinScheduler {
         chosen
     }
 
+    /// Whether a job like `job`, queued now, would start by preemption: it does not fit now, and
+    /// stopping running preemptible jobs of lower priority (by the rules of
+    /// [`preempt`](Self::preempt)) would make room. Then it would start once their grace has
+    /// passed; returns that grace. None when the member does not preempt or no victims would do.
+    pub fn start_by_preemption(&self, job: &LocalJob, now: Duration) -> Option<Duration> {
+        if !self.preemption.enabled {
+            return None;
+        }
+        let free: Vec<NodeFree> = self.nodes.iter().map(|n| n.free).collect();
+        if self.fits_on(job, &free, now) {
+            return None;
+        }
+        self.victims_for(job, now).map(|_| self.preemption.grace)
+    }
+
+    /// GPUs of running preemptible jobs not already being stopped, by priority (ascending):
+    /// what a job of higher priority could have by preemption. Empty when the member does not
+    /// preempt.
+    pub fn preemptible_gpus(&self) -> Vec<meridian_proto::inventory::PreemptibleGpus> {
+        if !self.preemption.enabled {
+            return Vec::new();
+        }
+        let mut by_priority: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+        for running in self.running.values() {
+            let job = &running.view.job;
+            if job.preemptible && !self.draining.contains_key(&job.id) {
+                *by_priority.entry(job.priority).or_default() += job.total_gpus();
+            }
+        }
+        by_priority
+            .into_iter()
+            .map(|(priority, gpus)| meridian_proto::inventory::PreemptibleGpus {
+                priority,
+                gpus: u32::try_from(gpus).unwrap_or(u32::MAX),
+            })
+            .collect()
+    }
+
     /// When the next victim's grace ends, if any victim is in its grace period.
     pub fn next_preemption_stop(&self) -> Option<Duration> {
         self.draining.values().map(|d| d.stop_at).min()

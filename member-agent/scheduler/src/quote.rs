@@ -7,6 +7,10 @@
 //! ends node by node (the same plan the member's backfill reservation uses, see
 //! `reservation.rs`) and places the whole gang after each, one GPU type at a time.
 //!
+//! A job of higher priority than running preemptible jobs is quoted the preemption grace, marked
+//! `preempts`, where stopping them would make room sooner (by the rules of
+//! [`preempt`](BuiltinScheduler::preempt)): offered the job, the member queues it and preempts.
+//!
 //! What it does not count: jobs queued on the member itself. The gateway adds those (and the
 //! federation's own jobs waiting for the member) from the pressure report, taking the later of
 //! the quote and its own estimate when anything waits ahead.
@@ -40,7 +44,18 @@ impl BuiltinScheduler {
                 let pinned = LocalJob { gpu_types: vec![gpu_type.to_string()], ..job.clone() };
                 let plan = self.plan(&pinned, now)?;
                 let after = plan.at.saturating_sub(now);
-                Some(TypeStart { gpu_type: gpu_type.to_string(), after_secs: ceil_secs(after) })
+                // Sooner by preemption, for a job of higher priority than preemptible ones here.
+                if !after.is_zero()
+                    && let Some(grace) = self.start_by_preemption(&pinned, now)
+                    && grace < after
+                {
+                    return Some(TypeStart {
+                        gpu_type: gpu_type.to_string(),
+                        after_secs: ceil_secs(grace),
+                        preempts: true,
+                    });
+                }
+                Some(TypeStart { gpu_type: gpu_type.to_string(), after_secs: ceil_secs(after), preempts: false })
             })
             .collect();
         StartQuote { starts, basis: QUOTE_BASIS.to_string() }
@@ -102,5 +117,55 @@ mod tests {
         let quote = s.quote(&job("g", "q", 1, 8, 60), Duration::ZERO);
         assert_eq!(quote.starts.len(), 1);
         assert_eq!(quote.starts[0].after_secs, 0);
+    }
+}
+
+#[cfg(test)]
+mod preemption_tests {
+    use std::time::Duration;
+
+    use crate::testkit::{job, node};
+    use crate::{BuiltinScheduler, PreemptionPolicy, QueueSpec};
+
+    #[test]
+    fn a_higher_priority_gang_is_quoted_the_grace_where_preemption_makes_room() {
+        let mut s = BuiltinScheduler::new(vec![node("n1", 8), node("n2", 8)], vec![QueueSpec::new("q", 1.0)]).unwrap();
+        let now = Duration::ZERO;
+        let mut victim = job("victim", "q", 1, 8, 3600);
+        victim.preemptible = true;
+        victim.priority = 10;
+        s.start_now(victim, now).unwrap();
+        s.start_now(job("steady", "q", 1, 8, 7200), now).unwrap();
+
+        // Reported: 8 GPUs a job above priority 10 could have.
+        let pressure = s.pressure(now);
+        assert_eq!(pressure.preemptible.len(), 1);
+        assert_eq!((pressure.preemptible[0].priority, pressure.preemptible[0].gpus), (10, 8));
+        assert_eq!(pressure.preemptible_below(11), 8);
+        assert_eq!(pressure.preemptible_below(10), 0);
+
+        let mut urgent = job("urgent", "q", 1, 8, 600);
+        urgent.priority = 90;
+        let quote = s.quote(&urgent, now);
+        assert_eq!(quote.starts.len(), 1);
+        assert!(quote.starts[0].preempts);
+        assert_eq!(quote.starts[0].after_secs, PreemptionPolicy::default().grace.as_secs());
+
+        // Equal priority: no preemption, the plan's hour.
+        let mut peer = job("peer", "q", 1, 8, 600);
+        peer.priority = 10;
+        let quote = s.quote(&peer, now);
+        assert_eq!((quote.starts[0].after_secs, quote.starts[0].preempts), (3600, false));
+
+        // A gang of two nodes cannot have the non-preemptible node: the plan, not preemption.
+        let mut gang = job("gang", "q", 2, 8, 600);
+        gang.priority = 90;
+        let quote = s.quote(&gang, now);
+        assert_eq!((quote.starts[0].after_secs, quote.starts[0].preempts), (7200, false));
+
+        // A member that does not preempt quotes the plan and reports nothing preemptible.
+        s.set_preemption(PreemptionPolicy::disabled());
+        assert!(s.pressure(now).preemptible.is_empty());
+        assert!(!s.quote(&urgent, now).starts[0].preempts);
     }
 }

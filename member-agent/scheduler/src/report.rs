@@ -61,7 +61,7 @@ impl BuiltinScheduler {
             .collect();
         let exact = self.exact_releases(now);
         let estimated_wait_secs = self.estimated_wait_secs(&exact);
-        QueuePressure { queues, releases: bucket(exact), estimated_wait_secs }
+        QueuePressure { queues, releases: bucket(exact), estimated_wait_secs, preemptible: self.preemptible_gpus() }
     }
 
     /// Releases per whole second from `now` (rounded up), ascending, one entry per second.

@@ -135,7 +135,11 @@ impl From<&AgentEvent> for pb::AgentMessage {
                         starts: quote
                             .starts
                             .iter()
-                            .map(|s| pb::TypeStart { gpu_type: s.gpu_type.clone(), after_seconds: s.after_secs })
+                            .map(|s| pb::TypeStart {
+                                gpu_type: s.gpu_type.clone(),
+                                after_seconds: s.after_secs,
+                                preempts: s.preempts,
+                            })
                             .collect(),
                         basis: quote.basis.clone(),
                     }),
@@ -223,7 +227,7 @@ fn quote_from_wire(quote: pb::StartQuote) -> Result<StartQuote> {
             if start.gpu_type.trim().is_empty() {
                 return Err(ConvertError::MissingField(format!("quote.starts[{i}].gpu_type")));
             }
-            Ok(TypeStart { gpu_type: start.gpu_type, after_secs: start.after_seconds })
+            Ok(TypeStart { gpu_type: start.gpu_type, after_secs: start.after_seconds, preempts: start.preempts })
         })
         .collect::<Result<_>>()?;
     Ok(StartQuote { starts, basis: quote.basis })
@@ -413,8 +417,8 @@ mod tests {
                 request_id: 9,
                 result: Ok(StartQuote {
                     starts: vec![
-                        TypeStart { gpu_type: "A100".into(), after_secs: 0 },
-                        TypeStart { gpu_type: "V100".into(), after_secs: 5400 },
+                        TypeStart { gpu_type: "A100".into(), after_secs: 0, preempts: false },
+                        TypeStart { gpu_type: "V100".into(), after_secs: 5400, preempts: true },
                     ],
                     basis: "EASY plan".into(),
                 }),
@@ -460,8 +464,8 @@ mod tests {
             request_id: 1,
             result: Some(pb::quote_reply::Result::Quote(pb::StartQuote {
                 starts: vec![
-                    pb::TypeStart { gpu_type: "A100".into(), after_seconds: 1 },
-                    pb::TypeStart { gpu_type: " ".into(), after_seconds: 2 },
+                    pb::TypeStart { gpu_type: "A100".into(), after_seconds: 1, preempts: false },
+                    pb::TypeStart { gpu_type: " ".into(), after_seconds: 2, preempts: false },
                 ],
                 basis: String::new(),
             })),

@@ -21,7 +21,7 @@ fn quote_requests(fx: &Effects) -> Vec<(ConnId, u64, String)> {
 }
 
 fn quote(request_id: u64, after_secs: u64) -> AgentEvent {
-    let starts = vec![TypeStart { gpu_type: "h100".into(), after_secs }];
+    let starts = vec![TypeStart { gpu_type: "h100".into(), after_secs, preempts: false }];
     AgentEvent::Quote { request_id, result: Ok(StartQuote { starts, basis: "EASY plan".into() }) }
 }
 

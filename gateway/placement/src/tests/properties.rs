@@ -39,6 +39,7 @@ fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
                 }],
                 releases: vec![GpuRelease { after_secs: release_after, gpus: 8 }],
                 estimated_wait_secs: release_after,
+                preemptible: Vec::new(),
             };
             ClusterSnapshot::new(info(&format!("c{index:02}"), "us-east", tier), Inventory { shapes }, pressure, true)
         },

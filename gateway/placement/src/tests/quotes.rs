@@ -10,7 +10,14 @@ const NOW_MS: i64 = 1_000_000;
 /// `c` with quotes for `spec`'s shape: (GPU type, seconds from now) per type.
 fn quoted(c: ClusterSnapshot, spec: &JobSpec, starts: &[(&str, u64)]) -> ClusterSnapshot {
     let mut quotes = Quotes::new();
-    let starts = starts.iter().map(|(t, secs)| (Name::from(*t), NOW_MS + *secs as i64 * 1000)).collect();
+    let starts = starts
+        .iter()
+        .map(|(t, secs)| QuotedStart {
+            gpu_type: Name::from(*t),
+            start_at_ms: NOW_MS + *secs as i64 * 1000,
+            preempts: false,
+        })
+        .collect();
     quotes.insert(quote_key(spec), Quote { starts, received_at_ms: NOW_MS });
     c.with_quotes(Arc::new(quotes), NOW_MS)
 }
@@ -76,7 +83,13 @@ fn a_quote_past_its_time_reads_as_now_and_a_gang_that_fits_ignores_quotes() {
     let spec = job(1, 8);
     let a = busy("a", "us-east", Tier::Owned, vec![shape("h100", 8, &[0])], 1800);
     let mut quotes = Quotes::new();
-    quotes.insert(quote_key(&spec), Quote { starts: vec![(Name::from("h100"), NOW_MS - 5000)], received_at_ms: 0 });
+    quotes.insert(
+        quote_key(&spec),
+        Quote {
+            starts: vec![QuotedStart { gpu_type: Name::from("h100"), start_at_ms: NOW_MS - 5000, preempts: false }],
+            received_at_ms: 0,
+        },
+    );
     let fed = federation(vec![a.with_quotes(Arc::new(quotes), NOW_MS)]);
     assert_eq!(wait_on(&place(&spec, &fed, &PlacementConfig::default()), "a"), (0.0, true));
 
@@ -85,4 +98,21 @@ fn a_quote_past_its_time_reads_as_now_and_a_gang_that_fits_ignores_quotes() {
     let d = place(&spec, &fed, &PlacementConfig::default());
     assert_eq!(wait_on(&d, "f"), (0.0, false));
     assert!(d.chosen.as_ref().is_some_and(|c| c.starts_now));
+}
+
+#[test]
+fn a_quote_that_starts_by_preemption_is_offered_now_and_the_summary_says_so() {
+    let spec = job(1, 8);
+    let a = busy("a", "us-east", Tier::Owned, vec![shape("h100", 8, &[0])], 3600);
+    let b = busy("b", "us-east", Tier::Owned, vec![shape("h100", 8, &[0])], 1800);
+    let mut quotes = Quotes::new();
+    let start = QuotedStart { gpu_type: Name::from("h100"), start_at_ms: NOW_MS + 30_000, preempts: true };
+    quotes.insert(quote_key(&spec), Quote { starts: vec![start], received_at_ms: NOW_MS });
+    let fed = federation(vec![a.with_quotes(Arc::new(quotes), NOW_MS), b]);
+    let d = place(&spec, &fed, &PlacementConfig::default());
+    let choice = d.chosen.clone().expect("chosen");
+    assert_eq!((choice.cluster.as_str(), choice.starts_now), ("a", true));
+    let score = d.chosen_candidate().and_then(|c| c.score()).cloned().expect("scored");
+    assert!(score.preempts && score.quoted && !score.fits_now, "{score:?}");
+    assert!(d.summary().contains("once a preempts lower-priority preemptible jobs"), "{}", d.summary());
 }

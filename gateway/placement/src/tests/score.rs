@@ -65,6 +65,7 @@ fn wait_estimate_follows_pending_gpus_and_releases() {
         queues: vec![QueueLoad { queue: "q".into(), weight: 1.0, pending_jobs: 2, pending_gpus: 8, running_gpus: 16 }],
         releases: vec![GpuRelease { after_secs: 900, gpus: 8 }, GpuRelease { after_secs: 300, gpus: 8 }],
         estimated_wait_secs: 0,
+        preemptible: Vec::new(),
     };
     let fed = federation(vec![full_h100_pair(pressure)]);
     // 8 pending + 8 wanted: 16 GPUs free after both releases (sorted: 300 s, then 900 s).
@@ -83,6 +84,7 @@ fn jobs_deciding_to_wait_earlier_in_a_round_lengthen_the_expected_wait() {
         queues: vec![],
         releases: vec![GpuRelease { after_secs: 300, gpus: 8 }, GpuRelease { after_secs: 900, gpus: 8 }],
         estimated_wait_secs: 0,
+        preemptible: Vec::new(),
     };
     let mut fed = federation(vec![full_h100_pair(pressure)]);
     let wait = |fed: &FederationSnapshot| place(&job(1, 8), fed, &PlacementConfig::default()).chosen.unwrap();

@@ -74,6 +74,8 @@ pub struct GatewayCounts {
     pub rounds: u64,
     /// Start quotes the core asked of the agents.
     pub quotes: u64,
+    /// Offers accepted to start by preempting lower-priority jobs on the member.
+    pub preempting: u64,
 }
 
 /// The core and the simulated agents.
@@ -101,7 +103,8 @@ struct Agent {
     /// When the agent last reported (virtual seconds).
     reported_at: Option<u64>,
     /// Start quotes worked out and not yet delivered: (asked at, the answer). Each reaches the
-    /// gateway at the first round after the one that asked, as a real answer takes a round trip.
+    /// gateway a second after it was asked (events are whole seconds apart; a real answer takes
+    /// a round trip of milliseconds to a few seconds on Slurm), with a round of its own.
     quotes: Vec<(u64, AgentEvent)>,
 }
 
@@ -265,8 +268,24 @@ impl Replay<'_> {
         self.report_job(cluster, job, JobState::Running, nodes, now)
     }
 
+    /// When the next start quote reaches the gateway: a second after the oldest unanswered one
+    /// was asked.
+    pub(super) fn next_quote_answer(&self) -> Option<u64> {
+        let agents = &self.federation.as_ref()?.agents;
+        agents.iter().flat_map(|a| a.quotes.iter().map(|(asked, _)| asked.saturating_add(1))).min()
+    }
+
+    /// Whether `job`'s data is being copied to `cluster` (its GPUs reserved there, not started).
+    pub(super) fn staging_on(&self, cluster: usize, job: u32) -> bool {
+        self.federation.as_ref().and_then(|f| f.agents.get(cluster)).is_some_and(|a| a.staging.contains_key(&job))
+    }
+
     /// A job held on `cluster` was preempted: its agent reports it for requeue.
     pub(super) fn agent_job_preempted(&mut self, cluster: usize, job: u32, now: u64) -> Result<(), SimError> {
+        if let Some(agent) = self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster)) {
+            // Its data copy, if any, lands for nothing (`data_landed` then finds nothing staged).
+            agent.staging.remove(&job);
+        }
         self.report(cluster, job, JobState::Failed, Vec::new(), true, now)
     }
 
@@ -289,7 +308,8 @@ impl Replay<'_> {
         for cluster in 0..self.members.len() {
             let due: Vec<AgentEvent> = match self.federation.as_mut().and_then(|f| f.agents.get_mut(cluster)) {
                 Some(agent) if !agent.quotes.is_empty() => {
-                    let (due, later): (Vec<_>, Vec<_>) = agent.quotes.drain(..).partition(|(asked, _)| *asked < now);
+                    let (due, later): (Vec<_>, Vec<_>) =
+                        agent.quotes.drain(..).partition(|(asked, _)| asked.saturating_add(1) <= now);
                     agent.quotes = later;
                     due.into_iter().map(|(_, event)| event).collect()
                 }
@@ -410,8 +430,11 @@ impl Replay<'_> {
             // Nobody reads output in the lab.
             GatewayCommand::Welcome { .. } | GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } => Ok(()),
             GatewayCommand::Ack { job_id, fencing_token } => {
-                if let Some(federation) = self.federation.as_mut()
-                    && let Some(job) = federation.jobs.remove(&job_id)
+                let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+                // A preempted binding's result is acknowledged too, but its job is queued again.
+                let ended = federation.core.job(&job_id).is_none_or(|record| record.state.is_terminal());
+                let job = if ended { federation.jobs.remove(&job_id) } else { federation.jobs.get(&job_id).copied() };
+                if let Some(job) = job
                     && let Some(agent) = federation.agents.get_mut(cluster)
                 {
                     agent.outbox.remove(&(job, fencing_token));
@@ -511,8 +534,26 @@ impl Replay<'_> {
         // The agent keeps staged GPUs reserved until the data lands, however long the shared
         // link takes; the job's true end is set then (`Replay::started`).
         local.actual = Some(if transfer_secs > 0 { Duration::MAX } else { Duration::from_secs(sim_job.duration_secs) });
-        let admission = match member.scheduler.start_now(local, Duration::from_secs(now)) {
+        let at = Duration::from_secs(now);
+        // Offered on a quote that needs a preemption: the member queues the job and preempts for
+        // it, as the builtin backend does with any job it cannot start at once.
+        let by_preemption =
+            (transfer_secs == 0 && member.scheduler.start_by_preemption(&local, at).is_some()).then(|| local.clone());
+        let admission = match member.scheduler.start_now(local, at) {
             Ok(started) => self.agent_holds(cluster, job, token, started, transfer_secs, now)?,
+            Err(_) if let Some(queued) = by_preemption => {
+                member
+                    .scheduler
+                    .submit(queued, at)
+                    .map_err(|e| invariant(format!("the member refused job {job} it would preempt for: {e}")))?;
+                self.requeue_local(cluster);
+                let Some(federation) = self.federation.as_mut() else { return Ok(()) };
+                federation.counts.preempting += 1;
+                if let Some(agent) = federation.agents.get_mut(cluster) {
+                    agent.held.insert(job, token);
+                }
+                Admission::Queued { reason: "waiting for lower-priority jobs to be preempted".to_owned() }
+            }
             Err(e) => {
                 if let Some(federation) = self.federation.as_mut() {
                     federation.counts.declined += 1;

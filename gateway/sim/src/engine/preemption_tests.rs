@@ -95,3 +95,41 @@ fn every_policy_replays_preemption_deterministically_and_conserves_jobs() {
     }
     assert!(preempted_somewhere, "the workload is busy enough for members to preempt");
 }
+
+#[test]
+fn meridian_offers_a_high_priority_job_where_its_member_preempts_for_it() {
+    // Cluster `a`'s one node runs a preemptible 8-GPU job for 1,000 s; `b`'s two nodes run
+    // non-preemptible jobs for 2,000 s (the b jobs come from tenant t1, home `b`). The urgent
+    // job, arriving at 10 s, can start soonest on `a` by preemption: the member's quote says
+    // so, the gateway offers it there, and `a` stops the victim after its 30 s grace.
+    let mix = PreemptionMix { share_high: 0.5, share_preemptible: 0.5 };
+    let seed = (0..10_000)
+        .find(|&seed| {
+            let class = |id| mix.class_of(seed, id);
+            class(0).preemptible
+                && class(0).priority != HIGH_PRIORITY
+                && !class(1).preemptible
+                && !class(2).preemptible
+                && class(1).priority != HIGH_PRIORITY
+                && class(2).priority != HIGH_PRIORITY
+                && class(3).priority == HIGH_PRIORITY
+        })
+        .unwrap();
+    let jobs = workload(vec![
+        sim_job(0, 0, 1000, 8, 0),
+        sim_job(1, 0, 2000, 8, 1),
+        sim_job(2, 0, 2000, 8, 1),
+        sim_job(3, 10, 100, 8, 0),
+    ]);
+    let with = replay(Policy::Meridian, &jobs, mix, seed, true);
+    let urgent = &with.outcomes[3];
+    assert_eq!(urgent.cluster, 0, "offered where preemption frees room");
+    assert!(urgent.start_secs <= 10 + 30 + 2, "the grace and a round trip: {urgent:?}");
+    assert_eq!(with.preemption.preemptions, 1);
+    assert!(with.outcomes[0].start_secs > 10, "the victim ran again from scratch: {:?}", with.outcomes[0]);
+
+    // Without member preemption, the urgent job waits for the first end.
+    let without = replay(Policy::Meridian, &jobs, mix, seed, false);
+    assert!(without.outcomes[3].start_secs >= 1000, "{:?}", without.outcomes[3]);
+    assert_eq!(without.preemption, PreemptionCounts::default());
+}

@@ -58,7 +58,12 @@ pub fn pressure_of(groups: &[Value], mode: Mode) -> QueuePressure {
             load.running_gpus = load.running_gpus.saturating_add(gpus);
         }
     }
-    QueuePressure { queues: queues.into_values().collect(), releases: Vec::new(), estimated_wait_secs: 0 }
+    QueuePressure {
+        queues: queues.into_values().collect(),
+        releases: Vec::new(),
+        estimated_wait_secs: 0,
+        preemptible: Vec::new(),
+    }
 }
 
 /// GPUs a Workload asks for: count × GPUs of each pod set's containers.

@@ -168,7 +168,7 @@ pub(crate) fn plan(spec: &JobSpec, nodes: &[NodeState]) -> Vec<TypeStart> {
             let candidates: Vec<&NodeState> =
                 nodes.iter().filter(|n| n.gpu_type == gpu_type && selector.matches(&n.labels)).collect();
             let after_secs = earliest_fit(&candidates, spec.gang.replicas, need)?;
-            Some(TypeStart { gpu_type: gpu_type.to_owned(), after_secs })
+            Some(TypeStart { gpu_type: gpu_type.to_owned(), after_secs, preempts: false })
         })
         .collect()
 }

@@ -393,7 +393,8 @@ impl Shared {
         let releases: Vec<GpuRelease> =
             releases.into_iter().map(|(after_secs, gpus)| GpuRelease { after_secs, gpus }).collect();
         let estimated_wait_secs = if waiting { releases.first().map_or(0, |r| r.after_secs) } else { 0 };
-        Ok(QueuePressure { queues, releases, estimated_wait_secs })
+        // Slurm preempts by QOS; which running jobs a QOS may preempt is not read here.
+        Ok(QueuePressure { queues, releases, estimated_wait_secs, preemptible: Vec::new() })
     }
 
     async fn logs_now(&self, job_id: &str, fencing_token: u64, request: LogRequest) -> Result<LogChunk, BackendError> {

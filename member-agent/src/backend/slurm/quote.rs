@@ -48,8 +48,9 @@ const ENV_PROGRAM: &str = "/usr/bin/env";
 /// What one `sbatch --test-only` said about one GPU type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TestOnly {
-    /// The controller expects to start the job at this time (Unix seconds).
-    StartsAt(u64),
+    /// The controller expects to start the job at this time (Unix seconds), and whether it would
+    /// preempt running jobs for it (a `Preempts:` line).
+    StartsAt(u64, bool),
     /// The request can never be satisfied here; Slurm's reason.
     Never(String),
 }
@@ -113,8 +114,8 @@ impl Shared {
                 }
             };
             match answer {
-                TestOnly::StartsAt(at) => {
-                    starts.push(TypeStart { gpu_type, after_secs: seconds_until(at, SystemTime::now()) });
+                TestOnly::StartsAt(at, preempts) => {
+                    starts.push(TypeStart { gpu_type, after_secs: seconds_until(at, SystemTime::now()), preempts });
                 }
                 TestOnly::Never(reason) => never.push(format!("{gpu_type}: {reason}")),
             }
@@ -230,7 +231,13 @@ impl Drop for Queued<'_> {
 pub(crate) fn judge(out: &Output) -> Result<TestOnly, BackendError> {
     if out.success() {
         return match parse_start(&out.stderr).or_else(|| parse_start(&out.stdout)) {
-            Some(at) => Ok(TestOnly::StartsAt(at)),
+            Some(at) => {
+                let preempts = [&out.stderr, &out.stdout]
+                    .iter()
+                    .flat_map(|text| text.lines())
+                    .any(|line| line.trim_start().starts_with("Preempts:"));
+                Ok(TestOnly::StartsAt(at, preempts))
+            }
             None => Err(BackendError::permanent(format!(
                 "`sbatch --test-only` succeeded but printed no start time this agent can read (expected \
                  `Job N to start at <unix seconds or YYYY-MM-DDTHH:MM:SS> …`); stderr: {:?}, stdout: {:?}",
@@ -318,7 +325,7 @@ mod tests {
     #[test]
     fn a_start_in_unix_seconds_is_read_from_the_line_sbatch_prints() {
         let out = output(0, "sbatch: Job 6 to start at 1796395041 using 1 processors on nodes n1 in partition gpu\n");
-        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_395_041));
+        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_395_041, false));
     }
 
     #[test]
@@ -328,20 +335,20 @@ mod tests {
             "sbatch: Job 1234 to start at 2026-12-04T15:00:00 using 16 processors on nodes n[1-2] in partition debug\n",
         );
         // 2026-12-04T15:00:00Z.
-        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_396_400));
+        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_396_400, false));
         assert_eq!(parse_start("Job 1 to start at 1970-01-01T00:00:00 using"), Some(0));
         assert_eq!(parse_start("Job 1 to start at 2000-02-29T12:34:56 using"), Some(951_827_696));
     }
 
     #[test]
-    fn warnings_and_preemption_lines_around_the_start_are_ignored() {
+    fn warnings_around_the_start_are_ignored_and_a_preempts_line_marks_the_quote() {
         let out = output(
             0,
             "sbatch: warning: can't honor --ntasks-per-node set to 1 which doesn't match the requested tasks\n\
              sbatch: Job 213 to start at 2026-12-05T01:43:40 using 2 processors on nodes n[1-2] in partition gpu\n  \
              Preempts: 17,18\n",
         );
-        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_435_020));
+        assert_eq!(judge(&out).unwrap(), TestOnly::StartsAt(1_796_435_020, true));
     }
 
     #[test]

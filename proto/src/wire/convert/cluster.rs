@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::super::pb;
 use super::*;
-use crate::inventory::{ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, QueueLoad, QueuePressure};
+use crate::inventory::{
+    ClusterInfo, GpuRelease, Inventory, NodeFree, NodeShape, PreemptibleGpus, QueueLoad, QueuePressure,
+};
 use crate::validate::{self};
 
 /// Labels a member reports (its own or a shape's): the label rules of the job spec, and no key
@@ -183,6 +185,11 @@ impl From<&QueuePressure> for pb::QueuePressure {
                 .map(|r| pb::GpuRelease { after_seconds: r.after_secs, gpus: r.gpus })
                 .collect(),
             estimated_wait_seconds: pressure.estimated_wait_secs,
+            preemptible: pressure
+                .preemptible
+                .iter()
+                .map(|p| pb::PreemptibleGpus { priority: p.priority, gpus: p.gpus })
+                .collect(),
         }
     }
 }
@@ -222,6 +229,9 @@ impl TryFrom<pb::QueuePressure> for QueuePressure {
         let mut releases: Vec<GpuRelease> =
             pressure.releases.into_iter().map(|r| GpuRelease { after_secs: r.after_seconds, gpus: r.gpus }).collect();
         releases.sort_by_key(|r| r.after_secs);
-        Ok(QueuePressure { queues, releases, estimated_wait_secs: pressure.estimated_wait_seconds })
+        let mut preemptible: Vec<PreemptibleGpus> =
+            pressure.preemptible.into_iter().map(|p| PreemptibleGpus { priority: p.priority, gpus: p.gpus }).collect();
+        preemptible.sort_by_key(|p| p.priority);
+        Ok(QueuePressure { queues, releases, estimated_wait_secs: pressure.estimated_wait_seconds, preemptible })
     }
 }

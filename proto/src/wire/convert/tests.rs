@@ -72,6 +72,10 @@ fn pressure() -> QueuePressure {
         ],
         releases: vec![GpuRelease { after_secs: 60, gpus: 8 }, GpuRelease { after_secs: 3600, gpus: 16 }],
         estimated_wait_secs: 900,
+        preemptible: vec![
+            crate::inventory::PreemptibleGpus { priority: 10, gpus: 8 },
+            crate::inventory::PreemptibleGpus { priority: 40, gpus: 4 },
+        ],
     }
 }
 

@@ -306,7 +306,7 @@ async fn the_backend_quotes_from_the_nodes_and_pods_it_lists_and_creates_nothing
     let api = FakeApi::start(member_nodes(), pods).await;
     for mode in [Mode::Volcano, Mode::Kueue] {
         let now = quote_on(&api, mode, 1, 4).await;
-        assert_eq!(now.starts, [TypeStart { gpu_type: "h100".into(), after_secs: 0 }]);
+        assert_eq!(now.starts, [TypeStart { gpu_type: "h100".into(), after_secs: 0, preempts: false }]);
         assert!(now.basis.contains("other pods never end"), "{}", now.basis);
         let later = quote_on(&api, mode, 1, 8).await;
         let after = later.starts[0].after_secs;

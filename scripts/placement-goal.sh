@@ -16,6 +16,8 @@
 #   - Jain's fairness index over tenants: Meridian's, first-admit's and least-loaded's (goal: no
 #     lower than either, less 0.02).
 # Needs `jq`. Runs the release binary; build it first (`cargo build --release --bin meridian`).
+# MERIDIAN_PLACEMENT=FILE replays Meridian with those placement weights (the gateway config's
+# `placement` section, e.g. `quoteCandidates: 0` for no start quotes); use a fresh OUT_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/placement-goal.sh OUT_DIR [SEEDS] [SIGMA] [MEMBER_POLICY] [FLEETS]}
@@ -24,6 +26,8 @@ sigma=${3:-0.5}
 members=${4:-backfill}
 fleets=${5:-"hybrid-3region fleet-12"}
 bin=${MERIDIAN_BIN:-${CARGO_TARGET_DIR:-target}/release/meridian}
+# MERIDIAN_SIM_JOBS=N: N jobs per workload instead of the profile's own count (a quick check).
+jobs=${MERIDIAN_SIM_JOBS:+--jobs $MERIDIAN_SIM_JOBS}
 mkdir -p "$out"
 for fleet in $fleets; do
   for profile in philly llm mixed; do
@@ -31,8 +35,9 @@ for fleet in $fleets; do
       for seed in $(seq 1 "$seeds"); do
         file="$out/$fleet-$profile-load$load-sigma$sigma-$members-seed$seed.json"
         [ -s "$file" ] && continue
-        "$bin" sim --topology "deploy/sim/$fleet.yaml" --profile "$profile" --load "$load" --seed "$seed" \
-          --estimate-error "$sigma" --member-policy "$members" --compare -o json >"$file.tmp" 2>/dev/null
+        "$bin" sim --topology "deploy/sim/$fleet.yaml" --profile "$profile" --load "$load" $jobs --seed "$seed" \
+          --estimate-error "$sigma" --member-policy "$members" ${MERIDIAN_PLACEMENT:+--placement "$MERIDIAN_PLACEMENT"} \
+          --compare -o json >"$file.tmp" 2>/dev/null
         mv "$file.tmp" "$file"
       done
     done

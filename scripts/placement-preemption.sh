@@ -11,12 +11,16 @@
 # seed-averaged mean and p99 queueing delay of the high-priority jobs: Meridian's and the best
 # baseline's (goal: no worse on both), with the preemptions each made.
 # Runs the release binary; build it first (`cargo build --release --bin meridian`).
+# MERIDIAN_PLACEMENT=FILE replays Meridian with those placement weights (e.g. `quoteCandidates: 0`:
+# no start quotes, so no offer counts on a preemption); use a fresh OUT_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/placement-preemption.sh OUT_DIR [SEEDS] [FLEETS]}
 seeds=${2:-5}
 fleets=${3:-"hybrid-3region fleet-12"}
 bin=${MERIDIAN_BIN:-${CARGO_TARGET_DIR:-target}/release/meridian}
+# MERIDIAN_SIM_JOBS=N: N jobs per workload instead of the profile's own count (a quick check).
+jobs=${MERIDIAN_SIM_JOBS:+--jobs $MERIDIAN_SIM_JOBS}
 mkdir -p "$out"
 printf '%-26s %24s %24s %s\n' CELL "HIGH MEAN h (mer/best)" "HIGH P99 h (mer/best)" "GOALS (preemptions mer/best-mean policy)"
 for fleet in $fleets; do
@@ -24,8 +28,9 @@ for fleet in $fleets; do
     for seed in $(seq 1 "$seeds"); do
       file="$out/$fleet-$profile-load1.0-preemption-seed$seed.txt"
       [ -s "$file" ] && continue
-      "$bin" sim --topology "deploy/sim/$fleet.yaml" --profile "$profile" --load 1.0 --seed "$seed" \
-        --estimate-error 0.5 --preemption 0.1,0.5 --compare >"$file.tmp" 2>/dev/null
+      "$bin" sim --topology "deploy/sim/$fleet.yaml" --profile "$profile" --load 1.0 $jobs --seed "$seed" \
+        --estimate-error 0.5 --preemption 0.1,0.5 ${MERIDIAN_PLACEMENT:+--placement "$MERIDIAN_PLACEMENT"} \
+        --compare >"$file.tmp" 2>/dev/null
       mv "$file.tmp" "$file"
     done
     # The preemption table's rows: POLICY HIGH_JOBS MEAN_H P99_H PREEMPTIONS LOST.

@@ -61,6 +61,12 @@ apt_install() {
     fi
 }
 
+# --- jq (the placement lab's goal scripts, run by tests/tests/sim.rs) ---
+if ! command -v jq >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    echo "== jq: installing (scripts/placement-goal.sh reads the lab's JSON with it)"
+    apt_install jq
+fi
+
 # --- protoc (etcd-client's build script) ---
 if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
     if command -v apt-get >/dev/null 2>&1; then

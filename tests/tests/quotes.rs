@@ -40,10 +40,11 @@ fn job(name: &str, replicas: u32, gpus: u32, hours: u32, placement: &str) -> Str
     )
 }
 
-async fn run(gateway: &Gateway, spec: &str) {
+async fn run(gateway: &Gateway, spec: &str) -> String {
     let (job, _) = gateway.client().submit(spec).await.unwrap();
     let id = job["id"].as_str().unwrap().to_string();
     gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    id
 }
 
 /// Occupies the clusters as the module's doc says.
@@ -120,4 +121,39 @@ async fn without_quotes_the_release_profile_sends_the_gang_to_wait_for_the_fragm
     assert_eq!(chosen(&explained).as_deref(), Some("a"), "{explained}");
     let (a_wait, quoted) = wait_on(&explained, "a").unwrap();
     assert!(!quoted && near(a_wait, 3600.0), "a's profile says 1 h: {explained}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_high_priority_job_is_offered_where_its_member_preempts_for_it() {
+    // `a` runs a preemptible low-priority job on its one node, `b` a job that may not be
+    // preempted. Neither has room; `a`'s plan starts an urgent job once it preempts (after a 2 s
+    // grace), `b`'s only in 2 h.
+    let node = "  - {shape: h100-node, count: 1, gpuType: h100, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+    let a = ClusterOptions::default()
+        .prices("{h100: 2.0}")
+        .nodes(node)
+        .time_scale(SLOW)
+        .extra("preemption: {graceSecs: 2}\n");
+    let b = ClusterOptions::default().prices("{h100: 2.0}").nodes(node).time_scale(SLOW);
+    let f = Federation::builder().cluster("a", a).cluster("b", b).start().await.unwrap();
+    let victim = job("victim", 1, 8, 3, "{clusters: {include: [a]}}")
+        .replace("tenant: team-a\n", "tenant: team-a\npriority: 10\npreemptible: true\n");
+    let victim_id = run(&f.gateway, &victim).await;
+    run(&f.gateway, &job("steady", 1, 8, 2, "{clusters: {include: [b]}}")).await;
+
+    let urgent = job("urgent", 1, 8, 1, "{}").replace("tenant: team-a\n", "tenant: team-a\npriority: 90\n");
+    let (submitted, _) = f.gateway.client().submit(&urgent).await.unwrap();
+    let id = submitted["id"].as_str().unwrap().to_string();
+    let running = f.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    assert_eq!(running["cluster"], "a", "{running}");
+
+    let explained = f.gateway.client().explain(&id).await.unwrap();
+    let summary = explained["summary"].as_str().unwrap();
+    assert!(summary.contains("once a preempts lower-priority preemptible jobs"), "{summary}");
+    let (_, quoted) = wait_on(&explained, "a").unwrap();
+    assert!(quoted, "{explained}");
+
+    // The victim went back to the federation queue, preempted, and waits there.
+    let victim = f.gateway.client().get(&victim_id).await.unwrap();
+    assert_eq!(victim["state"], "Queued", "{victim}");
 }

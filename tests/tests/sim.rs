@@ -65,3 +65,36 @@ fn contradictory_or_missing_arguments_fail_with_a_usage_error() {
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
     }
 }
+
+/// Runs `script` from the repository root with the test build's `meridian` and small workloads.
+fn lab_script(script: &str, out: &Path, args: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = Command::new("bash")
+        .current_dir(root)
+        .arg(script)
+        .arg(out)
+        .args(args)
+        .env("MERIDIAN_BIN", &binaries().meridian)
+        .env("MERIDIAN_SIM_JOBS", "120")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{script}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn the_goal_scripts_run_as_the_docs_say_and_score_every_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let goal = lab_script("scripts/placement-goal.sh", &dir.path().join("goal"), &["1", "0.5", "backfill", "fleet-12"]);
+    let cells: Vec<&str> = goal.lines().filter(|l| l.starts_with("fleet-12 ")).collect();
+    assert_eq!(cells.len(), 9, "{goal}");
+    for cell in cells {
+        // Six figures and the goals met: mean, p99, cost, data, jain (or `-` for each missed).
+        let goals = cell.split_whitespace().last().unwrap();
+        assert_eq!(goals.split(',').count(), 5, "{cell}");
+    }
+    let preemption = lab_script("scripts/placement-preemption.sh", &dir.path().join("pre"), &["1", "fleet-12"]);
+    let cells: Vec<&str> = preemption.lines().filter(|l| l.starts_with("fleet-12 ")).collect();
+    assert_eq!(cells.len(), 2, "{preemption}");
+    assert!(cells.iter().all(|c| c.contains('/') && !c.contains("nan")), "{preemption}");
+}

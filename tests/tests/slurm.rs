@@ -248,3 +248,94 @@ async fn a_gangs_replicas_find_each_other_on_slurm_and_the_cli_shows_their_ranks
     }
     eprintln!("{text}\n{output}");
 }
+
+/// Cancels the jobs submitted straight to Slurm (outside Meridian) however the test ends.
+struct CancelOutsideJobs<'a>(&'a BTreeMap<String, String>, &'static str);
+
+impl Drop for CancelOutsideJobs<'_> {
+    fn drop(&mut self) {
+        slurm(self.0, "scancel", &["--name", self.1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slurms_own_plan_decides_where_a_gang_waits() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    slurm(&env, "scancel", &["--user=root"]);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let tag = format!("e2e{nanos}");
+    let work = PathBuf::from(&env["MERIDIAN_SLURM_DIR"]).join("work-e2e");
+    let hpc = ClusterOptions::whole_config(format!("{}prices: {{a100-80g: 2.0}}\n", agent_config(&env, &work, &tag)));
+    // `lab`: a builtin cluster of two 4-GPU nodes of the same type, where an hour is an hour.
+    let lab = ClusterOptions::default()
+        .prices("{a100-80g: 2.0}")
+        .nodes("  - {shape: a100-node, count: 2, gpuType: a100-80g, gpus: 4, cpu: 8, memoryGiB: 16}\n")
+        .time_scale(1.0);
+    let f = Federation::builder().cluster("hpc", hpc).cluster("lab", lab).start().await.unwrap();
+
+    // Slurm, outside Meridian: a whole node for 10 minutes and one GPU on each other node for
+    // an hour (time limits, which Slurm plans with). 9 GPUs are free and 4 come back in 10
+    // minutes, so by its release profile a 2 × 4 gang could start then; but only one node is
+    // whole before the hour is up.
+    let _cancel = CancelOutsideJobs(&env, "outside");
+    let outside = |nodelist: &str, gpus: u32, minutes: u32| {
+        let gres = format!("--gres=gpu:a100:{gpus}");
+        let (nodes, time) = (format!("--nodelist={nodelist}"), format!("--time={minutes}"));
+        let args = ["--job-name=outside", "--partition=gpu", "--output=/dev/null", &gres, &nodes, &time];
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--mem=100M", "--cpus-per-task=1", "--wrap", "sleep 3600"]);
+        slurm(&env, "sbatch", &all);
+    };
+    outside("n1", 4, 10);
+    for node in ["n2", "n3", "n4"] {
+        outside(node, 1, 60);
+    }
+    let running = |s: &str| s.lines().filter(|l| l.contains("RUNNING")).count();
+    meridian_e2e::poll(WAIT, || async {
+        let out = slurm(&env, "squeue", &["-h", "-n", "outside", "-o", "%T"]);
+        (running(&out) == 4).then_some(())
+    })
+    .await
+    .expect("the outside jobs run");
+    // The agent has reported them: 9 of hpc's 16 GPUs free.
+    let client = f.gateway.client();
+    let free = |clusters: &serde_json::Value| {
+        let hpc = clusters["clusters"].as_array()?.iter().find(|c| c["name"] == "hpc")?.clone();
+        hpc["gpusFree"].as_u64()
+    };
+    meridian_e2e::poll(WAIT, || async { (free(&client.clusters().await.ok()?) == Some(9)).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("hpc never reported 9 free GPUs: {e}\n{}", f.gateway.proc.log()));
+    // `lab`: both nodes busy for 30 minutes.
+    for name in ["lab-1", "lab-2"] {
+        let spec = job(name, 1, 4, "sleep 3600")
+            .replace("runtime: {estimate: 10m}", "runtime: {estimate: 30m}")
+            .replace("payload:", "placement: {clusters: {include: [lab]}}\npayload:");
+        let id = submit(&f.gateway, &spec).await;
+        f.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
+    }
+
+    let id = submit(&f.gateway, &job("gang", 2, 4, "true")).await;
+    let explained = meridian_e2e::poll(WAIT, || async {
+        let e = client.explain(&id).await.ok()?;
+        let quoted = |cluster: &str| {
+            e["candidates"].as_array()?.iter().find(|c| c["cluster"] == cluster)?["score"]["quoted"].as_bool()
+        };
+        (quoted("hpc") == Some(true) && quoted("lab") == Some(true)).then_some(e)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no quoted decision: {e}\n{}", f.gateway.proc.log()));
+    let wait = |cluster: &str| {
+        let candidate = explained["candidates"].as_array().unwrap().iter().find(|c| c["cluster"] == cluster).unwrap();
+        candidate["score"]["expectedWaitSecs"].as_f64().unwrap()
+    };
+    // Slurm's own plan (`sbatch --test-only`): the hour of the 1-GPU jobs' limits.
+    assert!((wait("hpc") - 3600.0).abs() < 180.0, "hpc: {}\n{explained}", wait("hpc"));
+    assert!((wait("lab") - 1800.0).abs() < 180.0, "lab: {}\n{explained}", wait("lab"));
+    let chosen = explained["candidates"].as_array().unwrap().iter().find(|c| c["verdict"] == "chosen").unwrap();
+    assert_eq!(chosen["cluster"], "lab", "{explained}");
+    // Nothing of the quotes reached Slurm's queue: only the four outside jobs are there.
+    let queued = slurm(&env, "squeue", &["-h", "-o", "%j"]);
+    assert_eq!(queued.lines().filter(|l| !l.trim().is_empty()).count(), 4, "{queued}");
+}

@@ -78,7 +78,8 @@ impl QuoteRequests {
     }
 
     /// Asks the best clusters of `decision` (a job left queued) that cannot start it now for a
-    /// quote for its shape, where none is fresh or in flight.
+    /// quote for its shape, where none is fresh or in flight: the best `quoteCandidates` by
+    /// score, and any other whose preemptible GPUs of lower priority could hold the gang.
     pub(crate) fn ask_for(
         &mut self,
         registry: &Registry,
@@ -107,8 +108,14 @@ impl QuoteRequests {
         }
         waiting.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(b.0)));
         let key = quote_key(spec);
-        for (cluster, _) in waiting.into_iter().take(candidates as usize) {
+        let gpus = u64::from(spec.total_gpus());
+        for (rank, (cluster, _)) in waiting.into_iter().enumerate() {
             let Some(entry) = registry.get(cluster) else { continue };
+            // Past the best few, a cluster is still asked where lower-priority preemptible jobs
+            // hold enough GPUs: its member may start the job by preempting them.
+            if rank >= candidates as usize && entry.pressure.preemptible_below(spec.priority) < gpus {
+                continue;
+            }
             let Some(conn) = entry.link.as_ref().map(|l| l.conn) else { continue };
             let fresh = entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms);
             if fresh || self.is_asked(cluster, key) {

@@ -157,3 +157,34 @@ fn one_cluster_has_at_most_four_requests_in_flight_and_a_lost_answer_is_asked_ag
     let fx = h.step(Input::Round);
     assert_eq!(quote_requests(&fx).len(), 4);
 }
+
+#[test]
+fn a_cluster_past_the_best_three_is_asked_when_its_preemptible_gpus_could_hold_a_higher_priority_gang() {
+    let mut h = Harness::new(CoreConfig::default());
+    for name in ["a", "b", "c", "d"] {
+        busy(&mut h, name);
+    }
+    // `e` frees nothing for two hours, but runs 16 GPUs of preemptible priority-10 jobs.
+    let (e, _) = h.connect("e", "e");
+    h.event(e, inventory_event(&[0, 0]));
+    let pressure = QueuePressure {
+        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
+        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
+        ..Default::default()
+    };
+    h.event(e, AgentEvent::Pressure(pressure));
+    let urgent = h.submit(&GANG.replace("tenant: t", "tenant: t\npriority: 90"));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.state(&urgent), JobState::Queued);
+    let asked: Vec<ConnId> = quote_requests(&fx).into_iter().map(|(c, _, _)| c).collect();
+    assert_eq!(asked.len(), 4, "the best three and `e`: {asked:?}");
+    assert!(asked.contains(&e), "{asked:?}");
+
+    // A job that does not outrank `e`'s preemptible jobs (priority 10) gains nothing there.
+    let low = h.submit(&GANG.replace("tenant: t", "tenant: u\npriority: 10").replace("replicas: 2", "replicas: 1"));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.state(&low), JobState::Queued);
+    let asked: Vec<ConnId> = quote_requests(&fx).into_iter().filter(|(_, _, j)| *j == low).map(|(c, _, _)| c).collect();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(!asked.contains(&e), "{asked:?}");
+}

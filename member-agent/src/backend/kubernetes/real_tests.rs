@@ -567,6 +567,9 @@ async fn kueue_workloads_on_the_real_server_give_the_queue_pressure() {
     workloads.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
     let queue = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
         "metadata": {"name": "lq-team", "namespace": NS}, "spec": {"clusterQueue": "cq-gpu"}});
+    // Each CRD is served on its own: a LocalQueue created right after the Workloads answer can
+    // still meet a 404 (seen once in CI under load).
+    served(&Api::namespaced_with(admin.clone(), NS, &resource_of(&queue).0), "LocalQueue").await;
     ensure(&admin, &[queue]).await;
     let now = "2026-12-04T00:00:00Z";
     for (name, count, gpus, condition) in [

@@ -1,5 +1,6 @@
 //! Placement speed: one decision against 100 realistic clusters, and a whole placement cycle of
-//! 10,000 queued jobs with reservations.
+//! 10,000 queued jobs with reservations; and one decision against 1,000 clusters (the same kind of
+//! clusters, ten times as many), the scale of the gateway's 1,000-agent bench.
 //!
 //! Run with `cargo bench -p meridian-placement --bench placement`. Before criterion's runs it prints
 //! per-decision latency percentiles (p50/p99/p99.9) over the 10,000 jobs, which criterion's mean
@@ -21,6 +22,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const CLUSTERS: usize = 100;
+/// The large federation: ten times as many clusters, drawn the same way.
+const MANY_CLUSTERS: usize = 1_000;
 const JOBS: usize = 10_000;
 const SEED: u64 = 0x6d65_7269_6469_616e; // "meridian"
 const REGIONS: [&str; 5] = ["us-east", "us-west", "eu-west", "eu-central", "ap-northeast"];
@@ -37,8 +40,8 @@ fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
     &items[rng.random_range(0..items.len())]
 }
 
-fn federation(rng: &mut StdRng) -> FederationSnapshot {
-    let clusters = (0..CLUSTERS).map(|i| cluster(rng, i)).collect();
+fn federation(rng: &mut StdRng, clusters: usize) -> FederationSnapshot {
+    let clusters = (0..clusters).map(|i| cluster(rng, i)).collect();
     FederationSnapshot::new(clusters, NetworkTable::default_seeded())
 }
 
@@ -151,7 +154,7 @@ fn job(rng: &mut StdRng, index: usize) -> JobSpec {
 
 fn inputs() -> (FederationSnapshot, Vec<JobSpec>) {
     let mut rng = StdRng::seed_from_u64(SEED);
-    let fed = federation(&mut rng);
+    let fed = federation(&mut rng, CLUSTERS);
     let jobs = (0..JOBS).map(|i| job(&mut rng, i)).collect();
     (fed, jobs)
 }
@@ -241,6 +244,51 @@ fn bench_placement(c: &mut Criterion) {
         b.iter_batched(|| fed.clone(), |mut cycle| place_all(&mut cycle, &jobs, &config), BatchSize::LargeInput)
     });
     group.finish();
+
+    // 1,000 clusters: one decision, as above. Its own seed, so the 100-cluster inputs stay as
+    // they were.
+    let many = federation(&mut StdRng::seed_from_u64(SEED ^ 1), MANY_CLUSTERS);
+    if std::env::args().any(|a| a == "--bench") {
+        many_report(&many, &jobs, &config);
+    }
+    let mut next = 0;
+    let mut group = c.benchmark_group("place");
+    group.sample_size(20);
+    group.bench_function("one_decision_1000_clusters", |b| {
+        b.iter(|| {
+            next = (next + 1) % jobs.len();
+            black_box(placement::place(&jobs[next], &many, &config))
+        })
+    });
+    group.finish();
+}
+
+/// Per-decision percentiles against the 1,000-cluster federation, over the first 2,000 jobs.
+fn many_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &PlacementConfig) {
+    let nodes: usize = fed.clusters.iter().flat_map(|c| &c.inventory().shapes).map(|s| s.free.len()).sum();
+    println!("federation: {} clusters, {nodes} nodes", fed.clusters.len());
+    let jobs = &jobs[..jobs.len().min(2_000)];
+    for job in jobs.iter().take(200) {
+        black_box(placement::place(job, fed, config));
+    }
+    let mut samples: Vec<Duration> = jobs
+        .iter()
+        .map(|job| {
+            let start = Instant::now();
+            drop(black_box(placement::place(job, fed, config)));
+            start.elapsed()
+        })
+        .collect();
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    let total: Duration = samples.iter().sum();
+    println!(
+        "per decision at 1,000 clusters: mean {:?}, p50 {:?}, p99 {:?} => {:.0} decisions/s",
+        total / samples.len() as u32,
+        at(0.50),
+        at(0.99),
+        samples.len() as f64 / total.as_secs_f64()
+    );
 }
 
 fn main() {

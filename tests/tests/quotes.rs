@@ -40,11 +40,26 @@ fn job(name: &str, replicas: u32, gpus: u32, hours: u32, placement: &str) -> Str
     )
 }
 
-async fn run(gateway: &Gateway, spec: &str) -> String {
+async fn submit(gateway: &Gateway, spec: &str) -> String {
     let (job, _) = gateway.client().submit(spec).await.unwrap();
-    let id = job["id"].as_str().unwrap().to_string();
+    job["id"].as_str().unwrap().to_string()
+}
+
+async fn run(gateway: &Gateway, spec: &str) -> String {
+    let id = submit(gateway, spec).await;
     gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
     id
+}
+
+/// Job `id`'s explanation once `ready` holds for it.
+async fn explained_when(gateway: &Gateway, id: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let client = gateway.client();
+    meridian_e2e::poll(WAIT, || async {
+        let e = client.explain(id).await.ok()?;
+        ready(&e).then_some(e)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no such decision: {e}\n{}", gateway.proc.log()))
 }
 
 /// Occupies the clusters as the module's doc says.
@@ -77,17 +92,10 @@ fn near(secs: f64, expected: f64) -> bool {
 async fn a_gang_waits_where_the_members_own_plan_starts_it_first() {
     let f = federation(GATEWAY_CONFIG).await;
     occupy(&f.gateway).await;
-    let (gang, _) = f.gateway.client().submit(&job("gang", 2, 8, 1, "{}")).await.unwrap();
-    let id = gang["id"].as_str().unwrap().to_string();
+    let id = submit(&f.gateway, &job("gang", 2, 8, 1, "{}")).await;
     // Both members answer within a round or two; the decision then rests on their plans.
-    let client = f.gateway.client();
-    let explained = meridian_e2e::poll(WAIT, || async {
-        let e = client.explain(&id).await.ok()?;
-        let quoted = |c| wait_on(&e, c).is_some_and(|(_, quoted)| quoted);
-        (quoted("a") && quoted("b")).then_some(e)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("no quoted decision: {e}\n{}", f.gateway.proc.log()));
+    let quoted = |e: &Value, c| wait_on(e, c).is_some_and(|(_, quoted)| quoted);
+    let explained = explained_when(&f.gateway, &id, |e| quoted(e, "a") && quoted(e, "b")).await;
     let (a_wait, _) = wait_on(&explained, "a").unwrap();
     let (b_wait, _) = wait_on(&explained, "b").unwrap();
     assert!(near(a_wait, 3.0 * 3600.0), "a's plan: whole nodes in 3 h, got {a_wait} s\n{explained}");
@@ -109,15 +117,9 @@ async fn without_quotes_the_release_profile_sends_the_gang_to_wait_for_the_fragm
     let config = format!("{GATEWAY_CONFIG}placement: {{quoteCandidates: 0}}\n");
     let f = federation(&config).await;
     occupy(&f.gateway).await;
-    let (gang, _) = f.gateway.client().submit(&job("gang", 2, 8, 1, "{}")).await.unwrap();
-    let id = gang["id"].as_str().unwrap().to_string();
-    let client = f.gateway.client();
-    let explained = meridian_e2e::poll(WAIT, || async {
-        let e = client.explain(&id).await.ok()?;
-        (e["candidates"].as_array()?.len() == 2 && chosen(&e).is_some()).then_some(e)
-    })
-    .await
-    .unwrap();
+    let id = submit(&f.gateway, &job("gang", 2, 8, 1, "{}")).await;
+    let decided = |e: &Value| e["candidates"].as_array().is_some_and(|c| c.len() == 2) && chosen(e).is_some();
+    let explained = explained_when(&f.gateway, &id, decided).await;
     assert_eq!(chosen(&explained).as_deref(), Some("a"), "{explained}");
     let (a_wait, quoted) = wait_on(&explained, "a").unwrap();
     assert!(!quoted && near(a_wait, 3600.0), "a's profile says 1 h: {explained}");
@@ -142,8 +144,7 @@ async fn a_high_priority_job_is_offered_where_its_member_preempts_for_it() {
     run(&f.gateway, &job("steady", 1, 8, 2, "{clusters: {include: [b]}}")).await;
 
     let urgent = job("urgent", 1, 8, 1, "{}").replace("tenant: team-a\n", "tenant: team-a\npriority: 90\n");
-    let (submitted, _) = f.gateway.client().submit(&urgent).await.unwrap();
-    let id = submitted["id"].as_str().unwrap().to_string();
+    let id = submit(&f.gateway, &urgent).await;
     let running = f.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap();
     assert_eq!(running["cluster"], "a", "{running}");
 

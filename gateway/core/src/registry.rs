@@ -145,7 +145,8 @@ impl Registry {
     /// Drops every quote that arrived before `oldest_ms`.
     pub fn expire_quotes(&mut self, oldest_ms: i64) {
         for entry in self.clusters.values_mut() {
-            if !entry.quotes.is_empty() && entry.quotes.iter_oldest().is_some_and(|at| at < oldest_ms) {
+            // Copied (the snapshots may share it) only when something expires.
+            if entry.quotes.oldest_received_ms().is_some_and(|at| at < oldest_ms) {
                 Arc::make_mut(&mut entry.quotes).expire(oldest_ms);
             }
         }
@@ -173,8 +174,7 @@ impl Registry {
                         }
                         snapshot
                     });
-                    let renewed = cached.renewed(Arc::clone(&c.pressure), c.link.is_some());
-                    if c.quotes.is_empty() { renewed } else { renewed.with_quotes(Arc::clone(&c.quotes), now_ms) }
+                    cached.renewed(Arc::clone(&c.pressure), c.link.is_some()).with_quotes(Arc::clone(&c.quotes), now_ms)
                 })
                 .collect(),
             network: Arc::clone(network),

@@ -61,11 +61,6 @@ impl Quotes {
         self.by_key.is_empty()
     }
 
-    /// How many shapes are quoted.
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
     /// The quote for shape `key`, if any.
     pub fn get(&self, key: u64) -> Option<&Quote> {
         self.by_key.get(&key)
@@ -77,15 +72,13 @@ impl Quotes {
     }
 
     /// When the oldest quote arrived (Unix ms), if there is any.
-    pub fn iter_oldest(&self) -> Option<i64> {
+    pub fn oldest_received_ms(&self) -> Option<i64> {
         self.by_key.values().map(|q| q.received_at_ms).min()
     }
 
-    /// Drops quotes that arrived before `oldest_ms`; returns whether any was dropped.
-    pub fn expire(&mut self, oldest_ms: i64) -> bool {
-        let before = self.by_key.len();
+    /// Drops quotes that arrived before `oldest_ms`.
+    pub fn expire(&mut self, oldest_ms: i64) {
         self.by_key.retain(|_, q| q.received_at_ms >= oldest_ms);
-        self.by_key.len() != before
     }
 }
 

@@ -114,9 +114,6 @@ impl ClusterSnapshot {
 
     /// The member's quote for shape `key`, if it has one (see [`crate::quote_key`]).
     pub(crate) fn quote(&self, key: u64) -> Option<&Quote> {
-        if self.quotes.is_empty() {
-            return None;
-        }
         self.quotes.get(key)
     }
 

@@ -173,9 +173,8 @@ impl BuiltinBackend {
         if process && let Some(reason) = ProcessRunner::refuse(&job.spec) {
             return Admission::Refused { reason: format!("job `{}`: {reason}", job.job_id), permanent: true };
         }
-        let queue = state.scheduler.queue_for(&job.spec.tenant).to_string();
-        let (run_for, at_limit) = run_time(&job.spec, state.time_scale());
-        let mut local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
+        let (mut local, at_limit) = state.local_job(job);
+        let run_for = local.run_for;
         local.last_preempted_at = crate::preemption::last_preempted_on_clock(job.last_preempted_at_ms, now);
         if let Err(e) = state.scheduler.submit(local, now) {
             return refused(&e);
@@ -262,12 +261,10 @@ impl BuiltinBackend {
         // The scheduler counts in shrunk time; the gateway compares waits with job-time rules
         // such as `burst.after`, so report in job time.
         let mut pressure = state.scheduler.pressure(self.shared.now());
-        let time_scale = state.time_scale();
-        let unscale = |secs: u64| (secs as f64 / time_scale).round() as u64;
         for release in &mut pressure.releases {
-            release.after_secs = unscale(release.after_secs);
+            release.after_secs = state.job_secs(release.after_secs);
         }
-        pressure.estimated_wait_secs = unscale(pressure.estimated_wait_secs);
+        pressure.estimated_wait_secs = state.job_secs(pressure.estimated_wait_secs);
         pressure
     }
 
@@ -275,13 +272,10 @@ impl BuiltinBackend {
     /// scheduler counts in shrunk time, like [`pressure_now`](Self::pressure_now)).
     fn quote_now(&self, job: &Assignment) -> StartQuote {
         let state = self.shared.lock();
-        let queue = state.scheduler.queue_for(&job.spec.tenant).to_string();
-        let (run_for, _) = run_time(&job.spec, state.time_scale());
-        let local = LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for);
+        let (local, _) = state.local_job(job);
         let mut quote = state.scheduler.quote(&local, self.shared.now());
-        let time_scale = state.time_scale();
         for start in &mut quote.starts {
-            start.after_secs = (start.after_secs as f64 / time_scale).round() as u64;
+            start.after_secs = state.job_secs(start.after_secs);
         }
         quote
     }
@@ -495,6 +489,19 @@ impl State {
             RunnerState::Simulated { time_scale } => time_scale,
             RunnerState::Process(_) => 1.0,
         }
+    }
+
+    /// `secs` on the scheduler's (shrunk) clock in job time, as the gateway reads waits.
+    fn job_secs(&self, secs: u64) -> u64 {
+        (secs as f64 / self.time_scale()).round() as u64
+    }
+
+    /// The scheduler's view of `job` in its tenant's queue, and whether its run here ends at its
+    /// runtime limit.
+    fn local_job(&self, job: &Assignment) -> (LocalJob, bool) {
+        let queue = self.scheduler.queue_for(&job.spec.tenant).to_string();
+        let (run_for, at_limit) = run_time(&job.spec, self.time_scale());
+        (LocalJob::from_spec(&job.job_id, &job.spec, queue, run_for), at_limit)
     }
 
     /// Records that the scheduler started a job and, under the process runner, starts its

@@ -43,7 +43,8 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
 
-fn config(mode: Mode) -> KubernetesConfig {
+/// A backend config for the fake API server (which answers lists, not watches) in `mode`.
+pub(super) fn config(mode: Mode) -> KubernetesConfig {
     KubernetesConfig {
         mode,
         // The fake API server answers lists, not watches.

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
-use super::live_tests::{ONE_AT_A_TIME, PATIENCE, assignment, clean, cluster, config, event_where};
+use super::live_tests::{
+    ONE_AT_A_TIME, PATIENCE, assignment, clean, cluster, config, event_where, started, submit_running,
+};
 use super::*;
 use crate::backend::LocalBackend;
 
@@ -53,21 +53,12 @@ async fn after_teama_used_the_cluster_slurm_starts_teambs_equal_job_first() {
         ..config(&env)
     };
     clean(&config).await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let (backend, mut events) = started(&config).await;
 
     // teama takes the whole cluster (16 GPUs) and keeps it until its usage is charged.
     let mut hog = assignment("teama-hog", 4, 4, &["sleep", "600"]);
     hog.spec.tenant = "team-a".into();
-    if !matches!(backend.submit(&hog).await.unwrap(), Admission::Started { .. }) {
-        event_where(
-            &mut events,
-            &hog.job_id,
-            PATIENCE,
-            |p| matches!(p, JobPhase::Running { nodes } if nodes.len() == 4),
-        )
-        .await;
-    }
+    submit_running(&backend, &mut events, &hog, PATIENCE).await;
 
     // Two equal jobs, each wanting the whole cluster, queue behind it: teama's first, so that
     // without fair share (equal priorities, older job first) teama's would start first.

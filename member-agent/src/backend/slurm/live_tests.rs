@@ -123,9 +123,28 @@ async fn fixture(config: SlurmConfig) -> Fixture {
 }
 
 /// A backend over the test cluster, and its job events.
-async fn started(config: &SlurmConfig) -> (SlurmBackend, JobEventReceiver) {
+pub(super) async fn started(config: &SlurmConfig) -> (SlurmBackend, JobEventReceiver) {
     let (tx, events) = mpsc::unbounded_channel();
     (SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap(), events)
+}
+
+/// Submits `job` and waits until its whole gang runs (at once, or by its event).
+pub(super) async fn submit_running(
+    backend: &SlurmBackend,
+    events: &mut JobEventReceiver,
+    job: &Assignment,
+    patience: Duration,
+) {
+    let replicas = job.spec.gang.replicas as usize;
+    if !matches!(backend.submit(job).await.unwrap(), Admission::Started { .. }) {
+        event_where(
+            events,
+            &job.job_id,
+            patience,
+            |p| matches!(p, JobPhase::Running { nodes } if nodes.len() == replicas),
+        )
+        .await;
+    }
 }
 
 /// The next event of `job_id` that satisfies `wanted`, within `patience`.
@@ -210,16 +229,7 @@ async fn fills_queues_runs_with_slurms_reason_until_it_is_cancelled() {
     clean(&config).await;
     let mut f = fixture(config.clone()).await;
     let backend = f.backend.clone();
-    let filled = backend.submit(&f.fills).await.unwrap();
-    if !matches!(filled, Admission::Started { .. }) {
-        event_where(
-            &mut f.events,
-            &f.fills.job_id,
-            f.patience,
-            |p| matches!(p, JobPhase::Running { nodes } if nodes.len() == 4),
-        )
-        .await;
-    }
+    submit_running(&backend, &mut f.events, &f.fills, f.patience).await;
     assert_eq!(backend.inventory().await.unwrap().gpus_free(), 0);
     let queued = backend.submit(&f.runs).await.unwrap();
     assert!(matches!(queued, Admission::Queued { .. }), "{queued:?}");

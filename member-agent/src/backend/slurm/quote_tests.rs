@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use meridian_proto::duration::HumanDuration;
 use meridian_proto::protocol::Assignment;
-use tokio::sync::mpsc;
 
-use super::live_tests::{ONE_AT_A_TIME, PATIENCE, assignment, clean, cluster, config, event_where};
+use super::live_tests::{ONE_AT_A_TIME, PATIENCE, assignment, clean, cluster, config, started, submit_running};
 use super::*;
 use crate::backend::LocalBackend;
 
@@ -47,22 +46,13 @@ async fn a_gang_that_cannot_start_now_is_quoted_when_the_jobs_ahead_end_and_noth
     let _one = ONE_AT_A_TIME.lock().await;
     let config = config(&env);
     clean(&config).await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let (backend, mut events) = started(&config).await;
     let runner = backend.shared.runner.clone();
 
     // The whole cluster (4 nodes × 4 GPUs) for at most 10 minutes.
     let mut hog = assignment("hog", 4, 4, &["sleep", "900"]);
     hog.spec.runtime.limit = Some(HumanDuration::from_secs(600));
-    if !matches!(backend.submit(&hog).await.unwrap(), Admission::Started { .. }) {
-        event_where(
-            &mut events,
-            &hog.job_id,
-            PATIENCE,
-            |p| matches!(p, JobPhase::Running { nodes } if nodes.len() == 4),
-        )
-        .await;
-    }
+    submit_running(&backend, &mut events, &hog, PATIENCE).await;
     let before = slurm_ids(&runner).await;
 
     // A two-node gang starts when the hog's limit ends.
@@ -108,8 +98,7 @@ async fn a_gang_that_fits_now_is_quoted_zero_on_every_accepted_type() {
     let _one = ONE_AT_A_TIME.lock().await;
     let config = config(&env);
     clean(&config).await;
-    let (tx, _events) = mpsc::unbounded_channel();
-    let backend = SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap();
+    let (backend, _events) = started(&config).await;
     let before = slurm_ids(&backend.shared.runner).await;
     let mut gang = quoted("fits", 2, 4);
     // No gpuTypes: every whole-GPU type of the cluster (here only a100-80g).
@@ -128,8 +117,8 @@ async fn quotes_asked_all_at_once_are_spaced_and_the_overflow_is_busy() {
     let _one = ONE_AT_A_TIME.lock().await;
     let config = config(&env);
     clean(&config).await;
-    let (tx, _events) = mpsc::unbounded_channel();
-    let backend = std::sync::Arc::new(SlurmBackend::new(config.clone(), "slurm-test".into(), tx).await.unwrap());
+    let (backend, _events) = started(&config).await;
+    let backend = std::sync::Arc::new(backend);
     let gang = quoted("burst", 1, 1);
     // 30 quotes at 200 ms apart need about 6 s: the later ones are turned away, none hangs.
     let calls: Vec<_> = (0..30)

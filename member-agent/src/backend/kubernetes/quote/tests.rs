@@ -5,15 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
-use meridian_proto::duration::HumanDuration;
 use meridian_proto::spec::JobSpec;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::backend::kubernetes::config::{KubernetesConfig, StatusUpdates};
 use crate::backend::kubernetes::fake::FakeApi;
-use crate::backend::kubernetes::tests::assignment;
+use crate::backend::kubernetes::tests::{assignment, config};
 use crate::backend::kubernetes::{KubernetesBackend, Mode};
 use crate::backend::{LocalBackend, StartQuote};
 use crate::test_jobs::job_spec;
@@ -274,17 +272,6 @@ fn an_unready_node_is_never_quoted() {
 }
 
 // ---- through the backend, against the fake API server ----
-
-fn config(mode: Mode) -> KubernetesConfig {
-    KubernetesConfig {
-        mode,
-        // The fake API server answers lists, not watches.
-        status_updates: StatusUpdates::Poll,
-        poll_interval: HumanDuration(Duration::from_millis(30)),
-        request_timeout: HumanDuration::from_secs(5),
-        ..KubernetesConfig::default()
-    }
-}
 
 async fn quote_on(api: &Arc<FakeApi>, mode: Mode, replicas: u32, gpus: u32) -> StartQuote {
     let (tx, _rx) = mpsc::unbounded_channel();

@@ -479,6 +479,14 @@ impl FakeAgent {
                 out.send(AgentEvent::Quote { request_id, result: Err("a bench agent gives no start quotes".into()) })
                     .await?;
             }
+            // The bench runs with sibling copies off; a bench agent has no start gate.
+            GatewayCommand::Copy { copy_token, assignment } => {
+                let reason = "a bench agent holds no sibling copies".to_string();
+                let job_id = assignment.job_id;
+                out.send(AgentEvent::CopyDropped { job_id, copy_token, reason, unsupported: true }).await?;
+            }
+            GatewayCommand::Grant { assignment, .. } => self.on_offer(assignment, out).await?,
+            GatewayCommand::DropCopy { .. } => {}
         }
         Ok(())
     }

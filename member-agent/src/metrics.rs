@@ -37,6 +37,36 @@ pub struct MetricsConfig {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// What became of a sibling copy, for `meridian_agent_sibling_copies_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyOutcome {
+    /// Queued in the local scheduler.
+    Queued,
+    /// The scheduler would start it: the agent asked for its start lock.
+    Ready,
+    /// Granted: it started as a binding on the nodes it held.
+    Granted,
+    /// Dropped (by the gateway, the end of its stream, an offer of the job, or the backend).
+    Dropped,
+    /// The member would not queue it (its scheduler refused, or it holds the job).
+    Refused,
+    /// The backend has no start gate for copies.
+    Unsupported,
+}
+
+impl CopyOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            CopyOutcome::Queued => "queued",
+            CopyOutcome::Ready => "ready",
+            CopyOutcome::Granted => "granted",
+            CopyOutcome::Dropped => "dropped",
+            CopyOutcome::Refused => "refused",
+            CopyOutcome::Unsupported => "unsupported",
+        }
+    }
+}
+
 /// Every metric the agent serves, as handles the event loop sets. Cloning shares them.
 #[derive(Clone, Debug)]
 pub struct AgentMetrics {
@@ -53,6 +83,7 @@ pub struct AgentMetrics {
     gateway_epoch: Gauge,
     stale_epoch_messages: Counter,
     quotes: Family<Labels, Counter>,
+    sibling_copies: Family<Labels, Counter>,
 }
 
 /// Seconds since the gateway last renewed the lease or welcomed the agent; absent before that.
@@ -95,6 +126,7 @@ impl AgentMetrics {
         let gateway_epoch = Gauge::default();
         let stale_epoch_messages = Counter::default();
         let quotes = Family::<Labels, Counter>::default();
+        let sibling_copies = Family::<Labels, Counter>::default();
         registry.register(
             "meridian_agent_stream_connected",
             "1 while a gateway stream is up and welcomed, else 0",
@@ -147,6 +179,11 @@ impl AgentMetrics {
             "Start quotes answered to the gateway, by outcome (quoted, or failed: the backend could not say, or was busy)",
             quotes.clone(),
         );
+        registry.register(
+            "meridian_agent_sibling_copies",
+            "Sibling copies of gateway jobs, by outcome (queued, ready, granted, dropped, refused, unsupported)",
+            sibling_copies.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             stream_connected,
@@ -161,6 +198,7 @@ impl AgentMetrics {
             gateway_epoch,
             stale_epoch_messages,
             quotes,
+            sibling_copies,
         }
     }
 
@@ -195,6 +233,13 @@ impl AgentMetrics {
     pub(crate) fn quote_answered(&self, quoted: bool) {
         let outcome = if quoted { "quoted" } else { "failed" };
         self.quotes.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    }
+
+    /// A sibling copy reached `outcome`: queued in the local scheduler, ready (the agent asked
+    /// for its start lock), granted (it started as a binding), dropped, refused by the local
+    /// scheduler, or unsupported by the backend.
+    pub(crate) fn sibling_copy(&self, outcome: CopyOutcome) {
+        self.sibling_copies.get_or_create(&vec![("outcome", outcome.label().to_string())]).inc();
     }
 
     /// Whether a welcomed stream is up now.
@@ -295,6 +340,7 @@ mod tests {
         metrics.gpu_samples(&[GpuSample { node: "n0".into(), gpu: "0".into(), utilization: 0.25 }]);
         metrics.epoch(12);
         metrics.stale_epoch_refused();
+        metrics.sibling_copy(CopyOutcome::Dropped);
         let text = metrics.render();
         for line in [
             "meridian_agent_stream_connected 1",
@@ -308,6 +354,7 @@ mod tests {
             "meridian_agent_utilization_errors_total 0",
             "meridian_agent_gateway_epoch 12",
             "meridian_agent_stale_epoch_messages_total 1",
+            "meridian_agent_sibling_copies_total{outcome=\"dropped\"} 1",
         ] {
             assert!(text.contains(line), "missing `{line}` in\n{text}");
         }

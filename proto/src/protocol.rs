@@ -107,6 +107,27 @@ pub enum AgentEvent {
         /// When the gang could start, or why the member cannot say.
         result: Result<StartQuote, String>,
     },
+    /// The member's scheduler is ready to start a sibling copy (its gang has nodes now, held
+    /// for it): the agent asks for the job's start lock. The gateway answers
+    /// [`GatewayCommand::Grant`] (exactly one copy of a job ever gets it) or
+    /// [`GatewayCommand::DropCopy`].
+    CopyReady {
+        /// The job.
+        job_id: String,
+        /// The copy, as [`GatewayCommand::Copy`] named it.
+        copy_token: u64,
+    },
+    /// The member no longer holds a copy it was given (it cannot queue it, or dropped it).
+    CopyDropped {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
+        /// Why, for people.
+        reason: String,
+        /// The member never holds copies (its backend has no start gate): send it none.
+        unsupported: bool,
+    },
 }
 
 /// When a gang could start on a member, from the member's own scheduler (its plan, not a
@@ -227,5 +248,33 @@ pub enum GatewayCommand {
         job_id: String,
         /// Its spec.
         spec: JobSpec,
+    },
+    /// Queue a sibling copy of a job the gateway keeps queued: the member's scheduler plans and
+    /// reserves for it like any pending job, but never starts it without a
+    /// [`GatewayCommand::Grant`] (it answers [`AgentEvent::CopyReady`] when it would). A copy is
+    /// not a binding: it runs nothing, reports nothing, and is dropped when the stream ends.
+    Copy {
+        /// Names this copy in every later message; never reused by the gateway process.
+        copy_token: u64,
+        /// The job; `fencing_token` is the job's current binding token (informational).
+        assignment: Assignment,
+    },
+    /// The start lock for a copy that said it is ready: start it now under the binding in
+    /// `assignment` (a new fencing token, durable at the gateway before this was sent). The
+    /// agent answers as to an [`GatewayCommand::Offer`]; if it no longer holds the copy, it
+    /// treats this as one.
+    Grant {
+        /// The copy granted.
+        copy_token: u64,
+        /// The binding it starts under.
+        assignment: Assignment,
+    },
+    /// Drop this copy (another copy started, the job was placed, cancelled, or the copy's
+    /// lock request came too late). Never affects a binding.
+    DropCopy {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
     },
 }

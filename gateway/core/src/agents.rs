@@ -14,6 +14,7 @@ use meridian_proto::job::JobState;
 use meridian_proto::protocol::{AgentEvent, AgentHello, Assignment, GatewayCommand, GpuUsage, JobReport};
 
 use crate::config::CoreConfig;
+use crate::copies::CopyBook;
 use crate::io::{ConnId, Effects, Error, Reply};
 use crate::ledger::Ledger;
 use crate::quotes::{self, QuoteRequests};
@@ -35,6 +36,8 @@ pub(crate) struct Agents<'a> {
     pub(crate) usage: &'a mut UsageBook,
     /// Start quotes in flight.
     pub(crate) quotes: &'a mut QuoteRequests,
+    /// Sibling copies of queued jobs.
+    pub(crate) copies: &'a mut CopyBook,
     /// The jobs.
     pub(crate) ledger: Ledger<'a>,
     /// Rules a test switched off.
@@ -110,6 +113,8 @@ impl Agents<'_> {
         }
         let link = Link { conn, instance: hello.instance_id.clone() };
         self.snapshots.shapes_changed();
+        // A new stream: the agent dropped every copy it held on the old one.
+        self.copies.cluster_gone(&name);
         if let Some(old) = self.registry.connect(hello.info, link, now_ms) {
             // The same agent process reconnected before its old stream was noticed dead.
             effects.close.push(old);
@@ -207,6 +212,22 @@ impl Agents<'_> {
                     self.quotes.answered(now_ms);
                     self.ledger.signals.want_round();
                 }
+            }
+            AgentEvent::CopyReady { job_id, copy_token } => {
+                let queued = self.ledger.table.get(&job_id).is_some_and(|j| j.state == JobState::Queued);
+                if queued && self.copies.mark_ready(&job_id, &cluster, copy_token) {
+                    // The next round grants it, in the job's fair-share turn.
+                    self.ledger.signals.want_round();
+                } else {
+                    // Another copy started, the job was placed or cancelled, or the copy is
+                    // stale: this one never starts.
+                    tracing::debug!(cluster = %cluster, job = %job_id, copy_token, "stale copy ready; dropping it");
+                    effects.sends.push((conn, GatewayCommand::DropCopy { job_id, copy_token }));
+                }
+            }
+            AgentEvent::CopyDropped { job_id, copy_token, reason, unsupported } => {
+                tracing::debug!(cluster = %cluster, job = %job_id, copy_token, %reason, unsupported, "copy dropped by its member");
+                self.copies.dropped(&job_id, &cluster, copy_token, unsupported);
             }
         }
     }
@@ -439,6 +460,7 @@ impl Agents<'_> {
         let last_seen = self.registry.entry_of_mut(conn).map(|e| e.last_seen_ms);
         if let Some(cluster) = self.registry.disconnect(conn) {
             tracing::warn!(cluster = %cluster, conn, "agent disconnected");
+            self.copies.cluster_gone(&cluster);
             self.ledger.signals.clusters_changed();
             self.cluster_lost(&cluster, last_seen.unwrap_or(now_ms), effects);
         }
@@ -458,6 +480,7 @@ impl Agents<'_> {
             tracing::warn!(cluster = %cluster, "cluster silent past the timeout; dropping its stream");
             if self.registry.disconnect(conn).is_some() {
                 effects.close.push(conn);
+                self.copies.cluster_gone(&cluster);
                 self.ledger.signals.clusters_changed();
                 self.cluster_lost(&cluster, last_seen_ms, effects);
             }

@@ -21,7 +21,8 @@
 //! - the job timers (`timers.rs`: offers in flight and withdrawn, `Unknown` jobs),
 //! - the [`Registry`](registry::Registry) of member clusters and their streams (`registry.rs`),
 //! - the snapshots placement reads (`snapshots.rs`: the network table, the never-fits cache),
-//! - the demand keys rounds compare (`demand.rs`),
+//! - the demand keys rounds compare (`demand.rs`), the start quotes in flight (`quotes.rs`) and
+//!   the sibling copies of queued jobs (`copies.rs`),
 //! - running jobs' GPU usage (`usage.rs`), the metrics counters ([`Tally`], `tally.rs`),
 //! - what changed since it was last looked at (`Signals` in `ledger.rs`), and the cached cluster
 //!   summaries of the read view (`view.rs`).
@@ -40,7 +41,8 @@
 //! 1. `record`, `demand` (no imports from this crate)
 //! 2. `io`, `usage`, `timers` (record); `config` (usage); `quota` (config, record); `decision`
 //!    (quota, record)
-//! 3. `registry` (io, record); `jobs` (decision, record); `snapshots` (registry)
+//! 3. `registry` (io, record); `jobs` (decision, record); `snapshots` (registry); `quotes`,
+//!    `copies` (io, record, registry)
 //! 4. `tally` (decision, record, registry); `view` (config, decision, jobs, record, registry,
 //!    tally, usage); `tenants` (view)
 //! 5. `ledger` (decision, io, jobs, record, registry, tally, timers)
@@ -49,6 +51,7 @@
 
 mod agents;
 pub mod config;
+mod copies;
 mod decision;
 mod demand;
 mod expiry;
@@ -78,6 +81,7 @@ use std::sync::Arc;
 use agents::Agents;
 #[cfg(test)]
 use agents::Mutations;
+use copies::CopyBook;
 use demand::DemandBook;
 use expiry::Expiry;
 use jobs::JobTable;
@@ -117,6 +121,8 @@ pub struct Core {
     demands: DemandBook,
     /// Start quotes asked of members and not yet answered.
     quotes: QuoteRequests,
+    /// Sibling copies of queued jobs (in memory).
+    copies: CopyBook,
     /// Running jobs' GPU utilisation (in memory only).
     usage: UsageBook,
     /// Counters for metrics (see `tally.rs`), published with each view.
@@ -175,6 +181,7 @@ impl Core {
             registry: Registry::from_known(loaded.clusters, now_ms),
             demands: DemandBook::default(),
             quotes: QuoteRequests::default(),
+            copies: CopyBook::default(),
             tally: Arc::default(),
             signals: Signals::new(),
             cluster_view: ClusterViewCache::new(),
@@ -267,6 +274,7 @@ impl Core {
             snapshots: &mut self.snapshots,
             usage: &mut self.usage,
             quotes: &mut self.quotes,
+            copies: &mut self.copies,
             ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
             #[cfg(test)]
             mutations: self.mutations,
@@ -290,6 +298,7 @@ impl Core {
             snapshots: &self.snapshots,
             demands: &mut self.demands,
             quotes: &mut self.quotes,
+            copies: &mut self.copies,
             ledger: Ledger::new(&mut self.jobs, &mut self.timers, &mut self.signals, &mut self.tally, now_ms),
         }
     }

@@ -11,6 +11,7 @@ use meridian_proto::job::JobState;
 use meridian_proto::protocol::GatewayCommand;
 
 use crate::config::CoreConfig;
+use crate::copies::CopyBook;
 use crate::decision::Decided;
 use crate::demand::DemandBook;
 use crate::io::Effects;
@@ -40,6 +41,8 @@ pub(crate) struct Round<'a> {
     pub(crate) demands: &'a mut DemandBook,
     /// Start quotes in flight.
     pub(crate) quotes: &'a mut QuoteRequests,
+    /// Sibling copies of queued jobs.
+    pub(crate) copies: &'a mut CopyBook,
     /// The jobs.
     pub(crate) ledger: Ledger<'a>,
 }
@@ -96,8 +99,17 @@ impl Round<'_> {
     }
 
     /// Places the queue: each job, in fair-share order, is offered to its best cluster if it
-    /// can start there now, or stays queued with its decision saying why.
+    /// can start there now (or granted its ready sibling copy), or stays queued with its
+    /// decision saying why (and may wait as copies). Then drops the copies of jobs no longer
+    /// queued and every ready copy not granted.
     pub(crate) fn run(mut self, now_ms: i64, effects: &mut Effects) {
+        self.place_queue(now_ms, effects);
+        let table = &*self.ledger.table;
+        let queued = |id: &str| table.get(id).is_some_and(|j| j.state == JobState::Queued);
+        self.copies.sweep(queued, self.registry, effects);
+    }
+
+    fn place_queue(&mut self, now_ms: i64, effects: &mut Effects) {
         self.ledger.signals.round_done();
         self.quotes.new_round(now_ms);
         let mut snapshot = self.snapshots.for_round(self.registry, &self.config.placement.gpu_speed, now_ms);
@@ -154,6 +166,8 @@ impl Round<'_> {
                 .iter()
                 .enumerate()
                 .filter(|(_, q)| quotas.gpu_hold(&q.job).is_none())
+                // A job waiting as copies is reserved for by the members themselves.
+                .filter(|(_, q)| !self.copies.has_copies(&q.job.id))
                 .map(|(at, q)| (at, &q.job.spec, waited(q.job.submitted_at_ms)));
             Holds::for_round(oldest_first, &snapshot, &config, now_secs)
         };
@@ -189,6 +203,16 @@ impl Round<'_> {
             if let Some(hold) = quotas.gpu_hold(job) {
                 self.ledger.tally().count_decision(Outcome::HeldByQuota, None);
                 self.wait_for_quota(&job.id, entry.decided.as_deref(), hold, now_ms);
+                continue;
+            }
+            // A member is ready to start its copy: the job takes it, in its fair-share turn.
+            if let Some(copy) = self.copies.ready_copy(&job.id).cloned()
+                && let Some(conn) = self.registry.conn_of(&copy.cluster)
+            {
+                queue.placed(&next);
+                quotas.offered(job);
+                holds.release(&next.id);
+                self.grant(job, entry.decided.as_deref(), &copy, conn, now_ms, effects);
                 continue;
             }
             // A job whose gang fits on no cluster now cannot be offered, whatever placement
@@ -234,8 +258,10 @@ impl Round<'_> {
                 decision.chosen.as_ref().filter(|c| c.starts_now).map(|c| (c.cluster.clone(), c.gpu_type.clone()));
             let Some((cluster, gpu_type)) = chosen else {
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
-                // Where the job waits, ask the members' own plans when it could start.
+                // Where the job waits, ask the members' own plans when it could start, and let it
+                // wait as copies on the best of them.
                 self.quotes.ask_for(self.registry, job, &decision, &config, now_ms, effects);
+                self.copies.place(self.registry, job, &decision, config.sibling_copies, effects);
                 self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
@@ -268,6 +294,8 @@ impl Round<'_> {
             offered.message = format!("offered to {cluster}");
             offered.placement = Some(decision.summary());
             tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
+            // Its copies go first: a member holding one drops it before it sees the offer.
+            self.copies.drop_all(&offered.id, None, self.registry, effects);
             // The offer goes out only after the Offered record (with its new token) and the
             // decision are durable.
             effects.sends.push((conn, GatewayCommand::Offer(offered.assignment())));
@@ -278,6 +306,47 @@ impl Round<'_> {
         }
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.ledger.signals.round_done();
+    }
+
+    /// Grants `job` the start lock for its ready `copy`: an offer like any other (a new fencing
+    /// token, `Offered` and durable before the grant goes out, under the offer timeout), made
+    /// on the decision that placed the copies. Every other copy is dropped first.
+    fn grant(
+        &mut self,
+        job: &JobRecord,
+        decided: Option<&Decided>,
+        copy: &crate::copies::SiblingCopy,
+        conn: crate::io::ConnId,
+        now_ms: i64,
+        effects: &mut Effects,
+    ) {
+        let decision = match decided {
+            Some(Decided::Live { decision, .. }) => Some(decision.clone()),
+            _ => None,
+        };
+        self.ledger.tally().count_decision(Outcome::Placed, decision.as_ref());
+        let cluster = copy.cluster.as_str();
+        let mut offered = job.clone();
+        offered.state = JobState::Offered;
+        offered.cluster = Some(cluster.to_string());
+        offered.gpu_type = (!copy.gpu_type.is_empty()).then(|| copy.gpu_type.clone());
+        offered.fencing_token += 1;
+        offered.message = format!("its sibling copy on {cluster} was ready first: granted the start lock");
+        if let Some(decision) = &decision {
+            offered.placement = Some(decision.summary());
+            if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
+                self.ledger.tally().count_data_moved(job, &region);
+            }
+        }
+        tracing::info!(job = %offered.id, cluster, token = offered.fencing_token, copy = copy.token, "copy granted");
+        self.copies.drop_all(&offered.id, Some(copy.token), self.registry, effects);
+        effects.sends.push((conn, GatewayCommand::Grant { copy_token: copy.token, assignment: offered.assignment() }));
+        let id = offered.id.clone();
+        self.ledger.save(offered, self.registry, effects);
+        self.ledger.timers.offered(id.clone(), now_ms);
+        if let Some(decision) = decision {
+            self.ledger.save_decision(&id, now_ms, decision, effects);
+        }
     }
 }
 

@@ -51,7 +51,16 @@ pub struct PlacementConfig {
     /// move as jobs start and end, and asking costs the member a plan (on Slurm, an
     /// `sbatch --test-only`).
     pub quote_ttl_secs: f64,
+    /// How many members a queued job that cannot start now may wait on as **sibling copies**:
+    /// queued in each member's own scheduler (which plans and reserves for it exactly), started
+    /// by whichever is ready first under a start lock the gateway grants once (see
+    /// `docs/architecture.md#sibling-copies`). Chosen by score, so cost and data still count.
+    /// Default 0 (off); at most [`MAX_SIBLING_COPIES`].
+    pub sibling_copies: u32,
 }
+
+/// The most sibling copies a job may have.
+pub const MAX_SIBLING_COPIES: u32 = 8;
 
 impl Default for PlacementConfig {
     fn default() -> Self {
@@ -65,6 +74,7 @@ impl Default for PlacementConfig {
             deadline_miss_penalty_secs: 21_600.0,
             quote_candidates: 3,
             quote_ttl_secs: 60.0,
+            sibling_copies: 0,
         }
     }
 }
@@ -90,6 +100,11 @@ impl PlacementConfig {
                 .iter()
                 .filter(|(_, speed)| !(speed.is_finite() && **speed > 0.0))
                 .map(|(gpu, speed)| format!("{prefix}gpuSpeed.{gpu}: {speed} must be a finite number > 0")),
+        )
+        .chain(
+            (self.sibling_copies > MAX_SIBLING_COPIES).then(|| {
+                format!("{prefix}siblingCopies: {} must be at most {MAX_SIBLING_COPIES}", self.sibling_copies)
+            }),
         )
         .collect()
     }

@@ -70,7 +70,7 @@ mod verdict;
 mod tests;
 
 pub use breakdown::ScoreBreakdown;
-pub use config::PlacementConfig;
+pub use config::{MAX_SIBLING_COPIES, PlacementConfig};
 pub use deadline::DeadlineOutlook;
 pub use decision::{Choice, Decision, JobLabel};
 pub use hold::{HOLD_SCAN, Holds};

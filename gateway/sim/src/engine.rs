@@ -262,8 +262,7 @@ impl<'a> Replay<'a> {
                 self.schedule(now)?;
             }
             if self.federation.is_some() {
-                self.gateway_round(now)?;
-                self.schedule(now)?;
+                self.gateway_rounds(now)?;
             }
             if self.config.preemption.is_some() {
                 self.preempt(now);
@@ -479,10 +478,13 @@ impl<'a> Replay<'a> {
             }
             let Some(member) = self.members.get_mut(cluster) else { continue };
             let started = member.scheduler.schedule(at);
-            if !started.is_empty() {
-                self.mark(cluster);
-            }
+            // Its reservation may have moved too, and the inventory shows it.
+            self.mark(cluster);
             for job in started {
+                // Meridian's sibling copy: its nodes are held, and it asks for the start lock.
+                if self.federation.is_some() && self.copy_ready(cluster, &job, now)? {
+                    continue;
+                }
                 let (id, nodes) = (job.job_id.clone(), job.nodes.clone());
                 self.started(cluster, job, now)?;
                 // Meridian's jobs wait in a member's queue only for a preemption; one that

@@ -99,8 +99,14 @@ impl BuiltinScheduler {
             return Vec::new();
         }
         self.advance_to(now);
-        let heads: Vec<LocalJob> =
-            self.queues.iter().filter_map(|q| q.head()).map(|(_, pending)| pending.job.clone()).collect();
+        // A sibling copy never preempts: only its granted start may take anyone's GPUs.
+        let heads: Vec<LocalJob> = self
+            .queues
+            .iter()
+            .filter_map(|q| q.head())
+            .map(|(_, pending)| pending.job.clone())
+            .filter(|job| !self.copies.contains(&job.id))
+            .collect();
         let mut chosen = Vec::new();
         for head in heads {
             let free: Vec<NodeFree> = self.nodes.iter().map(|n| n.free).collect();

@@ -36,6 +36,21 @@ impl BuiltinScheduler {
         Inventory { shapes }
     }
 
+    /// [`inventory`](Self::inventory) as the agent reports it to the gateway: a node held for
+    /// the member's reservation shows only its spare (see `free_for_offers`), so the gateway
+    /// offers nothing the member would have to decline to keep its reservation.
+    pub fn inventory_for_offers(&self) -> Inventory {
+        let mut inventory = self.inventory();
+        if self.reservation.is_some() {
+            for ((_, members), shape) in self.shapes.iter().zip(&mut inventory.shapes) {
+                for (slot, &i) in shape.free.iter_mut().zip(members) {
+                    *slot = self.free_for_offers(i);
+                }
+            }
+        }
+        inventory
+    }
+
     /// How busy the queues are at `now`: per-queue load, when running jobs give GPUs back
     /// (ascending, at most [`MAX_RELEASE_BUCKETS`] entries), and an estimated wait for a new
     /// 1-GPU job.
@@ -160,6 +175,30 @@ mod tests {
 
     fn job(id: &str, queue: &str, replicas: u32, gpus: u32, secs: u64) -> LocalJob {
         LocalJob { cpu: 1, memory_gib: 4, ..testkit::job(id, queue, replicas, gpus, secs) }
+    }
+
+    #[test]
+    fn a_node_held_for_the_reservation_reports_only_its_spare_and_a_copy_is_never_preempted_for() {
+        let mut s = scheduler();
+        s.start_now(job("hog", "default", 1, 6, 100), Duration::ZERO).unwrap();
+        s.start_now(job("other", "default", 1, 8, 1_000), Duration::ZERO).unwrap();
+        // A copy of a gang of two whole dgx nodes waits for hog (100 s) and for `other`: it
+        // holds the reservation on a and c at 1,000 s.
+        s.submit_copy(job("copy", "default", 2, 8, 100), Duration::from_secs(1)).unwrap();
+        assert!(s.schedule(Duration::from_secs(1)).is_empty());
+        assert!(s.is_pending_copy("copy"));
+        assert_eq!(s.reservation().map(|r| r.job_id), Some("copy".to_string()));
+        // a has 2 GPUs free, but every one of them is the gang's at 1,000 s: none is offered.
+        let dgx = &s.inventory_for_offers().shapes[0];
+        assert_eq!(dgx.free.iter().map(|f| f.gpus).collect::<Vec<_>>(), [0, 0]);
+        assert_eq!(s.inventory().shapes[0].free.iter().map(|f| f.gpus).collect::<Vec<_>>(), [2, 0]);
+        assert!(s.preempt(Duration::from_secs(2)).is_empty(), "nothing preempts for a copy");
+        // Once it starts (takes its nodes), it is no longer a pending copy.
+        s.cancel("hog");
+        s.cancel("other");
+        let started = s.schedule(Duration::from_secs(3));
+        assert_eq!(started.iter().map(|s| s.job_id.as_str()).collect::<Vec<_>>(), ["copy"]);
+        assert!(!s.is_pending_copy("copy"));
     }
 
     #[test]

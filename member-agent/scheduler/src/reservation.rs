@@ -95,6 +95,19 @@ impl BuiltinScheduler {
         })
     }
 
+    /// What node `index` has free for a job offered now, as the inventory reports it: all of
+    /// it, except that a node held for the reservation shows only its spare (what a job still
+    /// running at the reservation's start may take), so the gateway offers nothing the member
+    /// would have to decline. A short job that would end in time could take more; the member
+    /// still starts such a job when it queues here.
+    pub(super) fn free_for_offers(&self, index: usize) -> NodeFree {
+        let free = self.nodes.get(index).map(|n| n.free).unwrap_or_default();
+        match &self.reservation {
+            Some(held) => held.plan.usable(index, free),
+            None => free,
+        }
+    }
+
     /// The earliest start of `job` at or after `now` if running jobs end at their estimates,
     /// with its placement then; `None` only for a job that could not fit the empty member.
     pub(super) fn plan(&self, job: &LocalJob, now: Duration) -> Option<Plan> {

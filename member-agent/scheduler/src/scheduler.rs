@@ -65,6 +65,9 @@ pub struct BuiltinScheduler {
     pub(super) preemption: PreemptionPolicy,
     /// Victims in their grace period, by id.
     pub(super) draining: BTreeMap<String, Draining>,
+    /// Pending jobs the member never preempts for: the gateway's sibling copies (only a granted
+    /// copy may take anyone's GPUs, so copies on several members never preempt at once).
+    pub(super) copies: BTreeSet<String>,
 }
 
 /// A running job with what it holds.
@@ -148,6 +151,7 @@ impl BuiltinScheduler {
             replan: false,
             preemption: PreemptionPolicy::default(),
             draining: BTreeMap::new(),
+            copies: BTreeSet::new(),
         })
     }
 
@@ -168,6 +172,26 @@ impl BuiltinScheduler {
     /// Errors: unknown queue, an id already pending or running, zero replicas or GPUs, or a job
     /// that can never fit ([`Error::NeverFits`]: queueing it would wait forever).
     pub fn submit(&mut self, job: LocalJob, now: Duration) -> Result<()> {
+        self.enqueue(job, now)
+    }
+
+    /// Queues a sibling copy of a gateway job: planned, reserved for and started like any pending
+    /// job, except that the member never preempts for it. Starting it only takes its nodes: the
+    /// caller launches nothing until the gateway grants the copy its start lock, and cancels it
+    /// (freeing the nodes) when the gateway drops it.
+    pub fn submit_copy(&mut self, job: LocalJob, now: Duration) -> Result<()> {
+        let id = job.id.clone();
+        self.enqueue(job, now)?;
+        self.copies.insert(id);
+        Ok(())
+    }
+
+    /// Whether `job_id` is a pending sibling copy (see [`submit_copy`](Self::submit_copy)).
+    pub fn is_pending_copy(&self, job_id: &str) -> bool {
+        self.copies.contains(job_id)
+    }
+
+    fn enqueue(&mut self, job: LocalJob, now: Duration) -> Result<()> {
         let queue = self.admit(&job)?;
         self.clock = self.clock.max(now);
         let key = PendingKey::new(&job, now);
@@ -245,6 +269,7 @@ impl BuiltinScheduler {
     pub fn cancel(&mut self, job_id: &str) -> Cancelled {
         if let Some((queue, key)) = self.pending_index.remove(job_id) {
             self.queues[queue].remove(&key);
+            self.copies.remove(job_id);
             if self.reservation.as_ref().is_some_and(|held| held.job_id == job_id) {
                 self.reservation = None;
             }
@@ -331,6 +356,7 @@ impl BuiltinScheduler {
     ) -> Option<Started> {
         let pending = self.queues[queue].remove(key)?;
         self.pending_index.remove(&pending.job.id);
+        self.copies.remove(&pending.job.id);
         Some(self.start(pending.job, queue, placement, now))
     }
 

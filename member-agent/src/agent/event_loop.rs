@@ -1,6 +1,6 @@
-//! The agent's one event loop. It owns all state (ledger, lease, link, tasks) and reacts to five
-//! sources: the gateway link, finished backend tasks, backend job events, the heartbeat timer and
-//! the lease deadline. Timers and backend events run whether or not a stream is up, and no
+//! The agent's one event loop. It owns all state (ledger, lease, link, tasks, sibling copies) and
+//! reacts to six sources: the gateway link, finished backend tasks, backend job events, backend
+//! copy events, the heartbeat timer and the lease deadline. Timers and backend events run whether or not a stream is up, and no
 //! backend call is awaited here: each runs as a task and its answer comes back as a message.
 
 use std::collections::HashMap;
@@ -20,8 +20,11 @@ use super::epoch::EpochGate;
 use super::lease::{Lease, Renewal};
 use super::ledger::{self, CancelPlan, Doom, EventOutcome, Ledger, OfferPlan, Stop};
 use super::link::{BACKOFF_MIN, Dial, FromGateway, Inbound, Link, LinkError, LinkEvent, jittered};
-use super::tasks::{self, Report, TaskLabel, TaskOutput};
-use crate::backend::{Admission, BackendError, InventorySource, JobEvent, JobEventReceiver, LocalBackend};
+use super::siblings::{self, Copies};
+use super::tasks::{self, Report, Start, TaskLabel, TaskOutput};
+use crate::backend::{
+    Admission, BackendError, CopyEventReceiver, InventorySource, JobEvent, JobEventReceiver, LocalBackend,
+};
 use crate::metrics::AgentMetrics;
 use crate::usage::window::RunningJob;
 use crate::usage::{GpuSample, Sampling, UsageError, UsageWindow};
@@ -31,7 +34,8 @@ use crate::usage::{GpuSample, Sampling, UsageError, UsageWindow};
 /// stream and looks for the leader again.
 const SILENT_HEARTBEATS: u32 = 3;
 
-const LEASE_EXPIRED: &str = "this agent's lease expired; it takes no jobs until the gateway welcomes it again";
+pub(super) const LEASE_EXPIRED: &str =
+    "this agent's lease expired; it takes no jobs until the gateway welcomes it again";
 
 /// Everything the loop owns.
 pub(super) struct EventLoop {
@@ -75,6 +79,10 @@ pub(super) struct EventLoop {
     pub(super) sample_in_flight: bool,
     /// Start quote tasks running.
     pub(super) quotes_in_flight: usize,
+    /// The sibling copies kept for the open stream's gateway.
+    pub(super) copies: Copies,
+    /// The backend's copy events, once taken from it (None: it gives none).
+    pub(super) copy_events: Option<CopyEventReceiver>,
 }
 
 impl EventLoop {
@@ -84,6 +92,7 @@ impl EventLoop {
         // Adopt what the member still holds before talking to the gateway, so the welcome's
         // reconcile sees every job.
         self.spawn(TaskLabel::Adopt, tasks::adopt(Arc::clone(&self.backend)));
+        self.copy_events = self.backend.copy_events();
         let mut heartbeat = tokio::time::interval(self.report_interval);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut sample_timer = self.sampling.as_ref().map(|s| {
@@ -103,6 +112,10 @@ impl EventLoop {
                         self.events_open = false;
                         tracing::error!(cluster = %self.cluster, "the backend stopped reporting job events; job results will not be seen");
                     }
+                },
+                event = siblings::next_copy_event(self.copy_events.as_mut()), if self.copy_events.is_some() => match event {
+                    Some(event) => self.on_copy_event(event),
+                    None => self.copy_events = None,
                 },
                 _ = heartbeat.tick() => self.on_heartbeat_tick(),
                 () = meridian_process::sleep_until_opt(lease_deadline) => self.on_lease_expired(),
@@ -142,6 +155,8 @@ impl EventLoop {
         if let Some(gateway) = self.link.gateway() {
             self.dialer.lost(gateway);
         }
+        // Nobody else can grant this stream's copies; a new leader knows nothing of them.
+        self.drop_all_copies();
         self.link = Link::BackingOff { retry_at };
     }
 
@@ -220,6 +235,9 @@ impl EventLoop {
                 self.spawn(TaskLabel::Logs { request_id }, task);
             }
             GatewayCommand::Quote { request_id, job_id, spec } => self.on_quote(request_id, job_id, spec),
+            GatewayCommand::Copy { copy_token, assignment } => self.on_copy(copy_token, assignment),
+            GatewayCommand::Grant { copy_token, assignment } => self.on_grant(copy_token, assignment),
+            GatewayCommand::DropCopy { job_id, copy_token } => self.on_drop_copy(job_id, copy_token),
         }
     }
 
@@ -290,6 +308,7 @@ impl EventLoop {
         self.backoff = BACKOFF_MIN;
         self.lease_changed();
         self.metrics.welcomed(session);
+        self.drop_all_copies();
         let done = self.ledger.reconcile(bound, session, &self.cluster);
         for stop in done.stop.iter().cloned() {
             tracing::warn!(cluster = %self.cluster, job = %stop.job_id, fencing_token = stop.fencing_token, "the gateway no longer expects this binding here; stopping it");
@@ -317,13 +336,26 @@ impl EventLoop {
         self.report_wanted = true;
     }
 
-    fn on_offer(&mut self, assignment: Assignment) {
-        let Some(session) = self.link.welcomed_session() else { return };
+    /// An offer: a copy of the job held here is dropped first (see `siblings.rs`).
+    pub(super) fn on_offer(&mut self, assignment: Assignment) {
+        let drop_copy = self.take_copy(&assignment.job_id);
+        self.handle_offer(assignment, Start::Submit { drop_copy });
+    }
+
+    /// Answers an offer (or a grant, which is answered the same way), starting it as `start`
+    /// says when the ledger plans a submit.
+    pub(super) fn handle_offer(&mut self, assignment: Assignment, start: Start) {
         let (job_id, token) = (assignment.job_id.clone(), assignment.fencing_token);
+        let Some(session) = self.link.welcomed_session() else { return self.abandon_start(&job_id, start) };
         if self.lease.is_expired() {
+            self.abandon_start(&job_id, start);
             return self.send(offer::declined(&job_id, token, LEASE_EXPIRED.into()));
         }
-        match self.ledger.plan_offer(&assignment) {
+        let plan = self.ledger.plan_offer(&assignment);
+        if !matches!(plan, OfferPlan::Submit { .. }) {
+            self.abandon_start(&job_id, start);
+        }
+        match plan {
             OfferPlan::AcceptAgain(held) => self.send(offer::accepted(&job_id, token, held.message)),
             OfferPlan::RefuseNewerHeld(newer) => {
                 self.send(offer::declined(&job_id, token, offer::newer_binding_held(newer)))
@@ -339,13 +371,16 @@ impl EventLoop {
             OfferPlan::Submit { replace } => {
                 self.ledger.start_submit(&assignment, session);
                 let label = TaskLabel::Submit { job_id, fencing_token: token };
-                let task = tasks::submit(Arc::clone(&self.backend), Arc::clone(&self.inventory), assignment, replace);
+                let backend = Arc::clone(&self.backend);
+                let task = tasks::submit(backend, Arc::clone(&self.inventory), assignment, replace, start);
                 self.spawn(label, task);
             }
         }
     }
 
     fn on_cancel(&mut self, job_id: &str, fencing_token: u64) {
+        // A cancelled job keeps no copy here either.
+        self.drop_copy_of(job_id);
         match self.ledger.cancel(job_id, fencing_token) {
             CancelPlan::Ignore => {
                 tracing::debug!(cluster = %self.cluster, job = %job_id, fencing_token, "stale or repeated cancel ignored");
@@ -431,6 +466,10 @@ impl EventLoop {
                 self.send(AgentEvent::Quote { request_id, result });
             }
             TaskOutput::Sampled(result) => self.on_sampled(result),
+            TaskOutput::Copied { job_id, copy_token, result } => self.on_copied(job_id, copy_token, result),
+            TaskOutput::CopyDropped { job_id, copy_token, result } => {
+                self.on_copy_dropped(&job_id, copy_token, result);
+            }
         }
     }
 
@@ -460,6 +499,16 @@ impl EventLoop {
                     result: Err(format!("the member's backend failed while working out a start quote: {error}")),
                 });
             }
+            Some(TaskLabel::Copy { job_id, copy_token }) => self.on_copied(
+                job_id,
+                copy_token,
+                Err(BackendError::permanent(format!("the backend's copy failed: {error}"))),
+            ),
+            Some(TaskLabel::DropCopy { job_id, copy_token }) => self.on_copy_dropped(
+                &job_id,
+                copy_token,
+                Err(BackendError::permanent(format!("the backend's drop failed: {error}"))),
+            ),
             None => {}
         }
     }
@@ -674,7 +723,7 @@ impl EventLoop {
 
     // ------------------------------------------------------------ helpers
 
-    fn spawn<F>(&mut self, label: TaskLabel, task: F)
+    pub(super) fn spawn<F>(&mut self, label: TaskLabel, task: F)
     where
         F: Future<Output = TaskOutput> + Send + 'static,
     {
@@ -746,7 +795,7 @@ impl EventLoop {
 
     /// Queues `event` on the welcomed stream; without one it is dropped (the outbox and the next
     /// heartbeat carry everything that matters).
-    fn send(&mut self, event: AgentEvent) {
+    pub(super) fn send(&mut self, event: AgentEvent) {
         let Link::Up { connection, welcomed: true, .. } = &self.link else { return };
         match connection.outbound.try_send(event) {
             Ok(()) => {}
@@ -774,6 +823,9 @@ fn describe(message: &Inbound) -> (&'static str, Option<&str>) {
             GatewayCommand::Lease { .. } => ("lease", None),
             GatewayCommand::Logs { job_id, .. } => ("logs", Some(job_id)),
             GatewayCommand::Quote { job_id, .. } => ("quote", Some(job_id)),
+            GatewayCommand::Copy { assignment, .. } => ("copy", Some(&assignment.job_id)),
+            GatewayCommand::Grant { assignment, .. } => ("grant", Some(&assignment.job_id)),
+            GatewayCommand::DropCopy { job_id, .. } => ("drop copy", Some(job_id)),
         },
         Inbound::InvalidOffer { job_id, .. } => ("offer", Some(job_id)),
         Inbound::Invalid(_) => ("invalid", None),

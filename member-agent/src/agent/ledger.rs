@@ -164,6 +164,11 @@ impl Ledger {
         }
     }
 
+    /// Whether the member holds a binding of `job_id` (held, being submitted or being stopped).
+    pub(crate) fn holds(&self, job_id: &str) -> bool {
+        self.held.contains_key(job_id) || self.submitting.contains_key(job_id) || self.stopping.contains_key(job_id)
+    }
+
     /// How to answer an offer of `assignment`.
     pub(crate) fn plan_offer(&self, assignment: &Assignment) -> OfferPlan {
         let holdings = self.holdings(&assignment.job_id, assignment.fencing_token);

@@ -24,7 +24,7 @@
 //! Files: `event_loop.rs` (the loop), `link.rs` (the stream and the wire edge), `dial.rs`
 //! (dialing, finding the leader among several gateways), `epoch.rs` (the epoch gate),
 //! `ledger.rs` (bindings and outbox), `lease.rs` (the lease clock), `tasks.rs` (backend calls as
-//! tasks).
+//! tasks), `siblings.rs` (the gateway's sibling copies and their start lock).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -47,6 +47,9 @@ mod event_loop;
 mod lease;
 mod ledger;
 mod link;
+mod siblings;
+#[cfg(test)]
+mod siblings_tests;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -189,6 +192,8 @@ impl Agent {
             usage: UsageWindow::new(window),
             sample_in_flight: false,
             quotes_in_flight: 0,
+            copies: siblings::Copies::default(),
+            copy_events: None,
         };
         event_loop.run(shutdown).await;
         let _ = stop_metrics.send(());

@@ -10,7 +10,9 @@ use std::time::Duration;
 use meridian_proto::inventory::{Inventory, QueuePressure};
 use meridian_proto::protocol::{Assignment, StartQuote};
 
-use crate::backend::{Admission, BackendError, BackendFuture, HeldJob, InventorySource, LocalBackend, LogChunk};
+use crate::backend::{
+    Admission, BackendError, BackendFuture, CopyAdmission, HeldJob, InventorySource, LocalBackend, LogChunk,
+};
 use crate::usage::{GpuSample, UsageError, UtilizationSource};
 
 /// First and longest wait between retries of a transient backend error.
@@ -80,6 +82,40 @@ pub(crate) enum TaskOutput {
     },
     /// A round of GPU utilisation samples.
     Sampled(Result<Vec<GpuSample>, UsageError>),
+    /// A sibling copy handed to the backend.
+    Copied {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
+        /// Whether the backend queued it.
+        result: Result<CopyAdmission, BackendError>,
+    },
+    /// A sibling copy dropped in the backend.
+    CopyDropped {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
+        /// Whether it worked.
+        result: Result<(), BackendError>,
+    },
+}
+
+/// How a submit task starts the binding it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// An offer (or a grant of a copy that is not ready here): drop the job's copy `drop_copy`
+    /// first when one is held, then submit.
+    Submit {
+        /// The copy of the job to drop before the submit.
+        drop_copy: Option<u64>,
+    },
+    /// The grant of the ready copy `copy_token`: start on the nodes it holds.
+    Grant {
+        /// The copy granted.
+        copy_token: u64,
+    },
 }
 
 /// What a task was for, so a task that panicked can still be accounted for.
@@ -115,6 +151,20 @@ pub(crate) enum TaskLabel {
     },
     /// A utilisation sample.
     Sample,
+    /// A sibling copy handed to the backend.
+    Copy {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
+    },
+    /// A sibling copy dropped in the backend.
+    DropCopy {
+        /// The job.
+        job_id: String,
+        /// The copy.
+        copy_token: u64,
+    },
 }
 
 /// Inventory and pressure as the source gave them.
@@ -139,12 +189,14 @@ pub(crate) async fn adopt(backend: Arc<dyn LocalBackend>) -> TaskOutput {
     TaskOutput::Adopted(retrying("list the jobs the member holds", list).await)
 }
 
-/// Submits `assignment`, first cancelling the older binding `replace` of the same job.
+/// Submits `assignment` as `start` says, first cancelling the older binding `replace` of the
+/// same job.
 pub(crate) async fn submit(
     backend: Arc<dyn LocalBackend>,
     inventory: Arc<dyn InventorySource>,
     assignment: Assignment,
     replace: Option<u64>,
+    start: Start,
 ) -> TaskOutput {
     let (job_id, fencing_token) = (assignment.job_id.clone(), assignment.fencing_token);
     if let Some(old) = replace
@@ -152,7 +204,15 @@ pub(crate) async fn submit(
     {
         return TaskOutput::Submitted { job_id, fencing_token, result: Err(e), report: None };
     }
-    let result = backend.submit(&assignment).await;
+    if let Start::Submit { drop_copy: Some(copy_token) } = start
+        && let Err(e) = retrying("drop the job's sibling copy", || backend.drop_copy(&job_id, copy_token)).await
+    {
+        return TaskOutput::Submitted { job_id, fencing_token, result: Err(e), report: None };
+    }
+    let result = match start {
+        Start::Submit { .. } => backend.submit(&assignment).await,
+        Start::Grant { copy_token } => backend.grant(copy_token, &assignment).await,
+    };
     let report = match &result {
         Ok(Admission::Started { .. } | Admission::Queued { .. }) => Some(fetch_report(inventory.as_ref()).await),
         _ => None,
@@ -164,6 +224,19 @@ pub(crate) async fn submit(
 pub(crate) async fn cancel(backend: Arc<dyn LocalBackend>, job_id: String, fencing_token: u64) -> TaskOutput {
     let result = retrying("cancel a job", || backend.cancel(&job_id, fencing_token)).await;
     TaskOutput::Cancelled { job_id, fencing_token, result }
+}
+
+/// Hands the sibling copy `copy_token` of `assignment` to the backend; one try (a copy that
+/// cannot be queued now is dropped, and the gateway may send another).
+pub(crate) async fn copy(backend: Arc<dyn LocalBackend>, copy_token: u64, assignment: Assignment) -> TaskOutput {
+    let result = backend.copy(copy_token, &assignment).await;
+    TaskOutput::Copied { job_id: assignment.job_id, copy_token, result }
+}
+
+/// Drops a sibling copy in the backend, retrying transient errors (what it holds must be freed).
+pub(crate) async fn drop_copy(backend: Arc<dyn LocalBackend>, job_id: String, copy_token: u64) -> TaskOutput {
+    let result = retrying("drop a sibling copy", || backend.drop_copy(&job_id, copy_token)).await;
+    TaskOutput::CopyDropped { job_id, copy_token, result }
 }
 
 /// Reads part of a binding's output; one try, bounded in time and size.

@@ -25,8 +25,8 @@ use crate::test_jobs::{self, job_spec};
 use crate::usage::{GpuSample, Sampling, UtilizationSource};
 
 /// Longest (virtual) wait for anything a test expects.
-const PATIENCE: Duration = Duration::from_secs(600);
-const INTERVAL: Duration = Duration::from_secs(2);
+pub(super) const PATIENCE: Duration = Duration::from_secs(600);
+pub(super) const INTERVAL: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------- a scripted backend
 
@@ -113,7 +113,7 @@ pub(super) struct DialRequest {
     answer: oneshot::Sender<Result<Connection, LinkError>>,
 }
 
-struct MemoryDialer {
+pub(super) struct MemoryDialer {
     pub(super) dials: mpsc::UnboundedSender<DialRequest>,
 }
 
@@ -152,7 +152,7 @@ impl Stream {
     }
 
     /// The next event `pick` accepts, skipping others.
-    async fn next_of<T>(&mut self, mut pick: impl FnMut(AgentEvent) -> Option<T>) -> T {
+    pub(super) async fn next_of<T>(&mut self, mut pick: impl FnMut(AgentEvent) -> Option<T>) -> T {
         loop {
             if let Some(found) = pick(self.next().await) {
                 return found;
@@ -168,7 +168,7 @@ impl Stream {
         .await
     }
 
-    async fn status(&mut self) -> JobReport {
+    pub(super) async fn status(&mut self) -> JobReport {
         self.next_of(|e| match e {
             AgentEvent::Status(report) => Some(report),
             _ => None,
@@ -177,7 +177,7 @@ impl Stream {
     }
 
     /// The next terminal status.
-    async fn result(&mut self) -> JobReport {
+    pub(super) async fn result(&mut self) -> JobReport {
         self.next_of(|e| match e {
             AgentEvent::Status(report) if report.state.is_terminal() => Some(report),
             _ => None,
@@ -264,17 +264,7 @@ impl Harness {
 
     /// Accepts the next dial.
     pub(super) async fn accept(&mut self) -> Stream {
-        let request = self.dial().await;
-        let (to_agent, inbound) = mpsc::channel(1024);
-        let (outbound, from_agent) = mpsc::channel(1024);
-        let connection = Connection {
-            gateway: "memory".into(),
-            hello_sent: Instant::now(),
-            outbound,
-            inbound: Box::pin(ReceiverStream::new(inbound)),
-        };
-        assert!(request.answer.send(Ok(connection)).is_ok());
-        Stream { hello: request.hello, epoch: 0, to_agent, from_agent }
+        accept_dial(&mut self.dials).await
     }
 
     /// Accepts the next dial and welcomes it.
@@ -308,6 +298,22 @@ impl Harness {
             tokio::time::timeout(PATIENCE, agent).await.expect("the agent did not stop").unwrap();
         }
     }
+}
+
+/// Accepts the next dial on `dials` (shared with the sibling copies' tests, whose agents run
+/// the builtin backend).
+pub(super) async fn accept_dial(dials: &mut mpsc::UnboundedReceiver<DialRequest>) -> Stream {
+    let request = tokio::time::timeout(PATIENCE, dials.recv()).await.expect("the agent did not dial").unwrap();
+    let (to_agent, inbound) = mpsc::channel(1024);
+    let (outbound, from_agent) = mpsc::channel(1024);
+    let connection = Connection {
+        gateway: "memory".into(),
+        hello_sent: Instant::now(),
+        outbound,
+        inbound: Box::pin(ReceiverStream::new(inbound)),
+    };
+    assert!(request.answer.send(Ok(connection)).is_ok());
+    Stream { hello: request.hello, epoch: 0, to_agent, from_agent }
 }
 
 /// An offer of a one-GPU job (shared with the ledger's tests).

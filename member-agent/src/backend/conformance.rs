@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use meridian_proto::protocol::Assignment;
 
-use super::{Admission, InventorySource, JobEvent, JobEventReceiver, JobPhase, LocalBackend};
+use super::{Admission, CopyAdmission, InventorySource, JobEvent, JobEventReceiver, JobPhase, LocalBackend};
 
 /// What [`Subject::reopen`] builds: a second backend over the same member.
 pub(crate) type Reopened =
@@ -51,6 +51,7 @@ pub(crate) async fn run(mut subject: Subject) {
     queueing_and_pressure(&mut subject).await;
     jobs_end_on_their_own(&mut subject).await;
     refusal(&subject).await;
+    sibling_copies(&subject).await;
     restart(subject).await;
 }
 
@@ -175,6 +176,36 @@ async fn refusal(subject: &Subject) {
     assert!(matches!(never, Admission::Refused { permanent: true, .. }), "{never:?}");
     let held = subject.backend.list().await.expect("list");
     assert!(!held.iter().any(|h| h.job_id == subject.never_fits.job_id), "a refused job is not held: {held:?}");
+}
+
+/// A backend queues a sibling copy at its start gate or refuses it as unsupported; a copy is no
+/// binding, a dropped one holds nothing, and the grant of a copy it does not hold is a submit.
+async fn sibling_copies(subject: &Subject) {
+    let backend = subject.backend.as_ref();
+    let job = Assignment { fencing_token: subject.runs.fencing_token + 30, ..subject.runs.clone() };
+    let free = subject.inventory.inventory().await.expect("inventory").gpus_free();
+    let queued = match backend.copy(7, &job).await.expect("copy") {
+        CopyAdmission::Queued => true,
+        CopyAdmission::Refused { reason, unsupported: true } => {
+            assert!(reason.contains("no start gate for sibling copies"), "{reason}");
+            false
+        }
+        other => panic!("a copy of a job that fits is queued, or copies are unsupported: {other:?}"),
+    };
+    let held = backend.list().await.expect("list");
+    assert!(!held.iter().any(|h| h.job_id == job.job_id), "a copy is no binding: {held:?}");
+    backend.drop_copy(&job.job_id, 7).await.expect("drop the copy");
+    backend.drop_copy(&job.job_id, 7).await.expect("a drop is idempotent");
+    if queued {
+        let after = subject.inventory.inventory().await.expect("inventory").gpus_free();
+        assert_eq!(after, free, "a dropped copy holds nothing");
+    }
+
+    let granted = backend.grant(8, &job).await.expect("grant a copy not held");
+    assert!(matches!(granted, Admission::Started { .. } | Admission::Queued { .. }), "{granted:?}");
+    let held = backend.list().await.expect("list");
+    assert!(held.iter().any(|h| h.job_id == job.job_id && h.fencing_token == job.fencing_token), "{held:?}");
+    backend.cancel(&job.job_id, job.fencing_token).await.expect("cancel the granted binding");
 }
 
 /// A second backend over the same member adopts what the first held, or says plainly it holds

@@ -92,6 +92,7 @@ pub(crate) use delegate_to_shared_state;
 mod builtin;
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod copies;
 pub mod kubernetes;
 mod logs;
 pub mod nvml;
@@ -99,6 +100,7 @@ pub mod process;
 pub mod slurm;
 
 pub use builtin::{BuiltinBackend, Runner};
+pub use copies::{CopyAdmission, CopyEvent, CopyEventReceiver, CopyEventSender};
 pub use kubernetes::KubernetesBackend;
 pub use slurm::{SlurmBackend, SlurmConfig};
 
@@ -195,6 +197,41 @@ pub trait LocalBackend: Send + Sync {
             "job `{job_id}`: the {} backend keeps no job output",
             backend_name(self.kind())
         )))))
+    }
+
+    /// Queues a sibling copy of `job` (see [`copies`]): planned and started by the local
+    /// scheduler like any pending job, except that nothing of it is launched until
+    /// [`grant`](Self::grant), and the member never preempts for it. `job.fencing_token` is
+    /// the job's current binding token, for logs only: a copy is no binding. A copy of a job
+    /// the backend already holds under `copy_token` is not queued twice; one under another
+    /// token is replaced. A backend without a start gate refuses it as unsupported (the
+    /// default).
+    fn copy<'a>(&'a self, copy_token: u64, job: &'a Assignment) -> BackendFuture<'a, CopyAdmission> {
+        let _ = (copy_token, job);
+        let reason = copies::unsupported_reason(backend_name(self.kind()));
+        Box::pin(std::future::ready(Ok(CopyAdmission::Refused { reason, unsupported: true })))
+    }
+
+    /// Drops the copy `copy_token` of `job_id`, queued or ready, freeing whatever it holds.
+    /// Idempotent: a copy not held (never was, another token) is no error.
+    fn drop_copy<'a>(&'a self, job_id: &'a str, copy_token: u64) -> BackendFuture<'a, ()> {
+        let _ = (job_id, copy_token);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Starts the binding `job` on the nodes its ready copy `copy_token` holds: the gateway
+    /// granted the copy the job's start lock. Answers as [`submit`](Self::submit) does; when
+    /// the copy is not held or not ready, it *is* a submit of `job` (after dropping any copy of
+    /// the job). The default, for backends that hold no copies, submits.
+    fn grant<'a>(&'a self, copy_token: u64, job: &'a Assignment) -> BackendFuture<'a, Admission> {
+        let _ = copy_token;
+        self.submit(job)
+    }
+
+    /// Hands over the receiving end of the backend's [`CopyEvent`]s, once (later calls get
+    /// None); None from a backend that holds no copies (the default).
+    fn copy_events(&self) -> Option<CopyEventReceiver> {
+        None
     }
 }
 

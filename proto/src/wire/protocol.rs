@@ -146,6 +146,15 @@ impl From<&AgentEvent> for pb::AgentMessage {
                     Err(message) => pb::quote_reply::Result::Error(message.clone()),
                 }),
             }),
+            AgentEvent::CopyReady { job_id, copy_token } => {
+                Body::CopyReady(pb::CopyReady { job_id: job_id.clone(), copy_token: *copy_token })
+            }
+            AgentEvent::CopyDropped { job_id, copy_token, reason, unsupported } => Body::CopyDropped(pb::CopyDropped {
+                job_id: job_id.clone(),
+                copy_token: *copy_token,
+                reason: reason.clone(),
+                unsupported: *unsupported,
+            }),
         };
         pb::AgentMessage { body: Some(body) }
     }
@@ -214,6 +223,23 @@ impl TryFrom<pb::AgentMessage> for Option<AgentEvent> {
                     None => return Err(ConvertError::MissingField("quote.result".into())),
                 },
             },
+            Body::CopyReady(ready) => {
+                if ready.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("copy_ready.job_id".into()));
+                }
+                AgentEvent::CopyReady { job_id: ready.job_id, copy_token: ready.copy_token }
+            }
+            Body::CopyDropped(dropped) => {
+                if dropped.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("copy_dropped.job_id".into()));
+                }
+                AgentEvent::CopyDropped {
+                    job_id: dropped.job_id,
+                    copy_token: dropped.copy_token,
+                    reason: dropped.reason,
+                    unsupported: dropped.unsupported,
+                }
+            }
         }))
     }
 }
@@ -275,6 +301,9 @@ impl GatewayCommand {
             GatewayCommand::Lease { .. } => "lease",
             GatewayCommand::Logs { .. } => "logs",
             GatewayCommand::Quote { .. } => "quote",
+            GatewayCommand::Copy { .. } => "copy",
+            GatewayCommand::Grant { .. } => "grant",
+            GatewayCommand::DropCopy { .. } => "drop_copy",
         }
     }
 }
@@ -312,6 +341,15 @@ impl From<&GatewayCommand> for pb::GatewayMessage {
                 job_id: job_id.clone(),
                 spec: Some(pb::JobSpec::from(spec)),
             }),
+            GatewayCommand::Copy { copy_token, assignment } => {
+                Body::Copy(pb::CopyOffer { copy_token: *copy_token, offer: Some(pb::Offer::from(assignment)) })
+            }
+            GatewayCommand::Grant { copy_token, assignment } => {
+                Body::Grant(pb::CopyOffer { copy_token: *copy_token, offer: Some(pb::Offer::from(assignment)) })
+            }
+            GatewayCommand::DropCopy { job_id, copy_token } => {
+                Body::DropCopy(pb::DropCopy { job_id: job_id.clone(), copy_token: *copy_token })
+            }
         };
         pb::GatewayMessage { body: Some(body), epoch: 0 }
     }
@@ -363,6 +401,26 @@ impl TryFrom<pb::GatewayMessage> for GatewayCommand {
                     job_id: request.job_id,
                     spec: JobSpec::try_from(spec)?,
                 }
+            }
+            Body::Copy(copy) => {
+                let offer = copy.offer.ok_or_else(|| ConvertError::MissingField("copy.offer".into()))?;
+                GatewayCommand::Copy {
+                    copy_token: copy.copy_token,
+                    assignment: assignment_from_wire(offer, "copy.offer")?,
+                }
+            }
+            Body::Grant(grant) => {
+                let offer = grant.offer.ok_or_else(|| ConvertError::MissingField("grant.offer".into()))?;
+                GatewayCommand::Grant {
+                    copy_token: grant.copy_token,
+                    assignment: assignment_from_wire(offer, "grant.offer")?,
+                }
+            }
+            Body::DropCopy(drop) => {
+                if drop.job_id.trim().is_empty() {
+                    return Err(ConvertError::MissingField("drop_copy.job_id".into()));
+                }
+                GatewayCommand::DropCopy { job_id: drop.job_id, copy_token: drop.copy_token }
             }
         })
     }
@@ -425,6 +483,13 @@ mod tests {
             },
             AgentEvent::Quote { request_id: 10, result: Ok(StartQuote::default()) },
             AgentEvent::Quote { request_id: 11, result: Err("sbatch --test-only failed".into()) },
+            AgentEvent::CopyReady { job_id: "j-2".into(), copy_token: 12 },
+            AgentEvent::CopyDropped {
+                job_id: "j-2".into(),
+                copy_token: 13,
+                reason: "this backend has no start gate".into(),
+                unsupported: true,
+            },
         ];
         for event in events {
             let back = Option::<AgentEvent>::try_from(pb::AgentMessage::from(&event)).unwrap();
@@ -453,6 +518,35 @@ mod tests {
         let message = pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(wire)) };
         let err = Option::<AgentEvent>::try_from(message).unwrap_err();
         assert!(err.to_string().contains("heartbeat.jobs[0].state"), "{err}");
+    }
+
+    #[test]
+    fn copy_commands_round_trip_and_a_copy_without_its_job_names_the_field() {
+        let assignment = Assignment {
+            job_id: "j-4".into(),
+            fencing_token: 2,
+            spec: crate::testing::spec(crate::testing::JOB),
+            last_preempted_at_ms: Some(1_700_000_000_000),
+        };
+        let commands = [
+            GatewayCommand::Copy { copy_token: 7, assignment: assignment.clone() },
+            GatewayCommand::Grant { copy_token: 7, assignment: Assignment { fencing_token: 3, ..assignment } },
+            GatewayCommand::DropCopy { job_id: "j-4".into(), copy_token: 8 },
+        ];
+        for command in commands {
+            assert_eq!(GatewayCommand::try_from(pb::GatewayMessage::from(&command)).unwrap(), command);
+        }
+        let message = pb::GatewayMessage {
+            body: Some(pb::gateway_message::Body::Grant(pb::CopyOffer { copy_token: 1, offer: None })),
+            epoch: 0,
+        };
+        let err = GatewayCommand::try_from(message).unwrap_err();
+        assert!(err.to_string().contains("grant.offer"), "{err}");
+        let message = pb::AgentMessage {
+            body: Some(pb::agent_message::Body::CopyReady(pb::CopyReady { job_id: " ".into(), copy_token: 1 })),
+        };
+        let err = Option::<AgentEvent>::try_from(message).unwrap_err();
+        assert!(err.to_string().contains("copy_ready.job_id"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! the shared fixtures of `meridian_proto::testing`.
 
 mod agents;
+mod copies;
 mod durability;
 mod offers;
 mod properties;

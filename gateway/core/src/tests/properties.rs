@@ -167,7 +167,9 @@ impl Model {
             }
             let Some(agent) = self.agents.iter_mut().find(|a| a.conn == Some(*conn)) else { continue };
             match command {
-                GatewayCommand::Offer(a) => agent.offers.push((a.job_id.clone(), a.fencing_token)),
+                GatewayCommand::Offer(a) | GatewayCommand::Grant { assignment: a, .. } => {
+                    agent.offers.push((a.job_id.clone(), a.fencing_token))
+                }
                 GatewayCommand::Cancel { job_id, fencing_token } => {
                     if agent.held.get(job_id).is_some_and(|(t, _)| t <= fencing_token) {
                         agent.held.remove(job_id);
@@ -185,7 +187,11 @@ impl Model {
                     agent.held.retain(|j, (t, s)| s.is_terminal() || keep.contains(&(j.clone(), *t)));
                     agent.offers.clear();
                 }
-                GatewayCommand::Lease { .. } | GatewayCommand::Logs { .. } | GatewayCommand::Quote { .. } => {}
+                GatewayCommand::Lease { .. }
+                | GatewayCommand::Logs { .. }
+                | GatewayCommand::Quote { .. }
+                | GatewayCommand::Copy { .. }
+                | GatewayCommand::DropCopy { .. } => {}
             }
         }
         for conn in &fx.close {

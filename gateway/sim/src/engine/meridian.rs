@@ -43,6 +43,7 @@ use meridian_scheduler::offer::{self, Holdings};
 use serde::Serialize;
 
 mod agent;
+mod copies;
 
 use super::{Replay, SimConfig, invariant};
 use crate::topology::Topology;
@@ -78,6 +79,12 @@ pub struct GatewayCounts {
     pub quotes: u64,
     /// Offers accepted to start by preempting lower-priority jobs on the member.
     pub preempting: u64,
+    /// Sibling copies the core queued on members.
+    pub copies: u64,
+    /// Copies whose member was ready to start them and asked for the start lock.
+    pub copies_ready: u64,
+    /// Copies granted the start lock (each started its job).
+    pub granted: u64,
 }
 
 /// The core and the simulated agents.
@@ -108,6 +115,10 @@ struct Agent {
     /// gateway a second after it was asked (events are whole seconds apart; a real answer takes
     /// a round trip of milliseconds to a few seconds on Slurm), with a round of its own.
     quotes: Vec<(u64, AgentEvent)>,
+    /// Sibling copies queued on the member: workload job → copy token.
+    copies: HashMap<u32, u64>,
+    /// Copies the member is ready to start (their nodes taken), awaiting the gateway's answer.
+    ready: HashMap<u32, Started>,
 }
 
 impl Agent {
@@ -153,6 +164,12 @@ impl Federation {
     /// Every agent's books are empty: each result was acknowledged, nothing is held.
     pub(super) fn check_settled(&self, topology: &Topology) -> Result<(), SimError> {
         for (agent, cluster) in self.agents.iter().zip(&topology.clusters) {
+            if let Some(job) = agent.copies.keys().next() {
+                return Err(invariant(format!(
+                    "the agent of `{}` still holds a copy of job {job} at the end",
+                    cluster.info.name
+                )));
+            }
             if let Some(job) = agent.held.keys().next().or_else(|| agent.outbox.first().map(|(j, _)| j)) {
                 return Err(invariant(format!(
                     "the agent of `{}` still holds job {job} at the end ({} held, {} unacknowledged)",
@@ -254,6 +271,25 @@ impl Replay<'_> {
         Ok(())
     }
 
+    /// The gateway's turns at `now` and the members' passes after them, until no copy waits for
+    /// the gateway's answer (a ready copy holds its nodes; the live gateway runs a round at once).
+    pub(super) fn gateway_rounds(&mut self, now: u64) -> Result<(), SimError> {
+        for _ in 0..4 {
+            let declined = self.federation.as_ref().map_or(0, |f| f.counts.declined);
+            self.gateway_round(now)?;
+            self.schedule(now)?;
+            // A declined job is placed again at once, as the live gateway's next round would.
+            let declined_now = self.federation.as_ref().is_some_and(|f| f.counts.declined > declined);
+            if !self.copies_awaiting_grant() && !declined_now {
+                return Ok(());
+            }
+        }
+        if self.copies_awaiting_grant() {
+            return Err(invariant(format!("copies still wait for the gateway's answer after 4 rounds at {now}s")));
+        }
+        Ok(())
+    }
+
     /// A job held on `cluster` ended (the scheduler completed it): its agent reports success.
     pub(super) fn agent_job_ended(&mut self, cluster: usize, job: u32, now: u64) -> Result<(), SimError> {
         self.report_job(cluster, job, JobState::Succeeded, Vec::new(), now)
@@ -331,7 +367,7 @@ impl Replay<'_> {
             }
             let mut events = Vec::with_capacity(2);
             if dirty || reported_at.is_none() {
-                events.push(AgentEvent::Inventory(member.scheduler.inventory()));
+                events.push(AgentEvent::Inventory(member.scheduler.inventory_for_offers()));
             }
             events.push(AgentEvent::Pressure(member.scheduler.pressure(at)));
             if let Some(flag) = self.dirty.get_mut(cluster) {

@@ -14,6 +14,10 @@
 //! next simulated job is due or a process run ends, completes it, schedules waiting jobs and
 //! reports each change as a [`JobEvent`].
 //!
+//! Sibling copies (`copies.rs`) wait in the same queues; one the scheduler starts keeps its
+//! nodes, launches nothing until the gateway grants it, and is announced as a
+//! [`CopyEvent::Ready`](super::CopyEvent::Ready).
+//!
 //! The scheduler lives behind a `std` mutex that is never held across an `.await`: every call
 //! answers at once, so the futures the traits return are ready immediately.
 
@@ -32,9 +36,10 @@ use tokio::time::Instant;
 use super::logs::{LogRequest, log_chunk};
 use super::process::{Exit, ExitReceiver, Outcome, ProcessRunner, ProcessSettings};
 use super::{
-    Admission, BackendError, BackendFuture, HeldJob, InventorySource, JobEvent, JobEventSender, JobPhase, LocalBackend,
-    LogChunk, backend_name,
+    Admission, BackendError, BackendFuture, CopyAdmission, CopyEventReceiver, HeldJob, InventorySource, JobEvent,
+    JobEventSender, JobPhase, LocalBackend, LogChunk, backend_name,
 };
+use copies::Copies;
 use meridian_scheduler::{BuiltinScheduler, Error as SchedulerError, LocalJob, Started};
 
 /// How the builtin backend runs the jobs its scheduler starts.
@@ -56,6 +61,8 @@ pub enum Runner {
 pub struct BuiltinBackend {
     shared: Arc<Shared>,
     driver: JoinHandle<()>,
+    /// The receiving end of the sibling copies' events, until the agent takes it.
+    copy_events: Mutex<Option<CopyEventReceiver>>,
 }
 
 /// What the backend and its driver share.
@@ -73,6 +80,8 @@ struct State {
     runner: RunnerState,
     /// Every binding the scheduler holds (pending or running), by job id.
     bindings: BTreeMap<String, Binding>,
+    /// Sibling copies: in the scheduler, but no bindings (see `copies.rs`).
+    copies: Copies,
 }
 
 enum RunnerState {
@@ -129,14 +138,16 @@ impl BuiltinBackend {
                 (RunnerState::Process(Box::new(runner)), Some(exits))
             }
         };
+        let (copy_events_tx, copy_events) = tokio::sync::mpsc::unbounded_channel();
+        let copies = Copies::new(copy_events_tx);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { scheduler, runner, bindings: BTreeMap::new() }),
+            state: Mutex::new(State { scheduler, runner, bindings: BTreeMap::new(), copies }),
             wake: Notify::new(),
             epoch: Instant::now(),
             events,
         });
         let driver = runtime.spawn(drive(Arc::clone(&shared), exits));
-        Ok(Self { shared, driver })
+        Ok(Self { shared, driver, copy_events: Mutex::new(Some(copy_events)) })
     }
 
     /// How long `spec` runs here under the simulated runner, and whether it ends at its runtime
@@ -169,6 +180,8 @@ impl BuiltinBackend {
             }
             return state.admission_of(&job.job_id);
         }
+        // The gateway placed the job here: a copy of it gives way first.
+        state.drop_copy_of(&job.job_id);
         let process = matches!(state.runner, RunnerState::Process(_));
         if process && let Some(reason) = ProcessRunner::refuse(&job.spec) {
             return Admission::Refused { reason: format!("job `{}`: {reason}", job.job_id), permanent: true };
@@ -253,7 +266,7 @@ impl BuiltinBackend {
     }
 
     fn inventory_now(&self) -> Inventory {
-        self.shared.lock().scheduler.inventory()
+        self.shared.lock().scheduler.inventory_for_offers()
     }
 
     fn pressure_now(&self) -> QueuePressure {
@@ -349,6 +362,23 @@ impl LocalBackend for BuiltinBackend {
 
     fn quote<'a>(&'a self, job: &'a Assignment) -> BackendFuture<'a, StartQuote> {
         Box::pin(std::future::ready(Ok(self.quote_now(job))))
+    }
+
+    fn copy<'a>(&'a self, copy_token: u64, job: &'a Assignment) -> BackendFuture<'a, CopyAdmission> {
+        Box::pin(std::future::ready(Ok(self.copy_now(copy_token, job))))
+    }
+
+    fn drop_copy<'a>(&'a self, job_id: &'a str, copy_token: u64) -> BackendFuture<'a, ()> {
+        self.drop_copy_now(job_id, copy_token);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn grant<'a>(&'a self, copy_token: u64, job: &'a Assignment) -> BackendFuture<'a, Admission> {
+        Box::pin(std::future::ready(Ok(self.grant_now(copy_token, job))))
+    }
+
+    fn copy_events(&self) -> Option<CopyEventReceiver> {
+        self.copy_events.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Under the process runner, hands the deadline to its lease watchdog; nothing under the
@@ -461,7 +491,12 @@ impl Shared {
             let Some(binding) = state.bindings.get(&started.job_id) else { continue };
             self.emit(&started.job_id, binding.fencing_token, JobPhase::Running { nodes: started.nodes });
         }
+        let mut copies_dropped = false;
         for preemption in state.scheduler.preempt(now) {
+            if state.copy_preempted(&preemption.victim, &preemption.for_job) {
+                copies_dropped = true;
+                continue;
+            }
             let Some(binding) = state.bindings.get(&preemption.victim) else { continue };
             tracing::info!(job = %preemption.victim, for_job = %preemption.for_job, "preempting");
             if let RunnerState::Process(runner) = &state.runner {
@@ -478,6 +513,10 @@ impl Shared {
                 binding.reason.clone_from(&reason);
                 self.emit(&job_id, binding.fencing_token, JobPhase::Pending { reason });
             }
+        }
+        if copies_dropped {
+            // The room the dropped copies left is for their preemptors: another pass at once.
+            self.wake.notify_one();
         }
     }
 }
@@ -505,9 +544,12 @@ impl State {
     }
 
     /// Records that the scheduler started a job and, under the process runner, starts its
-    /// processes. False when the job has no binding (nothing to report).
+    /// processes. False when the job has no binding (nothing to report; a copy is ready).
     fn start(&mut self, started: &Started, now: Duration) -> bool {
-        let Some(binding) = self.bindings.get_mut(&started.job_id) else { return false };
+        let Some(binding) = self.bindings.get_mut(&started.job_id) else {
+            self.copy_started(started);
+            return false;
+        };
         binding.started_at = Some(now);
         if let RunnerState::Process(runner) = &mut self.runner {
             binding.run_id = Some(runner.start(&started.job_id, binding.fencing_token, &binding.spec, &started.nodes));
@@ -583,6 +625,9 @@ fn refused(error: &SchedulerError) -> Admission {
     Admission::Refused { reason: error.to_string(), permanent }
 }
 
+mod copies;
+#[cfg(test)]
+mod copy_tests;
 #[cfg(test)]
 mod fixture;
 #[cfg(test)]

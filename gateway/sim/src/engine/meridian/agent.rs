@@ -41,7 +41,25 @@ impl Replay<'_> {
                 }
                 Ok(())
             }
-            GatewayCommand::Offer(assignment) => self.agent_offered(cluster, assignment, now, answers),
+            GatewayCommand::Offer(assignment) => {
+                // A copy of the job here is dropped before the offer is handled.
+                if let Some(&job) = self.federation.as_ref().and_then(|f| f.jobs.get(&assignment.job_id)) {
+                    self.agent_drop_copy(cluster, job, None);
+                }
+                self.agent_offered(cluster, assignment, now, answers)
+            }
+            GatewayCommand::Copy { copy_token, assignment } => {
+                self.agent_copy(cluster, copy_token, assignment, now, answers)
+            }
+            GatewayCommand::Grant { copy_token, assignment } => {
+                self.agent_grant(cluster, copy_token, assignment, now, answers)
+            }
+            GatewayCommand::DropCopy { job_id, copy_token } => {
+                if let Some(&job) = self.federation.as_ref().and_then(|f| f.jobs.get(&job_id)) {
+                    self.agent_drop_copy(cluster, job, Some(copy_token));
+                }
+                Ok(())
+            }
             GatewayCommand::Quote { request_id, job_id, spec } => {
                 // The member's plan now; the answer arrives with the next round (a round trip).
                 let Some(member) = self.members.get(cluster) else { return Ok(()) };
@@ -78,7 +96,7 @@ impl Replay<'_> {
     /// An offer: answered as [`offer::plan_offer`] says; submitted, the member starts the gang
     /// now (or reserves it while its data is copied), or the agent declines with the scheduler's
     /// reason.
-    fn agent_offered(
+    pub(super) fn agent_offered(
         &mut self,
         cluster: usize,
         assignment: Assignment,
@@ -172,7 +190,7 @@ impl Replay<'_> {
 
     /// The member took binding `token` of `job` (`started` on its scheduler): the agent holds it,
     /// and it runs now, or waits for its data when `transfer_secs` is not zero.
-    fn agent_holds(
+    pub(super) fn agent_holds(
         &mut self,
         cluster: usize,
         job: u32,

@@ -1,0 +1,146 @@
+//! Sibling copies: a queued job that cannot start now waits as copies on its best members; the
+//! first member ready to start one is granted it under a new binding, in the job's fair-share
+//! turn, and every other copy is dropped; a copy of a job no longer queued is only ever dropped.
+
+use super::*;
+
+const GANG: &str = "name: gang\ntenant: t\ngang: {replicas: 2, resources: {gpus: 8}}\npayload: {command: [x]}\n";
+
+/// A core that keeps `k` copies per waiting job, with `east` and `west` busy.
+fn fleet(k: u32) -> (Harness, ConnId, ConnId) {
+    let mut config = CoreConfig::default();
+    config.placement.sibling_copies = k;
+    let mut h = Harness::new(config);
+    let (east, _) = h.connect("east", "east");
+    h.event(east, inventory_event(&[0, 0]));
+    let (west, _) = h.connect("west", "west");
+    h.event(west, inventory_event(&[0, 0]));
+    (h, east, west)
+}
+
+/// The copies sent in `fx`: (stream, copy token, job).
+fn copies(fx: &Effects) -> Vec<(ConnId, u64, String)> {
+    fx.sends
+        .iter()
+        .filter_map(|(c, m)| match m {
+            GatewayCommand::Copy { copy_token, assignment } => Some((*c, *copy_token, assignment.job_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The copy drops sent in `fx`: (stream, copy token).
+fn drops(fx: &Effects) -> Vec<(ConnId, u64)> {
+    fx.sends
+        .iter()
+        .filter_map(|(c, m)| match m {
+            GatewayCommand::DropCopy { copy_token, .. } => Some((*c, *copy_token)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ready(id: &str, copy_token: u64) -> AgentEvent {
+    AgentEvent::CopyReady { job_id: id.to_string(), copy_token }
+}
+
+#[test]
+fn a_waiting_job_gets_copies_and_the_first_ready_one_is_granted_under_a_new_binding() {
+    let (mut h, east, west) = fleet(2);
+    let gang = h.submit(GANG);
+    let fx = h.step(Input::Round);
+    let sent = copies(&fx);
+    assert_eq!(sent.len(), 2, "{:?}", fx.sends);
+    assert_eq!(h.core.copies.len(), 2);
+    assert_eq!(h.state(&gang), JobState::Queued);
+    // A later round sends no more while the copies wait.
+    assert!(copies(&h.step(Input::Round)).is_empty());
+
+    let (_, west_copy, _) = *sent.iter().find(|(c, _, _)| *c == west).expect("a copy on west");
+    let (_, east_copy, _) = *sent.iter().find(|(c, _, _)| *c == east).expect("a copy on east");
+    let fx = h.event(west, ready(&gang, west_copy));
+    assert!(fx.sends.is_empty() && h.core.wants_round(), "the grant waits for the job's turn in a round");
+    let token_before = h.job(&gang).fencing_token;
+    let fx = h.step(Input::Round);
+    // East's copy is dropped, then west's is granted.
+    assert_eq!(drops(&fx), [(east, east_copy)]);
+    let grant = sends_to(&fx, west)
+        .into_iter()
+        .find_map(|m| match m {
+            GatewayCommand::Grant { copy_token, assignment } => Some((*copy_token, assignment.fencing_token)),
+            _ => None,
+        })
+        .expect("a grant to west");
+    assert_eq!(grant, (west_copy, token_before + 1));
+    let job = h.job(&gang);
+    assert_eq!((job.state, job.cluster.as_deref()), (JobState::Offered, Some("west")));
+    assert!(persisted_job(&fx, &gang).is_some(), "the grant is durable with its step");
+    assert!(job.message.contains("sibling copy on west"), "{}", job.message);
+    assert_eq!(h.core.copies.len(), 0);
+
+    // East says its (dropped) copy is ready too: it is only dropped again.
+    let fx = h.event(east, ready(&gang, east_copy));
+    assert_eq!(drops(&fx), [(east, east_copy)]);
+    let fx = h.event(west, accept(&gang, token_before + 1));
+    assert!(fx.sends.is_empty(), "{:?}", fx.sends);
+    assert_eq!(h.state(&gang), JobState::Bound);
+}
+
+#[test]
+fn copies_go_where_the_job_waits_and_never_to_a_member_without_a_start_gate() {
+    let (mut h, east, west) = fleet(2);
+    let gang = h.submit(GANG);
+    let sent = copies(&h.step(Input::Round));
+    let (_, west_copy, _) = *sent.iter().find(|(c, _, _)| *c == west).expect("a copy on west");
+    // West's backend has no start gate: its copy is gone, and it gets no more.
+    h.event(
+        west,
+        AgentEvent::CopyDropped {
+            job_id: gang.clone(),
+            copy_token: west_copy,
+            reason: "slurm has no start gate".into(),
+            unsupported: true,
+        },
+    );
+    assert_eq!(h.core.copies.of(&gang).iter().map(|c| c.cluster.as_str()).collect::<Vec<_>>(), ["east"]);
+    let other = h.submit(&GANG.replace("name: gang", "name: other"));
+    let sent = copies(&h.step(Input::Round));
+    assert_eq!(sent.iter().map(|(c, _, j)| (*c, j.as_str())).collect::<Vec<_>>(), [(east, other.as_str())]);
+    // A member whose stream ends has dropped its copies.
+    h.step(Input::AgentGone { conn: east });
+    assert!(!h.core.copies.has_copies(&gang) && !h.core.copies.has_copies(&other));
+}
+
+#[test]
+fn stale_ready_copies_and_copies_of_jobs_no_longer_queued_are_dropped_before_any_offer() {
+    let (mut h, east, west) = fleet(1);
+    let gang = h.submit(GANG);
+    let sent = copies(&h.step(Input::Round));
+    assert_eq!(sent.len(), 1);
+    let (conn, copy, _) = sent[0].clone();
+    // A ready message for a copy the gateway never made: dropped.
+    let fx = h.event(conn, ready(&gang, copy + 100));
+    assert_eq!(drops(&fx), [(conn, copy + 100)], "an unknown copy is dropped");
+    // The job is cancelled: its copy is dropped by the next round.
+    h.step(Input::Cancel { job_id: gang.clone(), reply: 9 });
+    let fx = h.step(Input::Round);
+    assert_eq!(drops(&fx), [(conn, copy)]);
+
+    // A job placed by an offer drops its copies before the offer goes out.
+    let next = h.submit(&GANG.replace("name: gang", "name: next"));
+    let sent = copies(&h.step(Input::Round));
+    let (copy_conn, next_copy, _) = sent[0].clone();
+    let free = if copy_conn == east { west } else { east };
+    h.event(free, inventory_event(&[8, 8]));
+    let fx = h.step(Input::Round);
+    let order: Vec<&str> = fx
+        .sends
+        .iter()
+        .filter_map(|(_, m)| match m {
+            GatewayCommand::DropCopy { copy_token, .. } if *copy_token == next_copy => Some("drop"),
+            GatewayCommand::Offer(a) if a.job_id == next => Some("offer"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["drop", "offer"]);
+}

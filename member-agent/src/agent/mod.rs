@@ -21,10 +21,12 @@
 //!   carries its epoch. The agent remembers the newest epoch it has seen (across reconnects) and
 //!   acts on no message from an older one: its sender has been deposed.
 //!
-//! Files: `event_loop.rs` (the loop), `link.rs` (the stream and the wire edge), `dial.rs`
-//! (dialing, finding the leader among several gateways), `epoch.rs` (the epoch gate),
-//! `ledger.rs` (bindings and outbox), `lease.rs` (the lease clock), `tasks.rs` (backend calls as
-//! tasks), `siblings.rs` (the gateway's sibling copies and their start lock).
+//! Files: `event_loop.rs` (the loop, backend answers, timers), `stream.rs` (the loop's side of
+//! the gateway stream), `offers.rs` (offers, cancels and the welcome's reconcile), `link.rs` (the
+//! stream and the wire edge), `dial.rs` (dialing, finding the leader among several gateways),
+//! `epoch.rs` (the epoch gate), `ledger.rs` (bindings and outbox), `lease.rs` (the lease clock),
+//! `tasks.rs` (backend calls as tasks), `siblings.rs` (the gateway's sibling copies and their
+//! start lock).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -47,9 +49,11 @@ mod event_loop;
 mod lease;
 mod ledger;
 mod link;
+mod offers;
 mod siblings;
 #[cfg(test)]
 mod siblings_tests;
+mod stream;
 mod tasks;
 #[cfg(test)]
 mod tests;

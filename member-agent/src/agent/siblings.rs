@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use meridian_proto::protocol::{AgentEvent, Assignment};
 
-use super::event_loop::{EventLoop, LEASE_EXPIRED};
+use super::event_loop::EventLoop;
+use super::offers::LEASE_EXPIRED;
 use super::tasks::{self, Start, TaskLabel};
 use crate::backend::{BackendError, CopyAdmission, CopyEvent, CopyEventReceiver};
 use crate::metrics::CopyOutcome;

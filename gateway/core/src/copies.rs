@@ -74,8 +74,8 @@ impl CopyBook {
     }
 
     /// Queues copies of `job` (left waiting by `decision`) on its best `k` scored clusters that
-    /// cannot start it now, connected and taking copies; nothing when the job already has
-    /// copies: a copy keeps its place in its member's queue
+    /// cannot start it now, connected and taking copies. Returns where they went (best first);
+    /// nothing when the job already has copies: a copy keeps its place in its member's queue
     /// for the whole wait (a copy is dropped only when its member's stream ends, or the job is
     /// placed, granted or cancelled).
     pub(crate) fn place(
@@ -85,9 +85,9 @@ impl CopyBook {
         decision: &Decision,
         k: u32,
         effects: &mut Effects,
-    ) {
+    ) -> Vec<String> {
         if k == 0 || self.has_copies(&job.id) {
-            return;
+            return Vec::new();
         }
         let mut waiting: Vec<(&str, &str, f64)> = decision
             .candidates
@@ -122,9 +122,11 @@ impl CopyBook {
                 ready: false,
             });
         }
+        let clusters = copies.iter().map(|c| c.cluster.clone()).collect();
         if !copies.is_empty() {
             self.by_job.insert(job.id.clone(), copies);
         }
+        clusters
     }
 
     /// Cluster `cluster` is ready to start copy `token` of job `id`: true when that copy is

@@ -261,7 +261,16 @@ impl Round<'_> {
                 // Where the job waits, ask the members' own plans when it could start, and let it
                 // wait as copies on the best of them.
                 self.quotes.ask_for(self.registry, job, &decision, &config, now_ms, effects);
-                self.copies.place(self.registry, job, &decision, config.sibling_copies, effects);
+                let copies = self.copies.place(self.registry, job, &decision, config.sibling_copies, effects);
+                if !copies.is_empty() {
+                    // Where it waits, for `meridian job` (a job gets copies once per wait).
+                    let mut waiting = JobRecord::clone(job);
+                    waiting.message = format!(
+                        "waiting as sibling copies on {}: the first whose own scheduler is ready starts it",
+                        copies.join(", ")
+                    );
+                    self.ledger.save(waiting, self.registry, effects);
+                }
                 self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };

@@ -53,6 +53,8 @@ fn a_waiting_job_gets_copies_and_the_first_ready_one_is_granted_under_a_new_bind
     assert_eq!(sent.len(), 2, "{:?}", fx.sends);
     assert_eq!(h.core.copies.len(), 2);
     assert_eq!(h.state(&gang), JobState::Queued);
+    let message = h.job(&gang).message;
+    assert!(message.contains("waiting as sibling copies on east, west"), "{message}");
     // A later round sends no more while the copies wait.
     assert!(copies(&h.step(Input::Round)).is_empty());
 
@@ -143,4 +145,29 @@ fn stale_ready_copies_and_copies_of_jobs_no_longer_queued_are_dropped_before_any
         })
         .collect();
     assert_eq!(order, ["drop", "offer"]);
+}
+
+#[test]
+fn a_ready_copy_of_a_job_over_its_tenants_quota_is_dropped_not_granted() {
+    let mut config = CoreConfig::default();
+    config.placement.sibling_copies = 1;
+    config.quotas.insert("t".into(), TenantQuota { max_gpus: Some(20), ..Default::default() });
+    let mut h = Harness::new(config);
+    let (east, _) = h.connect("east", "east");
+    h.event(east, inventory_event(&[0, 0]));
+    let gang = h.submit(GANG);
+    let sent = copies(&h.step(Input::Round));
+    let (conn, copy, _) = sent[0].clone();
+    // The tenant's 8-GPU job starts where the gang does not fit, before the copy is ready:
+    // 8 + 16 GPUs would pass the tenant's 20.
+    let (west, _) = h.connect("west", "west");
+    h.event(west, inventory_event(&[8, 0]));
+    let other = h.submit(&GANG.replace("name: gang", "name: other").replace("replicas: 2", "replicas: 1"));
+    h.step(Input::Round);
+    assert_eq!(h.job(&other).cluster.as_deref(), Some("west"));
+    h.event(conn, ready(&gang, copy));
+    let fx = h.step(Input::Round);
+    assert_eq!(drops(&fx), [(conn, copy)], "the member must not hold its nodes for a job that cannot start");
+    assert!(!fx.sends.iter().any(|(_, m)| matches!(m, GatewayCommand::Grant { .. })));
+    assert_eq!(h.state(&gang), JobState::Queued);
 }

@@ -36,12 +36,13 @@ impl BuiltinScheduler {
         Inventory { shapes }
     }
 
-    /// [`inventory`](Self::inventory) as the agent reports it to the gateway: a node held for
-    /// the member's reservation shows only its spare (see `free_for_offers`), so the gateway
-    /// offers nothing the member would have to decline to keep its reservation.
+    /// [`inventory`](Self::inventory) as the agent reports it to the gateway: while a sibling
+    /// copy holds the member's reservation, a node held for it shows only its spare (see
+    /// `free_for_offers`), so the gateway offers nothing the member would have to decline to
+    /// keep it.
     pub fn inventory_for_offers(&self) -> Inventory {
         let mut inventory = self.inventory();
-        if self.reservation.is_some() {
+        if self.reservation.as_ref().is_some_and(|held| self.copies.contains(&held.job_id)) {
             for ((_, members), shape) in self.shapes.iter().zip(&mut inventory.shapes) {
                 for (slot, &i) in shape.free.iter_mut().zip(members) {
                     *slot = self.free_for_offers(i);

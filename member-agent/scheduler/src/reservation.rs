@@ -96,15 +96,17 @@ impl BuiltinScheduler {
     }
 
     /// What node `index` has free for a job offered now, as the inventory reports it: all of
-    /// it, except that a node held for the reservation shows only its spare (what a job still
-    /// running at the reservation's start may take), so the gateway offers nothing the member
-    /// would have to decline. A short job that would end in time could take more; the member
-    /// still starts such a job when it queues here.
+    /// it, except that while a sibling copy holds the reservation, a node held for it shows only
+    /// its spare (what a job still running at the reservation's start may take), so the gateway
+    /// offers nothing the member would have to decline to keep it. A short job that would end in
+    /// time could take more. A reservation for a job the member queued itself (an accepted
+    /// offer waiting here) is not hidden: the reported inventory stays what it was without
+    /// copies.
     pub(super) fn free_for_offers(&self, index: usize) -> NodeFree {
         let free = self.nodes.get(index).map(|n| n.free).unwrap_or_default();
         match &self.reservation {
-            Some(held) => held.plan.usable(index, free),
-            None => free,
+            Some(held) if self.copies.contains(&held.job_id) => held.plan.usable(index, free),
+            _ => free,
         }
     }
 

@@ -301,6 +301,19 @@ pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// `GET /metrics` from a plain-HTTP metrics listener (an agent's `metrics.listen`) over
+/// HTTP/1.0: the body, or None while nothing answers 200.
+pub async fn scrape(addr: SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.lines().next()?.split_whitespace().nth(1)?;
+    (status == "200").then(|| body.to_string())
+}
+
 /// Polls `check` every 50 ms until it yields a value or `timeout` passes. Tests wait for a
 /// condition, never for a fixed time.
 pub async fn poll<T, F, Fut>(timeout: Duration, mut check: F) -> Result<T>

@@ -12,9 +12,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, free_port, poll};
+use meridian_e2e::{ClusterOptions, Federation, GATEWAY_CONFIG, free_port, poll, scrape};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -37,17 +36,6 @@ fn write_utilization(path: &Path, percent: [u32; 2]) {
     let staging = path.with_extension("tmp");
     std::fs::write(&staging, text).unwrap();
     std::fs::rename(&staging, path).unwrap();
-}
-
-/// `GET /metrics` over plain HTTP/1.0; the body, or None while nothing answers.
-async fn scrape(addr: SocketAddr) -> Option<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.lines().next()?.split_whitespace().nth(1)?;
-    (status == "200").then(|| body.to_string())
 }
 
 fn stdout(output: &std::process::Output) -> String {

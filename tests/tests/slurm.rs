@@ -339,3 +339,149 @@ async fn slurms_own_plan_decides_where_a_gang_waits() {
     let queued = slurm(&env, "squeue", &["-h", "-o", "%j"]);
     assert_eq!(queued.lines().filter(|l| !l.trim().is_empty()).count(), 4, "{queued}");
 }
+
+/// Two members that both run real commands, each fully busy with a blocker that runs until its
+/// file exists: `hpc` (the real Slurm, 4 × 4 a100) and `lab` (builtin, one 4-GPU a100 node under
+/// the process runner), with sibling copies on. A 4-GPU job submitted then fits nowhere, so it
+/// waits as a copy on both; the test frees `first` and the job must run exactly once, there.
+/// The job is its own witness: it appends `<cluster> <token>` to a file.
+async fn copies_on_slurm_and_lab(env: &BTreeMap<String, String>, first: &str) {
+    slurm(env, "scancel", &["--user=root"]);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let tag = format!("e2e{nanos}");
+    let work = PathBuf::from(&env["MERIDIAN_SLURM_DIR"]).join("work-e2e");
+    let port = |_| std::net::SocketAddr::from(([127, 0, 0, 1], meridian_e2e::free_port().unwrap()));
+    let (hpc_metrics, lab_metrics) = (port(()), port(()));
+    let hpc = ClusterOptions::whole_config(format!(
+        "{}prices: {{a100-80g: 2.0}}\nmetrics: {{listen: {hpc_metrics}}}\n",
+        agent_config(env, &work, &tag)
+    ));
+    let lab = ClusterOptions::default()
+        .prices("{a100-80g: 2.0}")
+        .nodes("  - {shape: a100-node, count: 1, gpuType: a100-80g, gpus: 4, cpu: 8, memoryGiB: 16}\n")
+        .process_runner("2s")
+        .extra(format!("metrics: {{listen: {lab_metrics}}}\n"));
+    let config = format!("{}placement: {{siblingCopies: 2}}\n", meridian_e2e::GATEWAY_CONFIG);
+    let f = Federation::builder().gateway_config(config).cluster("hpc", hpc).cluster("lab", lab).start().await.unwrap();
+    let logs = || {
+        format!(
+            "gateway log:\n{}\nhpc log:\n{}\nlab log:\n{}",
+            f.gateway.proc.log(),
+            f.agent("hpc").proc.log(),
+            f.agent("lab").proc.log()
+        )
+    };
+    let squeue = || -> Vec<String> {
+        let out = slurm(env, "squeue", &["-h", "-a", "-t", "all", "-o", "%i|%T|%k"]);
+        out.lines().filter(|l| l.contains(&format!("|{tag}"))).map(String::from).collect()
+    };
+    let wait_for_metric = |addr: std::net::SocketAddr, line: String| async move {
+        let found =
+            meridian_e2e::poll(WAIT, || async { meridian_e2e::scrape(addr).await.filter(|text| text.contains(&line)) })
+                .await;
+        assert!(found.is_ok(), "the agent on {addr} never showed `{line}`");
+    };
+    let copies = |outcome: &str, n: u32| format!("meridian_agent_sibling_copies_total{{outcome=\"{outcome}\"}} {n}");
+
+    let dir = f.dir().to_path_buf();
+    let blocker = |cluster: &str, replicas: u32| {
+        let end = dir.join(format!("end-{cluster}"));
+        let spec = job(
+            &format!("blocker-{cluster}"),
+            replicas,
+            4,
+            &format!("while [ ! -e {} ]; do sleep 0.2; done", end.display()),
+        )
+        .replace("payload:", &format!("placement: {{clusters: {{include: [{cluster}]}}}}\npayload:"));
+        (spec, end)
+    };
+    let (hpc_blocker, hpc_end) = blocker("hpc", 4);
+    let (lab_blocker, lab_end) = blocker("lab", 1);
+    let mut blockers = BTreeMap::new();
+    for (cluster, spec) in [("hpc", hpc_blocker), ("lab", lab_blocker)] {
+        let id = submit(&f.gateway, &spec).await;
+        f.gateway.wait_for_state(&id, "Running", WAIT).await.unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+        blockers.insert(cluster, id);
+    }
+
+    let witness = work.join(format!("{tag}.witness"));
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&witness).unwrap_or_default().lines().map(str::to_string).collect()
+    };
+    let id = submit(
+        &f.gateway,
+        &job(
+            "witnessed",
+            1,
+            4,
+            &format!("echo \"$MERIDIAN_CLUSTER $MERIDIAN_FENCING_TOKEN\" >> {}", witness.display()),
+        ),
+    )
+    .await;
+    // Both members hold a copy before either frees up; Slurm's is a pending job.
+    wait_for_metric(hpc_metrics, copies("queued", 1)).await;
+    wait_for_metric(lab_metrics, copies("queued", 1)).await;
+    let copy_tag = format!("|{tag}-copy:{id}:");
+    assert!(squeue().iter().any(|l| l.contains("|PENDING|") && l.contains(&copy_tag)), "{:?}", squeue());
+    assert_eq!(f.gateway.client().get(&id).await.unwrap()["state"], "Queued");
+    assert!(lines().is_empty(), "nothing ran before a member freed up");
+
+    let end = if first == "hpc" { &hpc_end } else { &lab_end };
+    std::fs::write(end, "end").unwrap();
+    let done = f.gateway.wait_for_state(&id, "Succeeded", WAIT).await.unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(done["cluster"], first, "{done}");
+    let token = done["fencingToken"].as_u64().unwrap_or_else(|| panic!("no fencing token in {done}"));
+    assert_eq!(lines(), [format!("{first} {token}")], "ran once, on {first}, under its binding");
+    let (winner, loser) = if first == "hpc" { (hpc_metrics, lab_metrics) } else { (lab_metrics, hpc_metrics) };
+    // Two ways lead there, both exactly once: the winner's copy became ready and was granted;
+    // or the gateway saw the winner's GPUs free before its scheduler started the copy (Slurm
+    // starts jobs at its next scheduling pass, the agent reports every 300 ms) and offered the
+    // job there as usual, dropping both copies first.
+    let winner_text = meridian_e2e::scrape(winner).await.unwrap_or_default();
+    if winner_text.contains(&copies("granted", 1)) {
+        eprintln!("{first}'s copy was granted the start lock");
+    } else {
+        assert!(winner_text.contains(&copies("dropped", 1)), "{winner_text}\n{}", logs());
+        eprintln!("{first}'s GPUs were seen free first: the job was offered there and its copies dropped");
+    }
+    wait_for_metric(loser, copies("dropped", 1)).await;
+    if first == "lab" {
+        // Slurm's copy is gone: squeue shows it cancelled, and nothing live of the job's copies.
+        let gone = meridian_e2e::poll(WAIT, || async {
+            let rows = squeue();
+            (!rows.iter().any(|l| l.contains(&copy_tag))).then_some(rows)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", squeue(), logs()));
+        let cancelled = format!("|{tag}-cancelled:{id}:");
+        assert!(gone.iter().any(|l| l.contains("|CANCELLED|") && l.contains(&cancelled)), "{gone:?}");
+    }
+
+    // The other member frees up too: nothing more of the job runs anywhere.
+    let other_end = if first == "hpc" { &lab_end } else { &hpc_end };
+    std::fs::write(other_end, "end").unwrap();
+    for blocker in blockers.values() {
+        f.gateway.wait_for_state(blocker, "Succeeded", WAIT).await.unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    }
+    let loser_text = meridian_e2e::scrape(loser).await.unwrap_or_default();
+    for outcome in ["ready", "granted"] {
+        let line = format!("meridian_agent_sibling_copies_total{{outcome=\"{outcome}\"}}");
+        assert!(!loser_text.contains(&line), "the other copy never got to {outcome}:\n{loser_text}");
+    }
+    assert_eq!(lines(), [format!("{first} {token}")], "still exactly once");
+    assert!(!squeue().iter().any(|l| l.contains("|RUNNING|") || l.contains("|PENDING|")), "{:?}", squeue());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_waiting_as_copies_runs_once_on_the_builtin_member_and_its_slurm_copy_is_cancelled() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    copies_on_slurm_and_lab(&env, "lab").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_waiting_as_copies_runs_once_on_slurm_through_its_start_gate() {
+    let Some(env) = cluster() else { return };
+    let _one = ONE_AT_A_TIME.lock().await;
+    copies_on_slurm_and_lab(&env, "hpc").await;
+}

@@ -5,9 +5,10 @@
 //! reserves and backfills for it exactly, but started only once the gateway grants it the job's
 //! start lock: exactly one copy of a job is ever granted. A copy is no binding: it runs nothing
 //! and is never listed or reported as a job. A backend that can hold a copy at its start gate
-//! (the builtin scheduler) queues it and says [`CopyEvent::Ready`] when its scheduler has taken
-//! nodes for it; the others refuse every copy as unsupported (the [`super::LocalBackend`]
-//! defaults), and the gateway then sends them none.
+//! (the builtin scheduler; Slurm, with a gate in the batch script) queues it and says
+//! [`CopyEvent::Ready`] when its scheduler has taken nodes for it; the others (Kubernetes) refuse
+//! every copy as unsupported (the [`super::LocalBackend`] defaults), and the gateway then sends
+//! them none.
 
 /// The backend's answer to [`super::LocalBackend::copy`].
 #[derive(Debug, Clone, PartialEq, Eq)]

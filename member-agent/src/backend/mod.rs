@@ -34,9 +34,36 @@ pub use meridian_scheduler::offer::Admission;
 /// (`submit_now`, `cancel_now`, `list_now`, `logs_now`, `quote_now`, `inventory_now`,
 /// `pressure_now`): the
 /// Slurm and Kubernetes backends, whose status loops hold the same state. One place for the
-/// plumbing, so the two cannot drift apart.
+/// plumbing, so the two cannot drift apart. With a third argument `copies`, the sibling copy
+/// calls go to `copy_now`, `drop_copy_now` and `grant_now` too, and `copy_events` takes the
+/// backend's own `copy_events` receiver.
 macro_rules! delegate_to_shared_state {
-    ($backend:ty, $kind:expr) => {
+    (@copies) => {
+        fn copy<'a>(
+            &'a self,
+            copy_token: u64,
+            job: &'a ::meridian_proto::protocol::Assignment,
+        ) -> $crate::backend::BackendFuture<'a, $crate::backend::CopyAdmission> {
+            Box::pin(self.shared.copy_now(copy_token, job))
+        }
+
+        fn drop_copy<'a>(&'a self, job_id: &'a str, copy_token: u64) -> $crate::backend::BackendFuture<'a, ()> {
+            Box::pin(self.shared.drop_copy_now(job_id, copy_token))
+        }
+
+        fn grant<'a>(
+            &'a self,
+            copy_token: u64,
+            job: &'a ::meridian_proto::protocol::Assignment,
+        ) -> $crate::backend::BackendFuture<'a, $crate::backend::Admission> {
+            Box::pin(self.shared.grant_now(copy_token, job))
+        }
+
+        fn copy_events(&self) -> Option<$crate::backend::CopyEventReceiver> {
+            self.copy_events.lock().unwrap_or_else(::std::sync::PoisonError::into_inner).take()
+        }
+    };
+    ($backend:ty, $kind:expr $(, $copies:ident)?) => {
         impl $crate::backend::LocalBackend for $backend {
             fn kind(&self) -> ::meridian_proto::inventory::BackendKind {
                 $kind
@@ -74,6 +101,8 @@ macro_rules! delegate_to_shared_state {
             ) -> $crate::backend::BackendFuture<'a, $crate::backend::StartQuote> {
                 Box::pin(self.shared.quote_now(job))
             }
+
+            $($crate::backend::delegate_to_shared_state!(@$copies);)?
         }
 
         impl $crate::backend::InventorySource for $backend {

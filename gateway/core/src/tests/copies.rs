@@ -100,7 +100,7 @@ fn copies_go_where_the_job_waits_and_never_to_a_member_without_a_start_gate() {
         AgentEvent::CopyDropped {
             job_id: gang.clone(),
             copy_token: west_copy,
-            reason: "slurm has no start gate".into(),
+            reason: "kubernetes has no start gate".into(),
             unsupported: true,
         },
     );

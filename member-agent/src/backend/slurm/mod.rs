@@ -26,10 +26,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::task::JoinHandle;
 
 use super::logs::{LogRequest, log_chunk};
-use super::{Admission, BackendError, HeldJob, JobEventSender, JobPhase, LogChunk};
+use super::{Admission, BackendError, CopyEventReceiver, CopyEventSender, HeldJob, JobEventSender, JobPhase, LogChunk};
 
 mod command;
 mod config;
+mod copies;
+#[cfg(test)]
+mod copy_tests;
 mod env_file;
 #[cfg(test)]
 mod fair_share_tests;
@@ -53,6 +56,8 @@ use parse::{SlurmNode, cancelled_comment_for, parse_nodes};
 pub struct SlurmBackend {
     shared: Arc<Shared>,
     poller: JoinHandle<()>,
+    /// The receiving end of the sibling copies' events, until the agent takes it.
+    copy_events: Mutex<Option<CopyEventReceiver>>,
 }
 
 /// What the backend and its status loop share.
@@ -68,6 +73,10 @@ pub(crate) struct Shared {
     submit_lock: tokio::sync::Mutex<()>,
     /// One `sbatch --test-only` at a time, spaced apart ([`quote`]).
     quote_gate: quote::QuoteGate,
+    /// Sibling copies queued behind a start gate, by job id ([`copies`]).
+    copies: Mutex<BTreeMap<String, copies::SlurmCopy>>,
+    /// Where the copies' events go.
+    copy_events: CopyEventSender,
 }
 
 /// A binding the status loop watches.
@@ -95,6 +104,7 @@ impl SlurmBackend {
             message: format!("slurm.workDir: cannot create `{}`", config.work_dir.display()),
             source: Some(Box::new(e)),
         })?;
+        let (copy_events_tx, copy_events) = tokio::sync::mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             config,
             cluster,
@@ -103,10 +113,13 @@ impl SlurmBackend {
             tracked: Mutex::new(BTreeMap::new()),
             submit_lock: tokio::sync::Mutex::new(()),
             quote_gate: quote::QuoteGate::default(),
+            copies: Mutex::new(BTreeMap::new()),
+            copy_events: copy_events_tx,
         });
         shared.inventory_now().await?;
+        shared.cancel_orphan_copies().await?;
         let poller = tokio::spawn(poll::run_status_loop(Arc::downgrade(&shared)));
-        Ok(Self { shared, poller })
+        Ok(Self { shared, poller, copy_events: Mutex::new(Some(copy_events)) })
     }
 
     /// Labels of each node (by name): every Slurm feature `f` as `f = "true"`.
@@ -157,12 +170,14 @@ impl Shared {
     /// bindings' ports to be the ones they hash to).
     fn coordinator_port(&self, job_id: &str, fencing_token: u64) -> u16 {
         let range = self.config.coordinator_ports;
-        let taken: std::collections::BTreeSet<u16> = self
+        let mut taken: std::collections::BTreeSet<u16> = self
             .lock_tracked()
             .iter()
             .filter(|(id, t)| !(id.as_str() == job_id && t.fencing_token == fencing_token))
             .map(|(_, t)| t.port)
             .collect();
+        // A copy's script already exports its port, which its grant keeps.
+        taken.extend(self.lock_copies().values().map(|copy| copy.port));
         let start = hashed_offset(job_id, fencing_token);
         (0..range.len().min(4096))
             .map(|step| range.nth(start.wrapping_add(step)))
@@ -294,6 +309,7 @@ impl Shared {
         let rows = poll::squeue_all(&self.runner).await?;
         let mut held = Vec::new();
         for (job_id, (token, row)) in poll::meridian_rows(&rows, &self.config.job_tag) {
+            self.finish_grant(&row, token).await?;
             let phase = poll::phase_of(&self.runner, &row).await;
             self.track(&job_id, token, &row.slurm_id, &phase, None);
             held.push(HeldJob { job_id, fencing_token: token, phase });
@@ -451,4 +467,4 @@ fn admission_of(phase: JobPhase) -> Admission {
     }
 }
 
-super::delegate_to_shared_state!(SlurmBackend, BackendKind::Slurm);
+super::delegate_to_shared_state!(SlurmBackend, BackendKind::Slurm, copies);

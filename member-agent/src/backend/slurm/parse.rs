@@ -104,6 +104,17 @@ pub(crate) fn cancelled_comment_for(tag: &str, job_id: &str, fencing_token: u64)
     format!("{tag}-cancelled:{job_id}:{fencing_token}")
 }
 
+/// The comment of sibling copy `copy_token` of `job_id`: no binding, so no agent adopts or
+/// reports it as one; [`copy_of`] reads it.
+pub(crate) fn copy_comment_for(tag: &str, job_id: &str, copy_token: u64) -> String {
+    format!("{tag}-copy:{job_id}:{copy_token}")
+}
+
+/// The (job id, copy token) of a sibling copy's comment under `tag`.
+pub(crate) fn copy_of(tag: &str, comment: &str) -> Option<(String, u64)> {
+    parse_comment(&format!("{tag}-copy"), comment)
+}
+
 /// Reads `<tag>:<job id>:<token>`; the job id may itself contain `:`.
 pub(crate) fn parse_comment(tag: &str, comment: &str) -> Option<(String, u64)> {
     let rest = comment.trim().strip_prefix(tag)?.strip_prefix(':')?;

@@ -1,5 +1,6 @@
 //! The status loop: every `pollInterval` one `squeue` over all jobs, diffed against what the
-//! backend last reported for each binding it tracks, turned into [`JobEvent`]s.
+//! backend last reported for each binding it tracks, turned into [`JobEvent`]s; the same
+//! `squeue` tells which sibling copies wait at their start gate ([`super::copies`]).
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -171,5 +172,6 @@ pub(crate) async fn sync_status(shared: &Arc<Shared>) -> Result<usize, BackendEr
         sent += 1;
         let _ = shared.events.send(JobEvent { job_id, fencing_token: before.fencing_token, phase });
     }
+    shared.watch_copies(&rows).await;
     Ok(sent)
 }

@@ -8,7 +8,7 @@ use meridian_proto::job_env::{self, Source};
 use meridian_proto::protocol::Assignment;
 
 use super::config::SlurmConfig;
-use super::parse::comment_for;
+use super::parse::{comment_for, copy_comment_for};
 
 /// Why a job cannot be expressed as a Slurm batch job (a permanent refusal).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,9 +37,39 @@ pub(crate) struct BatchJob {
 
 /// The file a binding's output is written to.
 pub(crate) fn output_path(work_dir: &Path, job_id: &str, fencing_token: u64) -> PathBuf {
-    let safe: String =
-        job_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
-    work_dir.join(format!("meridian-{safe}-{fencing_token}.out"))
+    work_dir.join(format!("meridian-{}-{fencing_token}.out", file_safe(job_id)))
+}
+
+/// The file a sibling copy's output is written to; after its grant, the binding's output (Slurm
+/// fixes a job's output file at submit).
+pub(crate) fn copy_output_path(work_dir: &Path, job_id: &str, copy_token: u64) -> PathBuf {
+    work_dir.join(format!("meridian-{}-copy{copy_token}.out", file_safe(job_id)))
+}
+
+/// The start gate's files of Slurm job `slurm_id` (a sibling copy): `<gate>.ready`, which the
+/// batch script creates once it waits at the gate, and `<gate>.grant`, which the agent writes
+/// (the granted binding's fencing token) to open it.
+pub(crate) fn gate_path(work_dir: &Path, slurm_id: &str) -> PathBuf {
+    work_dir.join(format!("meridian-gate-{}", file_safe(slurm_id)))
+}
+
+fn file_safe(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// What a batch job is submitted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Submission {
+    /// The binding `job.fencing_token` of the job: it runs as soon as Slurm starts it.
+    Binding,
+    /// Sibling copy `copy_token` of the job: queued and started by Slurm like the binding
+    /// would be, but its script waits at a start gate, holding the nodes Slurm gave it and
+    /// running nothing of the payload, until the agent writes the granted binding's token
+    /// into the gate ([`gate_path`]); the payload then runs under that token.
+    Copy {
+        /// The copy.
+        copy_token: u64,
+    },
 }
 
 /// The `--constraint` of a job's `placement.nodeSelector`: the features it requires (`ib` or
@@ -78,6 +108,27 @@ pub(crate) fn batch_job(
     excluded: &[String],
     contract: &Contract<'_>,
 ) -> Result<BatchJob, ScriptError> {
+    build(job, Submission::Binding, config, excluded, contract)
+}
+
+/// Builds the `sbatch` call for sibling copy `copy_token` of `job` (see [`Submission::Copy`]).
+pub(crate) fn copy_batch_job(
+    job: &Assignment,
+    copy_token: u64,
+    config: &SlurmConfig,
+    excluded: &[String],
+    contract: &Contract<'_>,
+) -> Result<BatchJob, ScriptError> {
+    build(job, Submission::Copy { copy_token }, config, excluded, contract)
+}
+
+fn build(
+    job: &Assignment,
+    submission: Submission,
+    config: &SlurmConfig,
+    excluded: &[String],
+    contract: &Contract<'_>,
+) -> Result<BatchJob, ScriptError> {
     let spec = &job.spec;
     let payload = &spec.payload;
     if payload.command.is_empty() {
@@ -87,11 +138,20 @@ pub(crate) fn batch_job(
         return Err(ScriptError::ImageOnly);
     }
     let resources = &spec.gang.resources;
-    let output = output_path(&config.work_dir, &job.job_id, job.fencing_token);
+    let (output, comment) = match submission {
+        Submission::Binding => (
+            output_path(&config.work_dir, &job.job_id, job.fencing_token),
+            comment_for(&config.job_tag, &job.job_id, job.fencing_token),
+        ),
+        Submission::Copy { copy_token } => (
+            copy_output_path(&config.work_dir, &job.job_id, copy_token),
+            copy_comment_for(&config.job_tag, &job.job_id, copy_token),
+        ),
+    };
     let mut args = vec![
         "--parsable".to_string(),
         format!("--job-name=meridian-{}", job.job_id),
-        format!("--comment={}", comment_for(&config.job_tag, &job.job_id, job.fencing_token)),
+        format!("--comment={comment}"),
         format!("--nodes={}", spec.gang.replicas.max(1)),
         "--ntasks-per-node=1".to_string(),
         format!("--output={}", output.display()),
@@ -137,7 +197,10 @@ pub(crate) fn batch_job(
     let mut script = String::from("#!/bin/sh\n# Written by the Meridian agent for job ");
     script.push_str(&shell_quote(&job.job_id));
     script.push('\n');
-    script.push_str(&contract_lines(job, config, contract));
+    if let Submission::Copy { copy_token } = submission {
+        script.push_str(&start_gate(config, copy_token));
+    }
+    script.push_str(&contract_lines(job, submission, config, contract));
     for (name, value) in &payload.env {
         if !job_env::is_env_name(name) {
             return Err(ScriptError::BadEnvName(name.clone()));
@@ -159,11 +222,36 @@ pub(crate) fn batch_job(
 /// How the script starts the replicas: one task per node, all stopped when one fails.
 const SRUN: &str = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --";
 
+/// How long the start gate sleeps between looks at its grant file when no signal wakes it: the
+/// agent signals the batch shell (`SIGUSR2`) right after writing the grant, so this only bounds
+/// the start of a copy whose signal was lost (an agent that stopped between the two).
+pub(crate) const GATE_LOOK_SECS: u32 = 5;
+
+/// The script lines of a copy's start gate. They run first, on the allocation's first node,
+/// before anything of the payload: mark the copy ready (after the `USR2` trap is set, so the
+/// agent's signal can never kill the shell), then wait until the grant file holds a token, and
+/// run the payload under it (`MERIDIAN_GRANTED_TOKEN`, see [`contract_lines`]).
+fn start_gate(config: &SlurmConfig, copy_token: u64) -> String {
+    let dir = shell_quote(&config.work_dir.display().to_string());
+    format!(
+        "MERIDIAN_GATE={dir}/meridian-gate-\"$SLURM_JOB_ID\"\n\
+         trap : USR2\n\
+         : > \"$MERIDIAN_GATE.ready\"\n\
+         echo \"meridian: sibling copy {copy_token} holds its nodes; waiting for the gateway's start lock\"\n\
+         while [ ! -s \"$MERIDIAN_GATE.grant\" ]; do sleep {GATE_LOOK_SECS} & meridian_sleep=$!; wait $meridian_sleep; \
+         kill $meridian_sleep 2>/dev/null; done\n\
+         trap - USR2\n\
+         MERIDIAN_GRANTED_TOKEN=$(cat \"$MERIDIAN_GATE.grant\")\n\
+         rm -f \"$MERIDIAN_GATE.ready\" \"$MERIDIAN_GATE.grant\"\n\
+         echo \"meridian: granted; running as binding $MERIDIAN_GRANTED_TOKEN\"\n"
+    )
+}
+
 /// The script lines that export the job-wide variables of the contract. The coordinator is the
 /// first node of the allocation (where the batch script and task 0 run), by its `NodeAddr`, the
 /// address Slurm itself reaches it at (node names need not resolve); its name when Slurm does
 /// not say.
-fn contract_lines(job: &Assignment, config: &SlurmConfig, contract: &Contract<'_>) -> String {
+fn contract_lines(job: &Assignment, submission: Submission, config: &SlurmConfig, contract: &Contract<'_>) -> String {
     let scontrol = shell_quote(
         &config
             .bin_dir
@@ -193,6 +281,10 @@ fn contract_lines(job: &Assignment, config: &SlurmConfig, contract: &Contract<'_
             Source::Replica => continue,
             Source::CoordinatorHost => "\"$MERIDIAN_COORDINATOR_HOST\"".to_owned(),
             Source::Coordinator => "\"$MERIDIAN_COORDINATOR\"".to_owned(),
+            // A copy runs under the binding its grant made, known only at the gate.
+            Source::FencingToken if matches!(submission, Submission::Copy { .. }) => {
+                "\"$MERIDIAN_GRANTED_TOKEN\"".to_owned()
+            }
             other => shell_quote(&facts.value(other, 0)),
         };
         lines.push_str(&format!("export {}={value}\n", variable.name));
@@ -314,12 +406,72 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|two words|{nasty}"));
     }
 
+    #[test]
+    fn a_copy_is_the_same_sbatch_with_a_copy_comment_its_own_output_and_a_gate_before_the_payload() {
+        let job = assignment(&["python", "train.py"]);
+        let binding = batch_job(&job, &config(), &[], &CONTRACT).unwrap();
+        let copy = copy_batch_job(&job, 17, &config(), &[], &CONTRACT).unwrap();
+        let differing: Vec<(&String, &String)> = binding.args.iter().zip(&copy.args).filter(|(a, b)| a != b).collect();
+        assert_eq!(
+            differing,
+            [
+                (&"--comment=meridian:j-1:3".to_string(), &"--comment=meridian-copy:j-1:17".to_string()),
+                (
+                    &"--output=/scratch/meridian/meridian-j-1-3.out".to_string(),
+                    &"--output=/scratch/meridian/meridian-j-1-copy17.out".to_string()
+                ),
+            ],
+            "only the comment and the output differ"
+        );
+        let gate = copy.script.find("trap : USR2").expect("a gate");
+        let ready = copy.script.find(".ready").expect("a ready mark");
+        let payload = copy.script.find("export MERIDIAN_JOB_ID").expect("the contract");
+        assert!(gate < ready && ready < payload, "trap, then ready, then the payload:\n{}", copy.script);
+        assert!(copy.script.contains("export MERIDIAN_FENCING_TOKEN=\"$MERIDIAN_GRANTED_TOKEN\""), "{}", copy.script);
+        assert!(!binding.script.contains("MERIDIAN_GATE"), "a binding has no gate");
+    }
+
+    #[test]
+    fn the_gate_holds_the_payload_until_the_grant_file_names_a_token() {
+        let dir = std::env::temp_dir().join(format!("meridian-gate-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = SlurmConfig { work_dir: dir.clone(), ..config() };
+        let copy = copy_batch_job(&assignment(&["true"]), 17, &config, &[], &CONTRACT).unwrap();
+        // The gate's lines, in a real shell as Slurm job 42; then print the token it ran under.
+        let end = copy.script.find("export MERIDIAN_JOB_ID").unwrap();
+        let script = format!("SLURM_JOB_ID=42\n{}echo \"token=$MERIDIAN_GRANTED_TOKEN\"\n", &copy.script[..end]);
+        let mut shell = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ready = dir.join("meridian-gate-42.ready");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(std::time::Instant::now() < deadline, "the gate never marked itself ready");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(shell.try_wait().unwrap().is_none(), "it waits at the gate");
+        std::fs::write(dir.join("meridian-gate-42.grant"), "9\n").unwrap();
+        // The agent's signal wakes the gate at once (without it, the gate's next look finds the file).
+        let pid = shell.id().to_string();
+        assert!(std::process::Command::new("kill").args(["-USR2", &pid]).status().unwrap().success());
+        let out = shell.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.ends_with("running as binding 9\ntoken=9\n"), "{text}");
+        assert!(!ready.exists() && !dir.join("meridian-gate-42.grant").exists(), "the gate cleans up after itself");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Runs the script in a real shell as task `procid` of an allocation on `n7,n9`, with a
     /// stand-in `scontrol` that knows n7's address and `srun` dropped; the job prints its
     /// environment.
     fn run_as_task(job: &Assignment, procid: u32, node_addr: &str) -> BTreeMap<String, String> {
-        let dir =
-            std::env::temp_dir().join(format!("meridian-contract-{}-{procid}-{}", std::process::id(), node_addr.len()));
+        // Each call its own directory: tests run side by side, and each removes its own.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("meridian-contract-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let scontrol = dir.join("scontrol");
         std::fs::write(

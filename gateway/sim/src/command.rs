@@ -72,6 +72,10 @@ pub struct SimArgs {
     /// Also write an SVG chart: queueing-delay CDF and cost per policy.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Also write every job's outcome under every policy replayed, one CSV row each (the
+    /// per-job data behind the report's tables; columns in the header).
+    #[arg(long, value_name = "FILE.csv")]
+    pub jobs_out: Option<PathBuf>,
     /// Expected owned-cluster wait after which Meridian may burst a job to the cloud (each
     /// simulated job's `placement.burst.after`).
     #[arg(long, value_name = "DURATION", default_value = "30m")]
@@ -140,6 +144,9 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
             .collect();
         let title = format!("{} on {}", workload.source, topology.name);
         write_file(path, &plot::render_svg(&title, &series)?)?;
+    }
+    if let Some(path) = &args.jobs_out {
+        write_file(path, &jobs_csv(&workload, &results))?;
     }
     let mut text = match output {
         OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,
@@ -325,6 +332,50 @@ fn file_name(path: &Path) -> String {
     path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
+/// Header of `--jobs-out`.
+const JOBS_CSV_HEADER: &str = "policy,job,tenant,gpus,replicas,gpu_type,data_gib,data_region,submit_secs,\
+estimate_secs,cluster,tier,start_secs,end_secs,queue_secs,moved_gb,compute_usd,egress_usd\n";
+
+/// Every job's outcome under every run, as `--jobs-out` writes it. Jobs without an outcome
+/// (which the engine never leaves) are skipped.
+fn jobs_csv(workload: &Workload, results: &[RunResult]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::from(JOBS_CSV_HEADER);
+    for run in results {
+        for outcome in &run.outcomes {
+            let Some(job) = workload.jobs.get(outcome.job as usize) else { continue };
+            let tenant = workload.tenants.get(job.tenant as usize).map_or("", |t| t.name.as_str());
+            let cluster = run.clusters.get(outcome.cluster as usize);
+            let (cluster, tier) =
+                cluster.map_or(("", ""), |c| (c.name.as_str(), if c.tier == Tier::Cloud { "cloud" } else { "owned" }));
+            let (data_gib, data_region) = job.dataset.as_ref().map_or((0.0, ""), |d| (d.size_gib, d.region.as_str()));
+            let _ = writeln!(
+                text,
+                "{},{},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2}",
+                run.policy,
+                job.id,
+                tenant,
+                u64::from(job.replicas) * u64::from(job.gpus_per_replica),
+                job.replicas,
+                job.gpu_type.as_deref().unwrap_or(""),
+                data_gib,
+                data_region,
+                job.submit_secs,
+                job.estimate_secs,
+                cluster,
+                tier,
+                outcome.start_secs,
+                outcome.end_secs,
+                outcome.start_secs.saturating_sub(job.submit_secs),
+                outcome.moved_gb,
+                outcome.compute_usd,
+                outcome.egress_usd,
+            );
+        }
+    }
+    text
+}
+
 fn write_file(path: &Path, text: &str) -> Result<(), SimError> {
     std::fs::write(path, text).map_err(|source| SimError::Io { path: path.to_path_buf(), source })
 }
@@ -351,6 +402,7 @@ pub(crate) mod tests {
             policy: None,
             compare: true,
             plot: None,
+            jobs_out: None,
             burst_after: HumanDuration::from_secs(1800),
             placement: None,
             check: true,
@@ -383,6 +435,37 @@ pub(crate) mod tests {
         }
         let load = report["offeredLoad"].as_f64().unwrap();
         assert!((load - 1.0).abs() < 0.01, "offered load {load}");
+    }
+
+    #[test]
+    fn jobs_out_has_one_row_per_job_and_policy_matching_the_report() {
+        let path = std::env::temp_dir().join(format!("meridian-jobs-out-{}.csv", std::process::id()));
+        let with_file = SimArgs { jobs_out: Some(path.clone()), ..args("mixed", 1.0, 120, 3) };
+        let report: serde_json::Value = serde_json::from_str(&output(&with_file, OutputFormat::Json).unwrap()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(rows.len(), 120 * Policy::ALL.len(), "one row per job and policy");
+        for run in report["runs"].as_array().unwrap() {
+            let policy = run["policy"].as_str().unwrap();
+            let mine: Vec<&Vec<&str>> = rows.iter().filter(|r| r[column("policy")] == policy).collect();
+            assert_eq!(mine.len(), 120, "{policy}");
+            // The report's mean queueing delay is the mean of the rows' queue_secs.
+            let mean = mine.iter().map(|r| r[column("queue_secs")].parse::<f64>().unwrap()).sum::<f64>() / 120.0;
+            let reported = run["overall"]["queueMeanSecs"].as_f64().unwrap();
+            assert!((mean - reported).abs() < 1e-6 * reported.max(1.0), "{policy}: {mean} vs {reported}");
+            for row in mine {
+                assert!(["owned", "cloud"].contains(&row[column("tier")]), "{row:?}");
+                let (start, end) = (
+                    row[column("start_secs")].parse::<u64>().unwrap(),
+                    row[column("end_secs")].parse::<u64>().unwrap(),
+                );
+                assert!(end > start, "{row:?}");
+            }
+        }
     }
 
     #[derive(clap::Parser)]

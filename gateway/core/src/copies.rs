@@ -15,6 +15,12 @@
 //! - copies live in memory only, on both sides: an agent drops its copies when its stream ends,
 //!   and the gateway forgets a cluster's copies then. A new leader starts with none.
 //!
+//! A round that finds the job could start now on a member holding its copy waits up to
+//! [`COPY_START_GRACE_MS`] for that copy to ask for the lock instead of offering the job there:
+//! the member's scheduler starts the copy at its next pass (Slurm's comes seconds after the
+//! GPUs free), and an offer would replace the copy with a new job at the back of that member's
+//! queue.
+//!
 //! Copy tokens come from one counter per gateway process and name a copy in every message; they
 //! are not fencing tokens (a grant carries the binding's own, from the job's record).
 
@@ -24,6 +30,23 @@ use meridian_placement::{Decision, Verdict};
 use meridian_proto::protocol::GatewayCommand;
 
 use crate::io::Effects;
+
+/// How long a job that could start now on a member holding its copy waits for that copy to ask
+/// for the lock before it is offered there as usual: a few of Slurm's scheduling passes and the
+/// agent's status polls.
+pub(crate) const COPY_START_GRACE_MS: i64 = 15_000;
+
+/// What a round does with a job it could offer to a member holding its copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtCopy {
+    /// Wait for the copy to ask for the lock; `first`: this round is the first to see it.
+    Wait {
+        /// The first round that found the job could start there.
+        first: bool,
+    },
+    /// Offer as usual: no copy there, or it had its grace.
+    Offer,
+}
 use crate::record::JobRecord;
 use crate::registry::Registry;
 
@@ -38,6 +61,8 @@ pub(crate) struct SiblingCopy {
     pub(crate) gpu_type: String,
     /// The member is ready to start it and asked for the lock.
     pub(crate) ready: bool,
+    /// When a round first found the job could start now on this copy's member.
+    pub(crate) starts_seen_at_ms: Option<i64>,
 }
 
 /// The copies of queued jobs, in memory.
@@ -120,6 +145,7 @@ impl CopyBook {
                 token: self.last_token,
                 gpu_type: gpu_type.to_string(),
                 ready: false,
+                starts_seen_at_ms: None,
             });
         }
         let clusters = copies.iter().map(|c| c.cluster.clone()).collect();
@@ -127,6 +153,21 @@ impl CopyBook {
             self.by_job.insert(job.id.clone(), copies);
         }
         clusters
+    }
+
+    /// A round could offer job `id` to `cluster` now: whether to wait for the copy held there
+    /// instead (see [`COPY_START_GRACE_MS`]).
+    pub(crate) fn at_copy(&mut self, id: &str, cluster: &str, now_ms: i64) -> AtCopy {
+        let copy = self.by_job.get_mut(id).and_then(|copies| copies.iter_mut().find(|c| c.cluster == cluster));
+        let Some(copy) = copy.filter(|c| !c.ready) else { return AtCopy::Offer };
+        match copy.starts_seen_at_ms {
+            None => {
+                copy.starts_seen_at_ms = Some(now_ms);
+                AtCopy::Wait { first: true }
+            }
+            Some(seen) if now_ms.saturating_sub(seen) < COPY_START_GRACE_MS => AtCopy::Wait { first: false },
+            Some(_) => AtCopy::Offer,
+        }
     }
 
     /// Cluster `cluster` is ready to start copy `token` of job `id`: true when that copy is

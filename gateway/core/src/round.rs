@@ -11,7 +11,7 @@ use meridian_proto::job::JobState;
 use meridian_proto::protocol::GatewayCommand;
 
 use crate::config::CoreConfig;
-use crate::copies::CopyBook;
+use crate::copies::{AtCopy, CopyBook};
 use crate::decision::Decided;
 use crate::demand::DemandBook;
 use crate::io::Effects;
@@ -279,11 +279,29 @@ impl Round<'_> {
                 self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
                 continue;
             };
+            let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
+            if !preempts && let AtCopy::Wait { first } = self.copies.at_copy(&job.id, &cluster, now_ms) {
+                // Its copy there starts at the member's next pass: keep the GPUs for it.
+                self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
+                if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
+                    target.reserve(&job.spec);
+                    fits_somewhere_now.clear();
+                }
+                if first {
+                    let mut waiting = JobRecord::clone(job);
+                    waiting.message = format!(
+                        "{cluster} can start it now and holds its sibling copy: waiting for its scheduler to start \
+                         the copy and ask for the start lock"
+                    );
+                    self.ledger.save(waiting, self.registry, effects);
+                }
+                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                continue;
+            }
             self.ledger.tally().count_decision(Outcome::Placed, Some(&decision));
             if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
                 self.ledger.tally().count_data_moved(job, &region);
             }
-            let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
             if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {
                 target.reserve(&job.spec);
                 if preempts {

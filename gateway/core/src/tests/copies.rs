@@ -171,3 +171,67 @@ fn a_ready_copy_of_a_job_over_its_tenants_quota_is_dropped_not_granted() {
     assert!(!fx.sends.iter().any(|(_, m)| matches!(m, GatewayCommand::Grant { .. })));
     assert_eq!(h.state(&gang), JobState::Queued);
 }
+
+/// A job with copies on `east` and `west` whose GPUs then free up on `west` before west's
+/// scheduler has started its copy; returns west's copy token.
+fn west_frees_before_its_copy_starts(h: &mut Harness, gang: &str, west: ConnId) -> u64 {
+    let sent = copies(&h.step(Input::Round));
+    let (_, west_copy, _) = *sent.iter().find(|(c, _, _)| *c == west).expect("a copy on west");
+    h.event(west, inventory_event(&[8, 8]));
+    let fx = h.step(Input::Round);
+    let offers = fx.sends.iter().filter(|(_, m)| matches!(m, GatewayCommand::Offer(_) | GatewayCommand::Grant { .. }));
+    assert_eq!(offers.count(), 0, "no offer while west's copy may still start: {:?}", fx.sends);
+    assert!(drops(&fx).is_empty(), "{:?}", fx.sends);
+    assert_eq!(h.state(gang), JobState::Queued);
+    let message = h.job(gang).message;
+    assert!(message.contains("west can start it now and holds its sibling copy"), "{message}");
+    west_copy
+}
+
+#[test]
+fn a_job_that_could_start_where_it_holds_a_copy_waits_for_that_copy_to_ask_for_the_lock() {
+    let (mut h, east, west) = fleet(2);
+    let gang = h.submit(GANG);
+    let west_copy = west_frees_before_its_copy_starts(&mut h, &gang, west);
+    // A job behind it that would fit west now does not take the GPUs kept for the copy.
+    let other = h.submit(&GANG.replace("name: gang", "name: other"));
+    h.advance(Duration::from_millis(crate::copies::COPY_START_GRACE_MS as u64 / 2));
+    let fx = h.step(Input::Round);
+    assert!(sends_to(&fx, west).iter().all(|m| !matches!(m, GatewayCommand::Offer(_))), "{:?}", fx.sends);
+    assert_eq!((h.state(&gang), h.state(&other)), (JobState::Queued, JobState::Queued));
+
+    // West's scheduler started the copy: it asks for the lock and is granted it.
+    h.event(west, ready(&gang, west_copy));
+    let fx = h.step(Input::Round);
+    let east_copy = drops(&fx);
+    assert_eq!(east_copy.len(), 1, "east's copy is dropped: {:?}", fx.sends);
+    assert_eq!(east_copy[0].0, east);
+    assert!(
+        sends_to(&fx, west)
+            .iter()
+            .any(|m| matches!(m, GatewayCommand::Grant { copy_token, .. } if *copy_token == west_copy)),
+        "{:?}",
+        fx.sends
+    );
+    assert_eq!(h.state(&gang), JobState::Offered);
+}
+
+#[test]
+fn past_the_grace_the_job_is_offered_where_it_can_start_and_its_copies_are_dropped_first() {
+    let (mut h, east, west) = fleet(2);
+    let gang = h.submit(GANG);
+    let west_copy = west_frees_before_its_copy_starts(&mut h, &gang, west);
+    h.advance(Duration::from_millis(crate::copies::COPY_START_GRACE_MS as u64));
+    h.event(west, inventory_event(&[8, 8]));
+    let fx = h.step(Input::Round);
+    let dropped: Vec<ConnId> = drops(&fx).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(dropped.len(), 2, "both copies go: {:?}", fx.sends);
+    assert!(dropped.contains(&east) && dropped.contains(&west));
+    let drop_at = fx.sends.iter().position(|(c, m)| {
+        *c == west && matches!(m, GatewayCommand::DropCopy { copy_token, .. } if *copy_token == west_copy)
+    });
+    let offer_at =
+        fx.sends.iter().position(|(c, m)| *c == west && matches!(m, GatewayCommand::Offer(a) if a.job_id == gang));
+    assert!(drop_at.is_some() && drop_at < offer_at, "the drop goes before the offer: {:?}", fx.sends);
+    assert_eq!(h.state(&gang), JobState::Offered);
+}

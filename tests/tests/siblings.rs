@@ -101,6 +101,11 @@ async fn a_job_waiting_as_copies_on_two_members_runs_once_on_the_first_that_free
     wait_for_metric(b_metrics, queued, logs).await;
     let waiting = f.gateway.client().get(&id).await.unwrap();
     assert_eq!(waiting["state"], "Queued", "{waiting}");
+    let explained = f.gateway.client().explain(&id).await.unwrap();
+    let mut listed: Vec<&str> =
+        explained["siblingCopies"].as_array().unwrap().iter().map(|c| c["cluster"].as_str().unwrap()).collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["a", "b"], "explain lists where it waits: {explained}");
     assert!(witness_lines(&witness).is_empty(), "nothing ran before a member freed up");
 
     std::fs::write(&end_b, "end").unwrap();

@@ -155,6 +155,23 @@ pub fn explain(explanation: &Value) -> String {
     if let Some(now) = str_at(explanation, "/memberSays").filter(|s| !s.is_empty()) {
         out.push_str(&format!("now: {now}\n"));
     }
+    let copies = explanation.get("siblingCopies").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if !copies.is_empty() {
+        let listed: Vec<String> = copies
+            .iter()
+            .map(|copy| {
+                let gpu_type = str_at(copy, "/gpuType").filter(|t| !t.is_empty()).map(|t| format!(" ({t})"));
+                let ready = copy.get("ready").and_then(Value::as_bool) == Some(true);
+                format!(
+                    "{}{}{}",
+                    text(copy, "/cluster"),
+                    gpu_type.unwrap_or_default(),
+                    if ready { ": ready, asked for the start lock" } else { "" }
+                )
+            })
+            .collect();
+        out.push_str(&format!("waiting as sibling copies on: {}\n", listed.join(", ")));
+    }
     let candidates = explanation.get("candidates").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     if candidates.is_empty() {
         out.push_str("\nno member clusters were considered\n");

@@ -24,7 +24,7 @@
 //! Copy tokens come from one counter per gateway process and name a copy in every message; they
 //! are not fencing tokens (a grant carries the binding's own, from the job's record).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use meridian_placement::{Decision, Verdict};
 use meridian_proto::protocol::GatewayCommand;
@@ -70,8 +70,8 @@ pub(crate) struct SiblingCopy {
 pub(crate) struct CopyBook {
     /// The last copy token handed out.
     last_token: u64,
-    /// Copies by job id.
-    by_job: HashMap<String, Vec<SiblingCopy>>,
+    /// Copies by job id; shared with read views (see [`Self::snapshot`]).
+    by_job: imbl::HashMap<String, Vec<SiblingCopy>>,
     /// Clusters whose member said it holds no copies; until its stream ends.
     unsupported: HashSet<String>,
 }
@@ -85,6 +85,11 @@ impl CopyBook {
     /// Job `id`'s copies.
     pub(crate) fn of(&self, id: &str) -> &[SiblingCopy] {
         self.by_job.get(id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every job's copies, for a read view: cheap (shares structure with the book).
+    pub(crate) fn snapshot(&self) -> imbl::HashMap<String, Vec<SiblingCopy>> {
+        self.by_job.clone()
     }
 
     /// Job `id`'s ready copy, if a member asked for its lock.
@@ -227,9 +232,19 @@ impl CopyBook {
     /// A cluster's stream ended or was replaced: its agent dropped every copy it held.
     pub(crate) fn cluster_gone(&mut self, cluster: &str) {
         self.unsupported.remove(cluster);
-        self.by_job.retain(|_, copies| {
-            copies.retain(|c| c.cluster != cluster);
-            !copies.is_empty()
-        });
+        let touched: Vec<String> = self
+            .by_job
+            .iter()
+            .filter(|(_, copies)| copies.iter().any(|c| c.cluster == cluster))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in touched {
+            if let Some(copies) = self.by_job.get_mut(&id) {
+                copies.retain(|c| c.cluster != cluster);
+                if copies.is_empty() {
+                    self.by_job.remove(&id);
+                }
+            }
+        }
     }
 }

@@ -103,7 +103,7 @@ pub use record::{JobRecord, KnownCluster, Loaded, Record, StoredDecision};
 pub use tally::Tally;
 pub use tenants::TenantSummary;
 pub use usage::{IdleGpuConfig, JobUsage};
-pub use view::{ClusterSummary, Explanation, JobFilter, Page, ReadView};
+pub use view::{ClusterSummary, CopyView, Explanation, JobFilter, Page, ReadView};
 
 /// The state machine. See the crate documentation.
 pub struct Core {
@@ -348,6 +348,7 @@ impl Core {
             Arc::clone(&self.tally),
             self.failed.clone(),
             self.usage.clone(),
+            self.copies.snapshot(),
         )
     }
 

@@ -11,6 +11,7 @@ use meridian_proto::selector::Selector;
 use serde::Serialize;
 
 use crate::config::CoreConfig;
+use crate::copies::SiblingCopy;
 use crate::decision::Decided;
 use crate::jobs::JobTable;
 use crate::record::{CandidateView, JobRecord};
@@ -70,6 +71,21 @@ pub struct Explanation {
     pub member_says: Option<String>,
     /// Every cluster considered, with its verdict.
     pub candidates: Vec<CandidateView>,
+    /// The members where the queued job waits as sibling copies (none when it does not).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sibling_copies: Vec<CopyView>,
+}
+
+/// A sibling copy of a queued job, as `explain` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyView {
+    /// The member holding it.
+    pub cluster: String,
+    /// The GPU type it is pinned to there (empty: any).
+    pub gpu_type: String,
+    /// The member's scheduler would start it now and asked for the start lock.
+    pub ready: bool,
 }
 
 /// A member cluster for `GET /v1/clusters` and `meridian clusters`.
@@ -122,6 +138,7 @@ pub struct ReadView {
     tally: Arc<Tally>,
     failure: Option<String>,
     usage: UsageBook,
+    copies: imbl::HashMap<String, Vec<SiblingCopy>>,
 }
 
 /// The cluster summaries a view shares, rebuilt only when they changed.
@@ -133,7 +150,7 @@ pub(crate) struct ClusterViewCache {
 
 impl ReadView {
     /// A view of the core's state: the jobs and decisions of `table` (shared, not copied),
-    /// cluster summaries, configuration, counters, failure and usage.
+    /// cluster summaries, configuration, counters, failure, usage and sibling copies.
     pub(crate) fn new(
         table: &JobTable,
         clusters: Arc<Vec<ClusterSummary>>,
@@ -141,9 +158,10 @@ impl ReadView {
         tally: Arc<Tally>,
         failure: Option<String>,
         usage: UsageBook,
+        copies: imbl::HashMap<String, Vec<SiblingCopy>>,
     ) -> Self {
         let (jobs, decisions) = (table.records().clone(), table.decisions().clone());
-        Self { jobs, decisions, clusters, config, tally, failure, usage }
+        Self { jobs, decisions, clusters, config, tally, failure, usage, copies }
     }
 
     /// A running job's GPU utilisation and idle flag as of `now_ms`; None when unknown (not
@@ -250,6 +268,16 @@ impl ReadView {
             summary,
             member_says,
             candidates,
+            sibling_copies: self
+                .copies
+                .get(id)
+                .map(|copies| {
+                    copies
+                        .iter()
+                        .map(|c| CopyView { cluster: c.cluster.clone(), gpu_type: c.gpu_type.clone(), ready: c.ready })
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 

@@ -453,6 +453,9 @@ fn schemas() -> Value {
         "Explanation": object(&["jobId", "state", "summary", "candidates"], json!({
             "jobId": string, "state": string, "cluster": opt_string, "decidedAtMs": opt_int, "summary": string,
             "memberSays": string,
+            "siblingCopies": {"type": "array", "items": object(&["cluster", "gpuType", "ready"], json!({
+                "cluster": string, "gpuType": string, "ready": {"type": "boolean"},
+            }))},
             "candidates": {"type": "array", "items": object(&["cluster", "verdict"], json!({
                 "cluster": string, "region": string, "tier": string,
                 "verdict": {"type": "string", "enum": ["chosen", "feasible", "rejected"]},
@@ -637,6 +640,11 @@ mod tests {
             summary: "s".into(),
             member_says: Some("m".into()),
             candidates: vec![],
+            sibling_copies: vec![meridian_core::CopyView {
+                cluster: "c".into(),
+                gpu_type: "h100".into(),
+                ready: false,
+            }],
         };
         assert_eq!(keys(&explanation), properties("Explanation"));
     }

@@ -150,6 +150,18 @@ fn explain_shows_what_the_member_says_now() {
 }
 
 #[test]
+fn explain_lists_the_sibling_copies_and_which_asked_for_the_lock() {
+    let explanation = json!({
+        "jobId": "j-1", "state": "Queued", "summary": "Waiting.", "candidates": [],
+        "siblingCopies": [{"cluster": "a", "gpuType": "h100", "ready": false}, {"cluster": "b", "gpuType": "", "ready": true}]
+    });
+    assert_eq!(
+        explain(&explanation),
+        "Waiting.\nwaiting as sibling copies on: a (h100), b: ready, asked for the start lock\n\nno member clusters were considered\n"
+    );
+}
+
+#[test]
 fn explain_without_candidates_says_so() {
     let text = explain(&json!({"jobId": "j-1", "state": "Queued", "summary": "", "candidates": []}));
     assert_eq!(text, "job j-1 is Queued\n\nno member clusters were considered\n");

@@ -60,8 +60,17 @@ fn a_waiting_job_gets_copies_and_the_first_ready_one_is_granted_under_a_new_bind
 
     let (_, west_copy, _) = *sent.iter().find(|(c, _, _)| *c == west).expect("a copy on west");
     let (_, east_copy, _) = *sent.iter().find(|(c, _, _)| *c == east).expect("a copy on east");
+    // `explain` lists where it waits, and which copy asked for the lock.
+    let listed = |h: &mut Harness| -> Vec<(String, bool)> {
+        let explanation = h.core.view().explain(&gang).expect("explained");
+        explanation.sibling_copies.into_iter().map(|c| (c.cluster, c.ready)).collect()
+    };
+    let mut waiting = listed(&mut h);
+    waiting.sort();
+    assert_eq!(waiting, [("east".to_string(), false), ("west".to_string(), false)]);
     let fx = h.event(west, ready(&gang, west_copy));
     assert!(fx.sends.is_empty() && h.core.wants_round(), "the grant waits for the job's turn in a round");
+    assert!(listed(&mut h).contains(&("west".to_string(), true)));
     let token_before = h.job(&gang).fencing_token;
     let fx = h.step(Input::Round);
     // East's copy is dropped, then west's is granted.
@@ -79,6 +88,7 @@ fn a_waiting_job_gets_copies_and_the_first_ready_one_is_granted_under_a_new_bind
     assert!(persisted_job(&fx, &gang).is_some(), "the grant is durable with its step");
     assert!(job.message.contains("sibling copy on west"), "{}", job.message);
     assert_eq!(h.core.copies.len(), 0);
+    assert!(listed(&mut h).is_empty(), "a granted job waits as no copy");
 
     // East says its (dropped) copy is ready too: it is only dropped again.
     let fx = h.event(east, ready(&gang, east_copy));

@@ -8,21 +8,19 @@
 //! payload. The status loop sees the job running with its ready file and tells the agent
 //! [`CopyEvent::Ready`].
 //!
-//! The grant, in an order that a crash at any step cannot turn into two runs or a lost one
-//! (first, the binding's output file becomes a link to the copy's, which Slurm fixed at submit):
-//! 1. the comment becomes the binding's (`<tag>:<job>:<grant token>`): from now on this or a
-//!    restarted agent reports and adopts it as that binding;
-//! 2. the grant file `<gate>.grant` gets the token (written aside, then renamed);
-//! 3. `scancel --batch --signal=USR2` wakes the gate at once (without it the gate looks again
-//!    within [`script::GATE_LOOK_SECS`]).
+//! The grant is one write, Slurm's own record: the comment becomes the binding's
+//! (`<tag>:<job>:<grant token>`). The gate looks at its job's comment and runs the payload under
+//! that token once it names a binding of the job, and this or a restarted agent reports and
+//! adopts the job as that binding from the same moment: the payload runs exactly when the job
+//! is the binding, whatever step an agent stops at. Before that write, the binding's output
+//! file becomes a link to the copy's (Slurm fixed it at submit); after it,
+//! `scancel --batch --signal=USR2` wakes the gate at once (without it the gate looks again
+//! within [`script::GATE_LOOK_SECS`]).
 //!
-//! The payload then runs under the grant's token. An adopted binding still waiting at its gate
-//! (an agent that stopped between steps 1 and 2) gets its grant file when it is listed.
-//!
-//! A drop rewrites the comment to a cancelled one and `scancel`s the job, waiting or ready. A
-//! copy that Slurm ends by itself (a node failure, its time limit while it waits) is reported
-//! [`CopyEvent::Dropped`]. Copies die with the agent's stream, so a new backend cancels every
-//! copy of its tag that a previous agent process left.
+//! A drop rewrites the comment to a cancelled one (never taken for a grant) and `scancel`s the
+//! job, waiting or ready. A copy that Slurm ends by itself (a node failure, its time limit while
+//! it waits) is reported [`CopyEvent::Dropped`]. Copies die with the agent's stream, so a new
+//! backend cancels every copy of its tag that a previous agent process left.
 //!
 //! Slurm never preempts for a copy only where the copy's QOS cannot preempt: the copy is
 //! submitted with the QOS its job would get (see `docs/backends.md#sibling-copies`).
@@ -135,28 +133,22 @@ impl Shared {
         self.lock_copies().remove(&job.job_id);
         let phase = JobPhase::Running { nodes: nodes.clone() };
         self.track(&job.job_id, job.fencing_token, id, &phase, Some(held.port));
-        self.open_gate(id, job.fencing_token).await?;
+        self.wake_gate(id).await;
         tracing::info!(job = %job.job_id, copy_token, fencing_token = job.fencing_token, slurm_id = %id, "sibling copy granted; its gate is open");
         Ok(Admission::Started { nodes })
     }
 
-    /// Writes the grant file of `slurm_id`'s gate and wakes the batch shell.
-    async fn open_gate(&self, slurm_id: &str, fencing_token: u64) -> Result<(), BackendError> {
-        let grant = gate_file(&self.config.work_dir, slurm_id, "grant");
-        write_whole(&grant, &format!("{fencing_token}\n")).await.map_err(|e| BackendError::Transient {
-            message: format!("writing the start gate's grant `{}`", grant.display()),
-            source: Some(Box::new(e)),
-        })?;
+    /// Wakes the batch shell of `slurm_id` at its gate, so that it looks at its comment now.
+    async fn wake_gate(&self, slurm_id: &str) {
         let signal = self.runner.run("scancel", &args(&["--batch", "--signal=USR2", slurm_id]), None).await;
         if let Err(error) = signal
             .as_ref()
             .map_err(ToString::to_string)
             .and_then(|out| if out.success() { Ok(()) } else { Err(out.message()) })
         {
-            // The gate looks at its file again within GATE_LOOK_SECS anyway.
+            // The gate looks at its comment again within GATE_LOOK_SECS anyway.
             tracing::warn!(slurm_id, %error, "could not signal the start gate; it opens at its next look");
         }
-        Ok(())
     }
 
     /// One status sync's look at the copies: a copy waiting at its gate is ready; one Slurm ended
@@ -217,18 +209,6 @@ impl Shared {
         Ok(cancelled)
     }
 
-    /// Opens the gate of an adopted binding that still waits at it: its grant got as far as the
-    /// comment (step 1) before its agent stopped.
-    pub(crate) async fn finish_grant(&self, row: &QueueRow, fencing_token: u64) -> Result<(), BackendError> {
-        let waiting = row.state == "RUNNING"
-            && tokio::fs::try_exists(gate_file(&self.config.work_dir, &row.slurm_id, "ready")).await.unwrap_or(false);
-        if waiting {
-            tracing::info!(slurm_id = %row.slurm_id, fencing_token, "adopted binding waits at its start gate; opening it");
-            self.open_gate(&row.slurm_id, fencing_token).await?;
-        }
-        Ok(())
-    }
-
     fn copy_of_job(&self, job_id: &str) -> Option<SlurmCopy> {
         self.lock_copies().get(job_id).cloned()
     }
@@ -249,9 +229,7 @@ impl Shared {
                 copies.remove(job_id);
             }
         }
-        for suffix in ["ready", "grant"] {
-            let _ = tokio::fs::remove_file(gate_file(&self.config.work_dir, id, suffix)).await;
-        }
+        let _ = tokio::fs::remove_file(gate_file(&self.config.work_dir, id, "ready")).await;
         tracing::info!(job = %job_id, copy_token = copy.copy_token, slurm_id = %id, "sibling copy cancelled in Slurm");
         Ok(())
     }
@@ -267,13 +245,4 @@ pub(crate) fn gate_file(work_dir: &Path, slurm_id: &str, suffix: &str) -> PathBu
     path.push(".");
     path.push(suffix);
     path.into()
-}
-
-/// Writes `path` whole or not at all (the gate reads it the moment it is not empty): aside,
-/// then renamed over.
-async fn write_whole(path: &Path, text: &str) -> std::io::Result<()> {
-    let mut aside = path.to_path_buf().into_os_string();
-    aside.push(".part");
-    tokio::fs::write(&aside, text).await?;
-    tokio::fs::rename(&aside, path).await
 }

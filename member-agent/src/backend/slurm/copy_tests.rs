@@ -167,7 +167,7 @@ async fn a_dropped_copy_is_gone_from_slurm_and_a_new_backend_cancels_the_copies_
 }
 
 #[tokio::test]
-async fn a_grant_cut_short_after_the_comment_is_finished_by_the_next_backend() {
+async fn a_grant_cut_short_after_the_comment_runs_once_and_the_next_backend_adopts_it() {
     let Some(env) = cluster() else { return };
     let _one = ONE_AT_A_TIME.lock().await;
     let mut g = Gated::start(&env).await;
@@ -175,8 +175,8 @@ async fn a_grant_cut_short_after_the_comment_is_finished_by_the_next_backend() {
     let job = g.ready_copy("cut").await;
     let backend = g.backend;
 
-    // The agent stopped right after step 1 of the grant: the comment names binding 9, no
-    // grant file was written and no signal sent.
+    // The agent stopped right after the grant's one write: the comment names binding 9, and no
+    // signal was sent. The gate finds the grant at its next look.
     let comment = parse::copy_comment_for(&config.job_tag, &job.job_id, 11);
     let runner = runner(&config);
     let rows = poll::squeue_all(&runner).await.unwrap();

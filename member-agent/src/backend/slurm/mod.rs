@@ -309,7 +309,6 @@ impl Shared {
         let rows = poll::squeue_all(&self.runner).await?;
         let mut held = Vec::new();
         for (job_id, (token, row)) in poll::meridian_rows(&rows, &self.config.job_tag) {
-            self.finish_grant(&row, token).await?;
             let phase = poll::phase_of(&self.runner, &row).await;
             self.track(&job_id, token, &row.slurm_id, &phase, None);
             held.push(HeldJob { job_id, fencing_token: token, phase });

@@ -46,9 +46,8 @@ pub(crate) fn copy_output_path(work_dir: &Path, job_id: &str, copy_token: u64) -
     work_dir.join(format!("meridian-{}-copy{copy_token}.out", file_safe(job_id)))
 }
 
-/// The start gate's files of Slurm job `slurm_id` (a sibling copy): `<gate>.ready`, which the
-/// batch script creates once it waits at the gate, and `<gate>.grant`, which the agent writes
-/// (the granted binding's fencing token) to open it.
+/// Where Slurm job `slurm_id`'s start gate (a sibling copy's) keeps its mark: `<gate>.ready`,
+/// which the batch script creates once it waits at the gate (its `USR2` trap is set).
 pub(crate) fn gate_path(work_dir: &Path, slurm_id: &str) -> PathBuf {
     work_dir.join(format!("meridian-gate-{}", file_safe(slurm_id)))
 }
@@ -64,8 +63,8 @@ pub(crate) enum Submission {
     Binding,
     /// Sibling copy `copy_token` of the job: queued and started by Slurm like the binding
     /// would be, but its script waits at a start gate, holding the nodes Slurm gave it and
-    /// running nothing of the payload, until the agent writes the granted binding's token
-    /// into the gate ([`gate_path`]); the payload then runs under that token.
+    /// running nothing of the payload, until the agent rewrites the job's comment to the granted
+    /// binding's; the payload then runs under that binding's token.
     Copy {
         /// The copy.
         copy_token: u64,
@@ -198,7 +197,7 @@ fn build(
     script.push_str(&shell_quote(&job.job_id));
     script.push('\n');
     if let Submission::Copy { copy_token } = submission {
-        script.push_str(&start_gate(config, copy_token));
+        script.push_str(&start_gate(job, config, copy_token));
     }
     script.push_str(&contract_lines(job, submission, config, contract));
     for (name, value) in &payload.env {
@@ -222,28 +221,47 @@ fn build(
 /// How the script starts the replicas: one task per node, all stopped when one fails.
 const SRUN: &str = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --";
 
-/// How long the start gate sleeps between looks at its grant file when no signal wakes it: the
-/// agent signals the batch shell (`SIGUSR2`) right after writing the grant, so this only bounds
-/// the start of a copy whose signal was lost (an agent that stopped between the two).
+/// How long the start gate sleeps between looks at its job's comment when no signal wakes it:
+/// the agent signals the batch shell (`SIGUSR2`) right after the grant, so this only bounds the
+/// start of a copy whose signal was lost (an agent that stopped in between).
 pub(crate) const GATE_LOOK_SECS: u32 = 5;
 
 /// The script lines of a copy's start gate. They run first, on the allocation's first node,
 /// before anything of the payload: mark the copy ready (after the `USR2` trap is set, so the
-/// agent's signal can never kill the shell), then wait until the grant file holds a token, and
-/// run the payload under it (`MERIDIAN_GRANTED_TOKEN`, see [`contract_lines`]).
-fn start_gate(config: &SlurmConfig, copy_token: u64) -> String {
+/// agent's signal can never kill the shell), then wait until the job's own comment in Slurm
+/// names a binding of the job (`<tag>:<job>:<token>`: the grant), and run the payload under that
+/// token (`MERIDIAN_GRANTED_TOKEN`, see [`contract_lines`]). The comment is the one record of
+/// the grant: the payload runs exactly when a (restarted) agent would adopt the job as that
+/// binding.
+fn start_gate(job: &Assignment, config: &SlurmConfig, copy_token: u64) -> String {
     let dir = shell_quote(&config.work_dir.display().to_string());
+    let binding = shell_quote(&format!("{}:{}:", config.job_tag, job.job_id));
     format!(
         "MERIDIAN_GATE={dir}/meridian-gate-\"$SLURM_JOB_ID\"\n\
+         meridian_granted() {{\n\
+         MERIDIAN_GRANTED_TOKEN=$({scontrol} -o show job \"$SLURM_JOB_ID\" | tr ' ' '\\n' | sed -n 's/^Comment=//p' | head -n 1)\n\
+         case $MERIDIAN_GRANTED_TOKEN in {binding}*) MERIDIAN_GRANTED_TOKEN=${{MERIDIAN_GRANTED_TOKEN##*:}} ;; *) return 1 ;; esac\n\
+         case $MERIDIAN_GRANTED_TOKEN in ''|*[!0-9]*) return 1 ;; esac\n\
+         }}\n\
          trap : USR2\n\
          : > \"$MERIDIAN_GATE.ready\"\n\
          echo \"meridian: sibling copy {copy_token} holds its nodes; waiting for the gateway's start lock\"\n\
-         while [ ! -s \"$MERIDIAN_GATE.grant\" ]; do sleep {GATE_LOOK_SECS} & meridian_sleep=$!; wait $meridian_sleep; \
+         until meridian_granted; do sleep {GATE_LOOK_SECS} & meridian_sleep=$!; wait $meridian_sleep; \
          kill $meridian_sleep 2>/dev/null; done\n\
          trap - USR2\n\
-         MERIDIAN_GRANTED_TOKEN=$(cat \"$MERIDIAN_GATE.grant\")\n\
-         rm -f \"$MERIDIAN_GATE.ready\" \"$MERIDIAN_GATE.grant\"\n\
-         echo \"meridian: granted; running as binding $MERIDIAN_GRANTED_TOKEN\"\n"
+         rm -f \"$MERIDIAN_GATE.ready\"\n\
+         echo \"meridian: granted; running as binding $MERIDIAN_GRANTED_TOKEN\"\n",
+        scontrol = scontrol_word(config),
+    )
+}
+
+/// `scontrol` as the script runs it: from `binDir` when configured, quoted.
+fn scontrol_word(config: &SlurmConfig) -> String {
+    shell_quote(
+        &config
+            .bin_dir
+            .as_ref()
+            .map_or_else(|| "scontrol".to_owned(), |dir| dir.join("scontrol").display().to_string()),
     )
 }
 
@@ -252,12 +270,7 @@ fn start_gate(config: &SlurmConfig, copy_token: u64) -> String {
 /// address Slurm itself reaches it at (node names need not resolve); its name when Slurm does
 /// not say.
 fn contract_lines(job: &Assignment, submission: Submission, config: &SlurmConfig, contract: &Contract<'_>) -> String {
-    let scontrol = shell_quote(
-        &config
-            .bin_dir
-            .as_ref()
-            .map_or_else(|| "scontrol".to_owned(), |dir| dir.join("scontrol").display().to_string()),
-    );
+    let scontrol = scontrol_word(config);
     let mut lines = format!(
         "MERIDIAN_COORDINATOR_NODE=$({scontrol} show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
          MERIDIAN_COORDINATOR_HOST=$({scontrol} -o show node \"$MERIDIAN_COORDINATOR_NODE\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p' | head -n 1)\n\
@@ -432,10 +445,25 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_holds_the_payload_until_the_grant_file_names_a_token() {
+    fn the_gate_holds_the_payload_until_the_jobs_comment_names_a_binding_of_it() {
         let dir = std::env::temp_dir().join(format!("meridian-gate-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let config = SlurmConfig { work_dir: dir.clone(), ..config() };
+        // A stand-in `scontrol` that shows job $4 with the comment in `dir/comment`, and counts
+        // its calls in `dir/calls`.
+        let (comment, calls) = (dir.join("comment"), dir.join("calls"));
+        std::fs::write(&comment, "meridian-copy:j-1:17").unwrap();
+        let scontrol = dir.join("scontrol");
+        std::fs::write(
+            &scontrol,
+            format!(
+                "#!/bin/sh\necho x >> '{}'\necho \"JobId=$4 JobName=meridian-j-1 Comment=$(cat '{}') JobState=RUNNING\"\n",
+                calls.display(),
+                comment.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&scontrol, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let config = SlurmConfig { work_dir: dir.clone(), bin_dir: Some(dir.clone()), ..config() };
         let copy = copy_batch_job(&assignment(&["true"]), 17, &config, &[], &CONTRACT).unwrap();
         // The gate's lines, in a real shell as Slurm job 42; then print the token it ran under.
         let end = copy.script.find("export MERIDIAN_JOB_ID").unwrap();
@@ -447,20 +475,30 @@ mod tests {
             .spawn()
             .unwrap();
         let ready = dir.join("meridian-gate-42.ready");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !ready.exists() {
-            assert!(std::time::Instant::now() < deadline, "the gate never marked itself ready");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        assert!(shell.try_wait().unwrap().is_none(), "it waits at the gate");
-        std::fs::write(dir.join("meridian-gate-42.grant"), "9\n").unwrap();
-        // The agent's signal wakes the gate at once (without it, the gate's next look finds the file).
+        let looks = || std::fs::read_to_string(&calls).map(|t| t.lines().count()).unwrap_or(0);
+        let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
+        wait_until("the gate marks itself ready", &|| ready.exists() && looks() >= 1);
         let pid = shell.id().to_string();
-        assert!(std::process::Command::new("kill").args(["-USR2", &pid]).status().unwrap().success());
+        let signal = || assert!(std::process::Command::new("kill").args(["-USR2", &pid]).status().unwrap().success());
+        // Woken while the comment says cancelled (a drop): it looks, and keeps waiting.
+        std::fs::write(&comment, "meridian-cancelled:j-1:17").unwrap();
+        let before = looks();
+        signal();
+        wait_until("the signal makes the gate look again", &|| looks() > before);
+        assert!(shell.try_wait().unwrap().is_none(), "it still waits at the gate");
+        // The grant: the comment names binding 9; the signal wakes it at once.
+        std::fs::write(&comment, "meridian:j-1:9").unwrap();
+        signal();
         let out = shell.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.ends_with("running as binding 9\ntoken=9\n"), "{text}");
-        assert!(!ready.exists() && !dir.join("meridian-gate-42.grant").exists(), "the gate cleans up after itself");
+        assert!(!ready.exists(), "the gate cleans up after itself");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
+use super::members::local_job;
 use super::*;
 use crate::command::tests::{HYBRID, args};
 use crate::command::{SimArgs, build_workload};

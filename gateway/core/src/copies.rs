@@ -16,7 +16,7 @@
 //!   and the gateway forgets a cluster's copies then. A new leader starts with none.
 //!
 //! A round that finds the job could start now on a member holding its copy waits up to
-//! [`COPY_START_GRACE_MS`] for that copy to ask for the lock instead of offering the job there:
+//! `placement.copyStartGraceSecs` for that copy to ask for the lock instead of offering the job there:
 //! the member's scheduler starts the copy at its next pass (Slurm's comes seconds after the
 //! GPUs free), and an offer would replace the copy with a new job at the back of that member's
 //! queue.
@@ -30,11 +30,6 @@ use meridian_placement::{Decision, Verdict};
 use meridian_proto::protocol::GatewayCommand;
 
 use crate::io::Effects;
-
-/// How long a job that could start now on a member holding its copy waits for that copy to ask
-/// for the lock before it is offered there as usual: a few of Slurm's scheduling passes and the
-/// agent's status polls.
-pub(crate) const COPY_START_GRACE_MS: i64 = 15_000;
 
 /// What a round does with a job it could offer to a member holding its copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,17 +156,17 @@ impl CopyBook {
     }
 
     /// A round could offer job `id` to `cluster` now: whether to wait for the copy held there
-    /// instead (see [`COPY_START_GRACE_MS`]).
-    pub(crate) fn at_copy(&mut self, id: &str, cluster: &str, now_ms: i64) -> AtCopy {
+    /// instead, for at most `grace_ms` since a round first found it could start there.
+    pub(crate) fn at_copy(&mut self, id: &str, cluster: &str, now_ms: i64, grace_ms: i64) -> AtCopy {
         let copy = self.by_job.get_mut(id).and_then(|copies| copies.iter_mut().find(|c| c.cluster == cluster));
         let Some(copy) = copy.filter(|c| !c.ready) else { return AtCopy::Offer };
         match copy.starts_seen_at_ms {
-            None => {
+            None if grace_ms > 0 => {
                 copy.starts_seen_at_ms = Some(now_ms);
                 AtCopy::Wait { first: true }
             }
-            Some(seen) if now_ms.saturating_sub(seen) < COPY_START_GRACE_MS => AtCopy::Wait { first: false },
-            Some(_) => AtCopy::Offer,
+            Some(seen) if now_ms.saturating_sub(seen) < grace_ms => AtCopy::Wait { first: false },
+            _ => AtCopy::Offer,
         }
     }
 

@@ -280,7 +280,8 @@ impl Round<'_> {
                 continue;
             };
             let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
-            if !preempts && let AtCopy::Wait { first } = self.copies.at_copy(&job.id, &cluster, now_ms) {
+            let grace_ms = (config.copy_start_grace_secs * 1000.0) as i64;
+            if !preempts && let AtCopy::Wait { first } = self.copies.at_copy(&job.id, &cluster, now_ms, grace_ms) {
                 // Its copy there starts at the member's next pass: keep the GPUs for it.
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
                 if let Some(target) = snapshot.clusters.iter_mut().find(|c| *c.name() == cluster) {

@@ -57,6 +57,12 @@ pub struct PlacementConfig {
     /// `docs/architecture.md#sibling-copies`). Chosen by score, so cost and data still count.
     /// Default 0 (off); at most [`MAX_SIBLING_COPIES`].
     pub sibling_copies: u32,
+    /// How long a job that could start now on a member holding its sibling copy waits for that
+    /// copy to ask for the start lock before it is offered there as usual (an offer replaces the
+    /// copy with a new job at the back of that member's queue). Default 15 s: a few of Slurm's
+    /// main scheduling passes and the agent's status polls; raise it where copies start only at
+    /// backfill passes (`bf_interval`, 30 s by default). 0 offers at once.
+    pub copy_start_grace_secs: f64,
 }
 
 /// The most sibling copies a job may have.
@@ -75,6 +81,7 @@ impl Default for PlacementConfig {
             quote_candidates: 3,
             quote_ttl_secs: 60.0,
             sibling_copies: 0,
+            copy_start_grace_secs: 15.0,
         }
     }
 }
@@ -91,6 +98,7 @@ impl PlacementConfig {
             ("holdAfterSecs", self.hold_after_secs),
             ("deadlineMissPenaltySecs", self.deadline_miss_penalty_secs),
             ("quoteTtlSecs", self.quote_ttl_secs),
+            ("copyStartGraceSecs", self.copy_start_grace_secs),
         ]
         .into_iter()
         .filter(|(_, value)| !(value.is_finite() && *value >= 0.0))

@@ -205,7 +205,7 @@ fn a_job_that_could_start_where_it_holds_a_copy_waits_for_that_copy_to_ask_for_t
     let west_copy = west_frees_before_its_copy_starts(&mut h, &gang, west);
     // A job behind it that would fit west now does not take the GPUs kept for the copy.
     let other = h.submit(&GANG.replace("name: gang", "name: other"));
-    h.advance(Duration::from_millis(crate::copies::COPY_START_GRACE_MS as u64 / 2));
+    h.advance(Duration::from_millis(7_500));
     let fx = h.step(Input::Round);
     assert!(sends_to(&fx, west).iter().all(|m| !matches!(m, GatewayCommand::Offer(_))), "{:?}", fx.sends);
     assert_eq!((h.state(&gang), h.state(&other)), (JobState::Queued, JobState::Queued));
@@ -231,7 +231,7 @@ fn past_the_grace_the_job_is_offered_where_it_can_start_and_its_copies_are_dropp
     let (mut h, east, west) = fleet(2);
     let gang = h.submit(GANG);
     let west_copy = west_frees_before_its_copy_starts(&mut h, &gang, west);
-    h.advance(Duration::from_millis(crate::copies::COPY_START_GRACE_MS as u64));
+    h.advance(Duration::from_secs(15));
     h.event(west, inventory_event(&[8, 8]));
     let fx = h.step(Input::Round);
     let dropped: Vec<ConnId> = drops(&fx).into_iter().map(|(c, _)| c).collect();
@@ -244,4 +244,26 @@ fn past_the_grace_the_job_is_offered_where_it_can_start_and_its_copies_are_dropp
         fx.sends.iter().position(|(c, m)| *c == west && matches!(m, GatewayCommand::Offer(a) if a.job_id == gang));
     assert!(drop_at.is_some() && drop_at < offer_at, "the drop goes before the offer: {:?}", fx.sends);
     assert_eq!(h.state(&gang), JobState::Offered);
+}
+
+#[test]
+fn with_no_grace_the_job_is_offered_at_once_where_it_can_start_and_a_bad_grace_is_named() {
+    let mut config = CoreConfig::default();
+    config.placement.sibling_copies = 2;
+    config.placement.copy_start_grace_secs = 0.0;
+    let mut h = Harness::new(config);
+    let (east, _) = h.connect("east", "east");
+    h.event(east, inventory_event(&[0, 0]));
+    let (west, _) = h.connect("west", "west");
+    h.event(west, inventory_event(&[0, 0]));
+    let gang = h.submit(GANG);
+    assert_eq!(copies(&h.step(Input::Round)).len(), 2);
+    h.event(west, inventory_event(&[8, 8]));
+    let fx = h.step(Input::Round);
+    assert_eq!(drops(&fx).len(), 2, "{:?}", fx.sends);
+    assert!(sends_to(&fx, west).iter().any(|m| matches!(m, GatewayCommand::Offer(a) if a.job_id == gang)));
+    let _ = east;
+
+    let bad = meridian_placement::PlacementConfig { copy_start_grace_secs: f64::NAN, ..Default::default() };
+    assert_eq!(bad.problems("placement."), ["placement.copyStartGraceSecs: NaN must be a finite number >= 0"]);
 }

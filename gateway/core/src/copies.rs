@@ -74,11 +74,15 @@ pub(crate) struct CopyBook {
 impl CopyBook {
     /// Whether job `id` waits as copies.
     pub(crate) fn has_copies(&self, id: &str) -> bool {
-        self.by_job.contains_key(id)
+        // Rounds ask for every queued job: with no copies (the default), hash nothing.
+        !self.by_job.is_empty() && self.by_job.contains_key(id)
     }
 
     /// Job `id`'s copies.
     pub(crate) fn of(&self, id: &str) -> &[SiblingCopy] {
+        if self.by_job.is_empty() {
+            return &[];
+        }
         self.by_job.get(id).map_or(&[], Vec::as_slice)
     }
 
@@ -158,6 +162,9 @@ impl CopyBook {
     /// A round could offer job `id` to `cluster` now: whether to wait for the copy held there
     /// instead, for at most `grace_ms` since a round first found it could start there.
     pub(crate) fn at_copy(&mut self, id: &str, cluster: &str, now_ms: i64, grace_ms: i64) -> AtCopy {
+        if self.by_job.is_empty() {
+            return AtCopy::Offer;
+        }
         let copy = self.by_job.get_mut(id).and_then(|copies| copies.iter_mut().find(|c| c.cluster == cluster));
         let Some(copy) = copy.filter(|c| !c.ready) else { return AtCopy::Offer };
         match copy.starts_seen_at_ms {

@@ -26,13 +26,12 @@
 //! submitted with the QOS its job would get (see `docs/backends.md#sibling-copies`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use meridian_proto::protocol::Assignment;
 
 use super::command::args;
 use super::parse::{QueueRow, cancelled_comment_for, comment_for, copy_of};
-use super::script::{self, gate_path};
+use super::script::{self, gate_ready_path};
 use super::{Shared, poll};
 use crate::backend::{Admission, BackendError, CopyAdmission, CopyEvent, JobPhase};
 
@@ -74,17 +73,10 @@ impl Shared {
             Ok(batch) => batch,
             Err(e) => return refused(e.to_string()),
         };
-        let out = self.runner.run("sbatch", &batch.args, Some(&batch.script)).await?;
-        if !out.success() {
-            if out.is_transient() {
-                return Err(BackendError::transient(format!("sbatch: {}", out.message())));
-            }
-            return refused(format!("Slurm: {}", out.message()));
-        }
-        let slurm_id = out.stdout.trim().split(';').next().unwrap_or("").trim().to_string();
-        if slurm_id.is_empty() {
-            return Err(BackendError::transient(format!("sbatch printed no job id: {:?}", out.stdout)));
-        }
+        let slurm_id = match self.sbatch(&batch).await? {
+            Ok(slurm_id) => slurm_id,
+            Err(refusal) => return refused(refusal),
+        };
         tracing::info!(job = %job.job_id, copy_token, %slurm_id, "sibling copy queued in Slurm behind a start gate");
         self.lock_copies().insert(job.job_id.clone(), SlurmCopy { copy_token, slurm_id, port, ready_on: None });
         Ok(CopyAdmission::Queued)
@@ -161,7 +153,7 @@ impl Shared {
                 Some(row) if poll::is_live(&row.state) => {
                     let at_gate = copy.ready_on.is_none()
                         && row.state == "RUNNING"
-                        && tokio::fs::try_exists(gate_file(&self.config.work_dir, &copy.slurm_id, "ready"))
+                        && tokio::fs::try_exists(gate_ready_path(&self.config.work_dir, &copy.slurm_id))
                             .await
                             .unwrap_or(false);
                     if !at_gate {
@@ -214,22 +206,17 @@ impl Shared {
     }
 
     /// Cancels `copy` in Slurm (comment first, so nobody reads it as a copy any more) and
-    /// forgets it; its gate files go with it.
+    /// forgets it; its ready mark goes with it.
     async fn cancel_copy(&self, job_id: &str, copy: &SlurmCopy) -> Result<(), BackendError> {
         let id = copy.slurm_id.as_str();
-        let comment = format!("Comment={}", cancelled_comment_for(&self.config.job_tag, job_id, copy.copy_token));
-        let _ = self.runner.run("scontrol", &args(&["update", &format!("JobId={id}"), &comment]), None).await?;
-        let out = self.runner.run("scancel", &args(&[id]), None).await?;
-        if !out.success() {
-            return Err(BackendError::transient(format!("scancel {id}: {}", out.message())));
-        }
+        self.cancel_in_slurm(id, &cancelled_comment_for(&self.config.job_tag, job_id, copy.copy_token)).await?;
         {
             let mut copies = self.lock_copies();
             if copies.get(job_id).is_some_and(|held| held.slurm_id == copy.slurm_id) {
                 copies.remove(job_id);
             }
         }
-        let _ = tokio::fs::remove_file(gate_file(&self.config.work_dir, id, "ready")).await;
+        let _ = tokio::fs::remove_file(gate_ready_path(&self.config.work_dir, id)).await;
         tracing::info!(job = %job_id, copy_token = copy.copy_token, slurm_id = %id, "sibling copy cancelled in Slurm");
         Ok(())
     }
@@ -237,12 +224,4 @@ impl Shared {
     pub(crate) fn lock_copies(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SlurmCopy>> {
         self.copies.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-/// `<gate>.<suffix>` of Slurm job `slurm_id`'s start gate.
-pub(crate) fn gate_file(work_dir: &Path, slurm_id: &str, suffix: &str) -> PathBuf {
-    let mut path = gate_path(work_dir, slurm_id).into_os_string();
-    path.push(".");
-    path.push(suffix);
-    path.into()
 }

@@ -245,17 +245,10 @@ impl Shared {
             Ok(batch) => batch,
             Err(e) => return Ok(Admission::Refused { reason: e.to_string(), permanent: true }),
         };
-        let out = self.runner.run("sbatch", &batch.args, Some(&batch.script)).await?;
-        if !out.success() {
-            if out.is_transient() {
-                return Err(BackendError::transient(format!("sbatch: {}", out.message())));
-            }
-            return Ok(Admission::Refused { reason: format!("Slurm: {}", out.message()), permanent: true });
-        }
-        let slurm_id = out.stdout.trim().split(';').next().unwrap_or("").trim().to_string();
-        if slurm_id.is_empty() {
-            return Err(BackendError::transient(format!("sbatch printed no job id: {:?}", out.stdout)));
-        }
+        let slurm_id = match self.sbatch(&batch).await? {
+            Ok(slurm_id) => slurm_id,
+            Err(reason) => return Ok(Admission::Refused { reason, permanent: true }),
+        };
         let phase = match self.runner.query("squeue", &args(&["-h", "-j", &slurm_id, "-o", parse::SQUEUE_FORMAT])).await
         {
             Ok(text) => match parse::parse_squeue(&text).into_iter().next() {
@@ -276,6 +269,34 @@ impl Shared {
         Ok(admission_of(phase))
     }
 
+    /// Submits `batch`: Slurm's job id, or Slurm's refusal (a transient failure is an error).
+    async fn sbatch(&self, batch: &script::BatchJob) -> Result<Result<String, String>, BackendError> {
+        let out = self.runner.run("sbatch", &batch.args, Some(&batch.script)).await?;
+        if !out.success() {
+            if out.is_transient() {
+                return Err(BackendError::transient(format!("sbatch: {}", out.message())));
+            }
+            return Ok(Err(format!("Slurm: {}", out.message())));
+        }
+        let slurm_id = out.stdout.trim().split(';').next().unwrap_or("").trim().to_string();
+        if slurm_id.is_empty() {
+            return Err(BackendError::transient(format!("sbatch printed no job id: {:?}", out.stdout)));
+        }
+        Ok(Ok(slurm_id))
+    }
+
+    /// Rewrites Slurm job `id`'s comment to `cancelled` (first: a restarted agent must not adopt
+    /// or report it), then `scancel`s it.
+    async fn cancel_in_slurm(&self, id: &str, cancelled: &str) -> Result<(), BackendError> {
+        let comment = format!("Comment={cancelled}");
+        let _ = self.runner.run("scontrol", &args(&["update", &format!("JobId={id}"), &comment]), None).await?;
+        let out = self.runner.run("scancel", &args(&[id]), None).await?;
+        if !out.success() {
+            return Err(BackendError::transient(format!("scancel {id}: {}", out.message())));
+        }
+        Ok(())
+    }
+
     async fn cancel_now(&self, job_id: &str, fencing_token: u64) -> Result<(), BackendError> {
         let _one_at_a_time = self.submit_lock.lock().await;
         let rows = poll::squeue_all(&self.runner).await?;
@@ -288,13 +309,7 @@ impl Shared {
             .collect();
         self.untrack(job_id, fencing_token);
         for id in &targets {
-            let comment = format!("Comment={}", cancelled_comment_for(&self.config.job_tag, job_id, fencing_token));
-            // Rewrite the comment first: a restarted agent must not adopt or report it.
-            let _ = self.runner.run("scontrol", &args(&["update", &format!("JobId={id}"), &comment]), None).await?;
-            let out = self.runner.run("scancel", &args(&[id]), None).await?;
-            if !out.success() {
-                return Err(BackendError::transient(format!("scancel {id}: {}", out.message())));
-            }
+            self.cancel_in_slurm(id, &cancelled_comment_for(&self.config.job_tag, job_id, fencing_token)).await?;
             // scancel exits 0 for ids it does not know: check that the job really stops.
             let state = self.runner.query("squeue", &args(&["-h", "-j", id, "-o", "%T"])).await.unwrap_or_default();
             let state = state.trim();

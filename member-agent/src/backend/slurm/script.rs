@@ -46,10 +46,10 @@ pub(crate) fn copy_output_path(work_dir: &Path, job_id: &str, copy_token: u64) -
     work_dir.join(format!("meridian-{}-copy{copy_token}.out", file_safe(job_id)))
 }
 
-/// Where Slurm job `slurm_id`'s start gate (a sibling copy's) keeps its mark: `<gate>.ready`,
-/// which the batch script creates once it waits at the gate (its `USR2` trap is set).
-pub(crate) fn gate_path(work_dir: &Path, slurm_id: &str) -> PathBuf {
-    work_dir.join(format!("meridian-gate-{}", file_safe(slurm_id)))
+/// The mark Slurm job `slurm_id`'s start gate (a sibling copy's) creates once it waits at the
+/// gate with its `USR2` trap set (the script names it from `$SLURM_JOB_ID` the same way).
+pub(crate) fn gate_ready_path(work_dir: &Path, slurm_id: &str) -> PathBuf {
+    work_dir.join(format!("meridian-gate-{}.ready", file_safe(slurm_id)))
 }
 
 fn file_safe(name: &str) -> String {

@@ -670,7 +670,7 @@ cluster: k8s-west
 region: us-west
 tier: cloud
 tls: {existingSecret: west-certs}
-kubernetes: {mode: kueue, namespace: batch-jobs, queues: {vision: vision-lq}, defaultQueue: meridian-lq}
+kubernetes: {mode: kueue, namespace: batch-jobs, queues: {vision: vision-lq}, defaultQueue: meridian-lq, startLockCheck: meridian-start-lock}
 "#;
     let render = render_agent(&helm, values, tls_only(&["west-certs"]), "kueue");
     assert_eq!(render.config.kubernetes.as_ref().map(|k| k.namespace.as_str()), Some("batch-jobs"));

@@ -5,7 +5,7 @@
 //! The agent keeps one record per copy (by job id, at most one per job) and answers:
 //! - `Copy`: refused ([`AgentEvent::CopyDropped`]) when the member holds a binding of the job
 //!   or its lease has run out; else handed to the backend, which queues it or refuses it (as
-//!   unsupported when it has no start gate: Kubernetes today).
+//!   unsupported when it has no start gate: Volcano, and Kueue without `kubernetes.startLockCheck`).
 //! - The backend's [`CopyEvent::Ready`]: [`AgentEvent::CopyReady`], once per copy.
 //! - `Grant` of a ready copy: started like an offer, on the nodes the copy holds
 //!   ([`Start::Grant`]); of any other copy: an offer, after dropping the copy.

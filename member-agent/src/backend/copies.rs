@@ -6,9 +6,9 @@
 //! start lock: exactly one copy of a job is ever granted. A copy is no binding: it runs nothing
 //! and is never listed or reported as a job. A backend that can hold a copy at its start gate
 //! (the builtin scheduler; Slurm, with a gate in the batch script) queues it and says
-//! [`CopyEvent::Ready`] when its scheduler has taken nodes for it; the others (Kubernetes) refuse
-//! every copy as unsupported (the [`super::LocalBackend`] defaults), and the gateway then sends
-//! them none.
+//! [`CopyEvent::Ready`] when its scheduler has taken nodes for it (Kueue, held by the agent's
+//! own AdmissionCheck: when Kueue has reserved quota for it); the others (Volcano) refuse every
+//! copy as unsupported, and the gateway then sends them none.
 
 /// The backend's answer to [`super::LocalBackend::copy`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -112,6 +112,9 @@ the same; tests/tests/helm.rs checks that they agree.
 {{- if eq .Values.backend "kubernetes" }}
 {{- $kubernetes := deepCopy .Values.kubernetes }}
 {{- $_ := set $kubernetes "namespace" (include "meridian-agent.jobNamespace" .) }}
+{{- if not $kubernetes.startLockCheck }}
+{{- $_ := unset $kubernetes "startLockCheck" }}
+{{- end }}
 {{- $_ := set $config "kubernetes" $kubernetes }}
 {{- else if eq .Values.backend "slurm" }}
 {{- $_ := set $config "slurm" (default (dict) .Values.slurm) }}

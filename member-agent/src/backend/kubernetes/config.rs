@@ -70,7 +70,18 @@ pub struct KubernetesConfig {
     /// has its own address, so one port serves every job.
     #[serde(default = "default_coordinator_port")]
     pub coordinator_port: u16,
+    /// Kueue mode: the name of the Kueue `AdmissionCheck` (controller
+    /// [`START_LOCK_CONTROLLER`]) that holds sibling copies until the gateway grants one of them
+    /// the job's start lock. Unset: the backend queues no copies. Every ClusterQueue that
+    /// Meridian's LocalQueues point at must list it; the agent passes it for every workload that
+    /// is not a waiting copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_lock_check: Option<String>,
 }
+
+/// The `spec.controllerName` of the Kueue `AdmissionCheck` that `startLockCheck` names: the
+/// agent is that check's controller.
+pub const START_LOCK_CONTROLLER: &str = "meridian.io/start-lock";
 
 /// Where the Kubernetes backend learns job status from (`kubernetes.statusUpdates`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -113,6 +124,7 @@ impl Default for KubernetesConfig {
             status_updates: StatusUpdates::default(),
             poll_interval: default_poll_interval(),
             coordinator_port: default_coordinator_port(),
+            start_lock_check: None,
         }
     }
 }
@@ -165,6 +177,16 @@ impl KubernetesConfig {
         }
         if self.poll_interval.0.is_zero() {
             problems.push("kubernetes.pollInterval: must be longer than 0s".into());
+        }
+        if let Some(check) = &self.start_lock_check {
+            if self.mode != Mode::Kueue {
+                problems.push(
+                    "kubernetes.startLockCheck: only kueue mode has admission checks; remove it or set `mode: kueue`"
+                        .into(),
+                );
+            } else if !is_dns_subdomain(check) {
+                problems.push(format!("kubernetes.startLockCheck: `{check}` is not a valid AdmissionCheck name"));
+            }
         }
     }
 
@@ -231,6 +253,7 @@ mod tests {
             "priorityClasses": [{"minPriority": 101, "name": "Hi!"}],
             "requestTimeout": "0s",
             "pollInterval": "0s",
+            "startLockCheck": "start-lock",
         }))
         .unwrap();
         let mut problems = Vec::new();
@@ -247,6 +270,7 @@ mod tests {
                 "kubernetes.priorityClasses[0].name",
                 "kubernetes.requestTimeout",
                 "kubernetes.pollInterval",
+                "kubernetes.startLockCheck",
             ],
             "{problems:?}"
         );

@@ -7,6 +7,7 @@
 //! - [`inventory`]: Nodes + Pods → [`Inventory`].
 //! - [`pressure`]: PodGroups / Workloads → [`QueuePressure`].
 //! - `quote`: Nodes + Pods → a start quote, from Meridian pods' estimated ends.
+//! - `copies`: sibling copies in Kueue mode, held by the agent's own Kueue `AdmissionCheck`.
 //!
 //! Every object Meridian creates carries the label `app.kubernetes.io/managed-by=meridian`, the
 //! job id as a label and annotation, and the fencing token as an annotation, so `list` (and a
@@ -30,9 +31,13 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use super::logs::LogRequest;
-use super::{Admission, BackendError, HeldJob, JobEvent, JobEventSender, JobPhase, LogChunk, Result};
+use super::{
+    Admission, BackendError, CopyEventReceiver, CopyEventSender, HeldJob, JobEvent, JobEventSender, JobPhase, LogChunk,
+    Result,
+};
 
 pub mod config;
+mod copies;
 pub mod inventory;
 pub mod objects;
 pub mod pressure;
@@ -41,6 +46,8 @@ mod service;
 pub mod status;
 mod watch;
 
+#[cfg(test)]
+mod copy_tests;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]
@@ -62,6 +69,8 @@ const LOG_READ_CAP: usize = 1024 * 1024;
 pub struct KubernetesBackend {
     shared: Arc<Shared>,
     poller: JoinHandle<()>,
+    /// The receiving end of the sibling copies' events, until the agent takes it.
+    copy_events: Mutex<Option<CopyEventReceiver>>,
 }
 
 struct Shared {
@@ -73,6 +82,10 @@ struct Shared {
     events: JobEventSender,
     /// Bindings whose changes are reported, by job id.
     tracked: Mutex<BTreeMap<String, Tracked>>,
+    /// Sibling copies queued behind the start-lock admission check, by job id ([`copies`]).
+    copies: Mutex<BTreeMap<String, copies::KueueCopy>>,
+    /// Where the copies' events go.
+    copy_events: CopyEventSender,
 }
 
 /// A binding whose changes the poller reports.
@@ -103,6 +116,8 @@ struct Binding {
 /// Jobs, pods and PodGroups/Workloads, listed once.
 struct Snapshot {
     bindings: Vec<Binding>,
+    /// The sibling copies' Jobs (Kueue mode), which are no bindings.
+    copies: Vec<copies::CopyObject>,
     pods: Vec<Pod>,
     groups: Vec<Value>,
 }
@@ -128,9 +143,21 @@ impl KubernetesBackend {
         events: JobEventSender,
     ) -> Result<Self> {
         let mapper = GpuTypeMapper::new(config.gpu_types.clone());
-        let shared = Arc::new(Shared { client, config, cluster, mapper, events, tracked: Mutex::new(BTreeMap::new()) });
+        let (copy_events_tx, copy_events) = tokio::sync::mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            client,
+            config,
+            cluster,
+            mapper,
+            events,
+            tracked: Mutex::new(BTreeMap::new()),
+            copies: Mutex::new(BTreeMap::new()),
+            copy_events: copy_events_tx,
+        });
         shared.scan().await?;
+        shared.activate_start_lock().await?;
         let snapshot = shared.snapshot().await?;
+        shared.cancel_orphan_copies(&snapshot).await?;
         {
             let mut tracked = shared.lock_tracked();
             for binding in &snapshot.bindings {
@@ -141,7 +168,7 @@ impl KubernetesBackend {
             }
         }
         let poller = tokio::spawn(run_status_loop(Arc::clone(&shared)));
-        Ok(Self { shared, poller })
+        Ok(Self { shared, poller, copy_events: Mutex::new(Some(copy_events)) })
     }
 }
 
@@ -273,32 +300,26 @@ impl Shared {
         let groups: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), self.ns(), &group_resource(self.config.mode));
         let groups = self.call("list pod groups", groups.list(&ListParams::default())).await?;
+        let copies = listed.items.iter().filter_map(copies::copy_object_of).collect();
         let bindings = listed.items.into_iter().filter_map(binding_of).collect();
         let groups = groups.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()).collect();
-        Ok(Snapshot { bindings, pods: pods.items, groups })
+        Ok(Snapshot { bindings, copies, pods: pods.items, groups })
     }
 
     async fn submit_now(&self, job: &Assignment) -> Result<Admission> {
         let spec = &job.spec;
-        if spec.payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
-            return Ok(Admission::Refused {
-                reason: format!("job `{}`: Kubernetes runs containers; payload.image is required", job.job_id),
-                permanent: true,
-            });
-        }
-        if spec.gang.replicas == 0 || spec.gang.resources.gpus == 0 {
-            return Ok(Admission::Refused {
-                reason: format!("job `{}`: gang.replicas and gang.resources.gpus must be at least 1", job.job_id),
-                permanent: true,
-            });
+        if let Some(reason) = copies::unfit_spec(job) {
+            return Ok(Admission::Refused { reason, permanent: true });
         }
         let snapshot = self.snapshot().await?;
         if let Some(held) = snapshot.bindings.iter().find(|b| b.job_id == job.job_id) {
             if held.fencing_token == job.fencing_token {
-                self.ensure_service(job, &held.uid, Created::Earlier).await?;
+                self.ensure_service(job, &held.name, &held.uid, Created::Earlier).await?;
             }
             return Ok(snapshot.admission_of(held, job.fencing_token, self.config.mode));
         }
+        // A member never holds a copy of a job it holds.
+        self.drop_copies_of(&job.job_id).await?;
         let scan = self.scan().await?;
         let gpu_type = spec.gang.resources.gpu_types.first().map(String::as_str);
         if let Some(reason) = never_fits(job, &scan.inventory, gpu_type) {
@@ -330,7 +351,7 @@ impl Shared {
         match created {
             Ok(Ok(created)) => {
                 let uid = created.metadata.uid.clone().unwrap_or_default();
-                Ok(self.ensure_service(job, &uid, Created::Now).await?.unwrap_or(Admission::Queued { reason }))
+                Ok(self.ensure_service(job, &name, &uid, Created::Now).await?.unwrap_or(Admission::Queued { reason }))
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
                 // Created by an earlier try whose answer was lost, or a name clash: the token decides.
@@ -338,7 +359,7 @@ impl Shared {
                 match now.bindings.iter().find(|b| b.name == name) {
                     Some(held) => {
                         if held.fencing_token == job.fencing_token {
-                            self.ensure_service(job, &held.uid, Created::Earlier).await?;
+                            self.ensure_service(job, &held.name, &held.uid, Created::Earlier).await?;
                         }
                         Ok(now.admission_of(held, job.fencing_token, self.config.mode))
                     }
@@ -364,14 +385,26 @@ impl Shared {
 
     async fn cancel_now(&self, job_id: &str, fencing_token: u64) -> Result<()> {
         self.untrack(job_id, fencing_token);
-        let name = objects::object_name(job_id, fencing_token);
-        let jobs = self.jobs();
-        let Some(object) = self.call("get job", jobs.get_opt(&name)).await? else { return Ok(()) };
-        let Some(binding) = binding_of(object) else { return Ok(()) };
-        if binding.job_id != job_id || binding.fencing_token != fencing_token {
-            return Ok(());
-        }
-        match self.deadline("delete job", jobs.delete(&name, &DeleteParams::background())).await? {
+        let Some(binding) = self.find_binding(job_id, fencing_token).await? else { return Ok(()) };
+        self.delete_job(&binding.name).await
+    }
+
+    /// Binding `fencing_token` of `job_id`, read from the API: by its labels, not its name, as a
+    /// granted sibling copy keeps its copy's name.
+    async fn find_binding(&self, job_id: &str, fencing_token: u64) -> Result<Option<Binding>> {
+        let selector = format!("{},{JOB_ID_KEY}={}", managed_selector(), objects::label_value(job_id));
+        let listed = self.call("list jobs", self.jobs().list(&ListParams::default().labels(&selector))).await?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter_map(binding_of)
+            .find(|b| b.job_id == job_id && b.fencing_token == fencing_token))
+    }
+
+    /// Deletes the Job `name` and, through its owner references, what it owns; gone already is
+    /// no error.
+    async fn delete_job(&self, name: &str) -> Result<()> {
+        match self.deadline("delete job", self.jobs().delete(name, &DeleteParams::background())).await? {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(error) => Err(api_error("delete job", error)),
@@ -436,12 +469,13 @@ impl Shared {
         let started = tokio::time::Instant::now();
         let snapshot = self.snapshot().await?;
         self.report_changes(&snapshot, |_, entry| entry.since.is_some_and(|since| since < started));
-        Ok(())
+        self.copy_round(&snapshot, started).await
     }
 
     /// One status round from the watch caches: no API call, except one `get` per tracked binding
     /// the caches lack, to tell a deleted object from one created after the cache last heard.
     async fn sync_from_watch(&self, snapshot: &Snapshot) -> Result<()> {
+        let started = tokio::time::Instant::now();
         let missing: Vec<(String, u64)> = self
             .lock_tracked()
             .iter()
@@ -453,15 +487,14 @@ impl Shared {
             .collect();
         let mut gone = Vec::new();
         for (job_id, token) in missing {
-            let name = objects::object_name(&job_id, token);
-            if self.call("get job", self.jobs().get_opt(&name)).await?.is_none() {
+            if self.find_binding(&job_id, token).await?.is_none() {
                 gone.push((job_id, token));
             }
         }
         self.report_changes(snapshot, |job_id, entry| {
             gone.iter().any(|(id, token)| id == job_id && *token == entry.fencing_token)
         });
-        Ok(())
+        self.copy_round(snapshot, started).await
     }
 
     /// Reports every tracked binding whose phase in `snapshot` differs from the last one
@@ -599,4 +632,4 @@ fn never_fits(job: &Assignment, inventory: &Inventory, gpu_type: Option<&str>) -
     })
 }
 
-super::delegate_to_shared_state!(KubernetesBackend, BackendKind::Kubernetes);
+super::delegate_to_shared_state!(KubernetesBackend, BackendKind::Kubernetes, copies);

@@ -20,8 +20,12 @@ pub const MANAGED_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_VALUE: &str = "meridian";
 /// Label: the job id (label-safe form; the exact id is in the annotation of the same name).
 pub const JOB_ID_KEY: &str = "meridian.io/job-id";
-/// Annotation: the binding's fencing token.
+/// Annotation: the binding's fencing token. In Kueue mode the pod template carries it too, and
+/// each pod reads `MERIDIAN_FENCING_TOKEN` from it (the grant of a sibling copy writes it).
 pub const TOKEN_KEY: &str = "meridian.io/fencing-token";
+/// Annotation of a sibling copy (in place of [`TOKEN_KEY`], so no agent adopts it as a
+/// binding): the copy's token.
+pub const COPY_KEY: &str = "meridian.io/copy-token";
 /// Label Kueue reads to pick the LocalQueue of a Job.
 pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// Name of the single task / container.
@@ -76,6 +80,23 @@ pub fn object_name(job_id: &str, fencing_token: u64) -> String {
     format!("m-{id}-t{fencing_token}")
 }
 
+/// The object name of sibling copy `copy_token` of a job (Kueue mode): it keeps this name
+/// when its grant makes it a binding.
+pub fn copy_name(job_id: &str, copy_token: u64) -> String {
+    let id = label_value(job_id).replace('.', "-");
+    let id = id.trim_matches('-');
+    format!("m-{id}-c{copy_token}")
+}
+
+/// What an object is to Meridian: a binding (its fencing token) or a sibling copy (its copy
+/// token), and its object name.
+#[derive(Debug, Clone, Copy)]
+struct Role<'a> {
+    name: &'a str,
+    binding: Option<u64>,
+    copy: Option<u64>,
+}
+
 /// Builds the object for `job` in the configured mode, on the member cluster named `cluster`.
 pub fn build(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     match config.mode {
@@ -84,11 +105,28 @@ pub fn build(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cl
     }
 }
 
+/// Sibling copy `copy_token` of `job` (Kueue mode): the job's own suspended Job, named
+/// [`copy_name`], annotated [`COPY_KEY`] and without a fencing token; its pods (none until its
+/// grant) read the token from the annotation the grant writes.
+pub fn kueue_copy(
+    job: &Assignment,
+    copy_token: u64,
+    config: &KubernetesConfig,
+    gpu: &GpuPlacement,
+    cluster: &str,
+) -> Value {
+    let name = copy_name(&job.job_id, copy_token);
+    kueue_job_as(job, Role { name: &name, binding: None, copy: Some(copy_token) }, config, gpu, cluster)
+}
+
 /// The host every replica reaches replica 0 at: its pod's DNS name under the job's headless
 /// Service (Volcano's `svc` plugin names pods `<job>-<task>-<index>`; an Indexed Job's pods have
 /// host name `<job>-<index>`), in the configured namespace.
 pub fn coordinator_host(job: &Assignment, config: &KubernetesConfig) -> String {
-    let name = object_name(&job.job_id, job.fencing_token);
+    coordinator_host_of(&object_name(&job.job_id, job.fencing_token), config)
+}
+
+fn coordinator_host_of(name: &str, config: &KubernetesConfig) -> String {
     let pod = match config.mode {
         Mode::Volcano => format!("{name}-{TASK_NAME}-0"),
         Mode::Kueue => format!("{name}-0"),
@@ -108,14 +146,14 @@ fn index_annotation(mode: Mode) -> &'static str {
 /// `env`. The replica index comes from the pod's index annotation (downward API); every other
 /// per-replica variable refers to it as `$(MERIDIAN_REPLICA)`, which Kubernetes expands because
 /// it is defined earlier in the list.
-fn container_env(job: &Assignment, config: &KubernetesConfig, cluster: &str) -> Vec<Value> {
+fn container_env(job: &Assignment, role: Role<'_>, config: &KubernetesConfig, cluster: &str) -> Vec<Value> {
     let facts = job_env::Facts {
         job_id: job.job_id.clone(),
-        fencing_token: job.fencing_token,
+        fencing_token: role.binding.unwrap_or_default(),
         cluster: cluster.to_owned(),
         replicas: job.spec.gang.replicas,
         gpus_per_replica: job.spec.gang.resources.gpus,
-        coordinator_host: coordinator_host(job, config),
+        coordinator_host: coordinator_host_of(role.name, config),
         coordinator_port: config.coordinator_port,
     };
     let annotation = index_annotation(config.mode);
@@ -125,6 +163,12 @@ fn container_env(job: &Assignment, config: &KubernetesConfig, cluster: &str) -> 
             "valueFrom": {"fieldRef": {"fieldPath": format!("metadata.annotations['{annotation}']")}},
         }),
         Source::Replica => json!({"name": variable.name, "value": format!("$({})", job_env::REPLICA_VAR)}),
+        // Kueue: from the pod's annotation, which a sibling copy's grant writes before Kueue
+        // creates any pod.
+        Source::FencingToken if config.mode == Mode::Kueue => json!({
+            "name": variable.name,
+            "valueFrom": {"fieldRef": {"fieldPath": format!("metadata.annotations['{TOKEN_KEY}']")}},
+        }),
         other => json!({"name": variable.name, "value": facts.value(other, 0)}),
     });
     let own = job.spec.payload.env.iter().map(|(k, v)| json!({"name": k, "value": v}));
@@ -134,9 +178,8 @@ fn container_env(job: &Assignment, config: &KubernetesConfig, cluster: &str) -> 
 /// The headless Service that gives a Kueue job's pods their DNS names (`<job>-<index>.<job>`),
 /// owned by the Job (uid `job_uid`) so that deleting the Job deletes it. Volcano's `svc` plugin
 /// makes its own.
-pub fn headless_service(job: &Assignment, config: &KubernetesConfig, job_uid: &str) -> Value {
-    let name = object_name(&job.job_id, job.fencing_token);
-    let mut meta = metadata(job, config, &[]);
+pub fn headless_service(job: &Assignment, name: &str, config: &KubernetesConfig, job_uid: &str) -> Value {
+    let mut meta = metadata(job, Role { name, binding: Some(job.fencing_token), copy: None }, config, &[]);
     meta["ownerReferences"] = json!([{
         "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
         "controller": false, "blockOwnerDeletion": false,
@@ -154,7 +197,7 @@ pub fn headless_service(job: &Assignment, config: &KubernetesConfig, job_uid: &s
     })
 }
 
-fn metadata(job: &Assignment, config: &KubernetesConfig, extra_labels: &[(&str, &str)]) -> Value {
+fn metadata(job: &Assignment, role: Role<'_>, config: &KubernetesConfig, extra_labels: &[(&str, &str)]) -> Value {
     let mut labels = BTreeMap::from([
         (MANAGED_LABEL.to_string(), MANAGED_VALUE.to_string()),
         (JOB_ID_KEY.to_string(), label_value(&job.job_id)),
@@ -162,19 +205,29 @@ fn metadata(job: &Assignment, config: &KubernetesConfig, extra_labels: &[(&str, 
     for (k, v) in extra_labels {
         labels.insert((*k).to_string(), (*v).to_string());
     }
+    let mut annotations = serde_json::Map::from_iter([(JOB_ID_KEY.to_string(), json!(job.job_id))]);
+    if let Some(token) = role.binding {
+        annotations.insert(TOKEN_KEY.into(), json!(token.to_string()));
+    }
+    if let Some(token) = role.copy {
+        annotations.insert(COPY_KEY.into(), json!(token.to_string()));
+    }
     json!({
-        "name": object_name(&job.job_id, job.fencing_token),
+        "name": role.name,
         "namespace": config.namespace,
         "labels": labels,
-        "annotations": {
-            JOB_ID_KEY: job.job_id,
-            TOKEN_KEY: job.fencing_token.to_string(),
-        },
+        "annotations": annotations,
     })
 }
 
 /// The pod template every replica runs.
-fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
+fn pod_template(
+    job: &Assignment,
+    role: Role<'_>,
+    config: &KubernetesConfig,
+    gpu: &GpuPlacement,
+    cluster: &str,
+) -> Value {
     let spec = &job.spec;
     let resources = &spec.gang.resources;
     let mut requests = serde_json::Map::new();
@@ -184,7 +237,7 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement,
     if resources.memory_gib > 0 {
         requests.insert("memory".into(), json!(format!("{}Gi", resources.memory_gib)));
     }
-    let env = container_env(job, config, cluster);
+    let env = container_env(job, role, config, cluster);
     let mut container = json!({
         "name": TASK_NAME,
         "image": spec.payload.image.clone().unwrap_or_default(),
@@ -243,16 +296,21 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement,
     if config.mode == Mode::Kueue {
         // Indexed Job pods are named `<job>-<index>` as hosts; the Service of that name makes
         // them resolvable.
-        pod["subdomain"] = json!(object_name(&job.job_id, job.fencing_token));
+        pod["subdomain"] = json!(role.name);
+    }
+    let mut annotations =
+        serde_json::Map::from_iter([(ESTIMATE_KEY.to_string(), json!(spec.runtime.estimate.0.as_secs().to_string()))]);
+    if let (Mode::Kueue, Some(token)) = (config.mode, role.binding) {
+        annotations.insert(TOKEN_KEY.into(), json!(token.to_string()));
     }
     json!({
         "metadata": {
             "labels": {
                 MANAGED_LABEL: MANAGED_VALUE,
                 JOB_ID_KEY: label_value(&job.job_id),
-                BINDING_LABEL: object_name(&job.job_id, job.fencing_token),
+                BINDING_LABEL: role.name,
             },
-            "annotations": {ESTIMATE_KEY: spec.runtime.estimate.0.as_secs().to_string()},
+            "annotations": annotations,
         },
         "spec": pod,
     })
@@ -262,6 +320,8 @@ fn pod_template(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement,
 /// a failed pod terminates the whole job. Its `svc` plugin makes the headless Service and the
 /// pods' host names the coordinator address needs, its `env` plugin `VC_TASK_INDEX`.
 pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
+    let name = object_name(&job.job_id, job.fencing_token);
+    let role = Role { name: &name, binding: Some(job.fencing_token), copy: None };
     let replicas = job.spec.gang.replicas;
     let mut spec = json!({
         "schedulerName": "volcano",
@@ -273,7 +333,7 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
         "tasks": [{
             "name": TASK_NAME,
             "replicas": replicas,
-            "template": pod_template(job, config, gpu, cluster),
+            "template": pod_template(job, role, config, gpu, cluster),
         }],
     });
     if let Some(class) = config.priority_class_of(&job.spec) {
@@ -282,7 +342,7 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
     json!({
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
-        "metadata": metadata(job, config, &[]),
+        "metadata": metadata(job, role, config, &[]),
         "spec": spec,
     })
 }
@@ -294,19 +354,30 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
 /// and on by default in 1.22), but Kueue needs `Job.spec.suspend` (1.21, on by default in 1.22)
 /// anyway, so every cluster that runs Kueue has them.
 pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
+    let name = object_name(&job.job_id, job.fencing_token);
+    kueue_job_as(job, Role { name: &name, binding: Some(job.fencing_token), copy: None }, config, gpu, cluster)
+}
+
+fn kueue_job_as(
+    job: &Assignment,
+    role: Role<'_>,
+    config: &KubernetesConfig,
+    gpu: &GpuPlacement,
+    cluster: &str,
+) -> Value {
     let replicas = job.spec.gang.replicas;
     let queue = config.queue_for(&job.spec.tenant);
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(job, config, &[(KUEUE_QUEUE_LABEL, queue)]),
+        "metadata": metadata(job, role, config, &[(KUEUE_QUEUE_LABEL, queue)]),
         "spec": {
             "parallelism": replicas,
             "completions": replicas,
             "completionMode": "Indexed",
             "backoffLimit": 0,
             "suspend": true,
-            "template": pod_template(job, config, gpu, cluster),
+            "template": pod_template(job, role, config, gpu, cluster),
         },
     })
 }
@@ -416,7 +487,12 @@ mod tests {
                 Mode::Volcano => &object["spec"]["tasks"][0]["template"],
                 Mode::Kueue => &object["spec"]["template"],
             };
-            assert_eq!(template["metadata"]["annotations"], json!({ESTIMATE_KEY: "5400"}), "{mode:?}");
+            let annotations = match mode {
+                Mode::Volcano => json!({ESTIMATE_KEY: "5400"}),
+                // Kueue pods read their fencing token from the annotation (a copy's grant writes it).
+                Mode::Kueue => json!({ESTIMATE_KEY: "5400", TOKEN_KEY: "7"}),
+            };
+            assert_eq!(template["metadata"]["annotations"], annotations, "{mode:?}");
             assert!(object["metadata"]["annotations"].get(ESTIMATE_KEY).is_none(), "on the pods only: {mode:?}");
         }
     }
@@ -460,6 +536,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_kueue_copy_is_the_jobs_own_job_named_for_the_copy_and_without_a_fencing_token() {
+        let job = job();
+        let copy = kueue_copy(&job, 12, &config(Mode::Kueue), &a100(), "k8s-west");
+        let binding = kueue_job(&job, &config(Mode::Kueue), &a100(), "k8s-west");
+        assert_eq!(copy["metadata"]["name"], "m-j-00000abc-c12");
+        assert_eq!(copy["metadata"]["annotations"], json!({JOB_ID_KEY: "j-00000abc", COPY_KEY: "12"}));
+        let template = &copy["spec"]["template"];
+        assert_eq!(template["metadata"]["annotations"], json!({ESTIMATE_KEY: "600"}), "no token until the grant");
+        assert_eq!(template["metadata"]["labels"][BINDING_LABEL], "m-j-00000abc-c12");
+        assert_eq!(template["spec"]["subdomain"], "m-j-00000abc-c12");
+        let host = "m-j-00000abc-c12-0.m-j-00000abc-c12.ml.svc";
+        let env = env_of(&copy);
+        assert!(env.contains(&("MERIDIAN_COORDINATOR_HOST".into(), json!(host))), "{env:?}");
+        // Everything else is the job's: queue, gang, resources, suspension.
+        assert_eq!(copy["metadata"]["labels"], binding["metadata"]["labels"]);
+        for field in ["parallelism", "completions", "completionMode", "backoffLimit", "suspend"] {
+            assert_eq!(copy["spec"][field], binding["spec"][field], "{field}");
+        }
+        assert_eq!(
+            template["spec"]["containers"][0]["resources"],
+            binding["spec"]["template"]["spec"]["containers"][0]["resources"]
+        );
+    }
+
     /// The container env of `object`'s pods, by name, in order.
     fn env_of(object: &Value) -> Vec<(String, Value)> {
         let template = match object["kind"].as_str() {
@@ -485,10 +586,14 @@ mod tests {
         ] {
             let object = build(&job(), &config(mode), &a100(), "k8s-west");
             let index = json!({"fieldRef": {"fieldPath": format!("metadata.annotations['{annotation}']")}});
+            let token = match mode {
+                Mode::Volcano => json!("7"),
+                Mode::Kueue => json!({"fieldRef": {"fieldPath": format!("metadata.annotations['{TOKEN_KEY}']")}}),
+            };
             let coordinator = format!("{host}:29500");
             let expected: Vec<(&str, Value)> = vec![
                 ("MERIDIAN_JOB_ID", json!("j-00000abc")),
-                ("MERIDIAN_FENCING_TOKEN", json!("7")),
+                ("MERIDIAN_FENCING_TOKEN", token),
                 ("MERIDIAN_CLUSTER", json!("k8s-west")),
                 ("MERIDIAN_REPLICA", index),
                 ("MERIDIAN_REPLICAS", json!("2")),
@@ -533,7 +638,9 @@ mod tests {
 
     #[test]
     fn a_kueue_jobs_headless_service_selects_its_pods_and_is_owned_by_the_job() {
-        let service = headless_service(&job(), &config(Mode::Kueue), "uid-42");
+        let job = job();
+        let service =
+            headless_service(&job, &object_name(&job.job_id, job.fencing_token), &config(Mode::Kueue), "uid-42");
         assert_eq!(service["kind"], "Service");
         assert_eq!(service["metadata"]["name"], "m-j-00000abc-t7");
         assert_eq!(service["metadata"]["namespace"], "ml");

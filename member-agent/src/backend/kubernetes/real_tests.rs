@@ -604,3 +604,108 @@ async fn kueue_workloads_on_the_real_server_give_the_queue_pressure() {
     assert_eq!(loads, [("lq-team", 1, 16, 4)], "{pressure:?}");
     workloads.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
 }
+
+/// The start lock's writes where the real server validates them against Kueue's schema
+/// (`testdata/kueue-crds.yaml`): the AdmissionCheck marked `Active` through its status
+/// subresource, a binding's Workload let through (its `admissionChecks` entry set `Ready`, a
+/// write conditional on the resource version), and a copy whose Workload holds a quota
+/// reservation reported ready while its check stays `Pending`. Workloads are made as Kueue would
+/// (1.20 runs no Kueue, and refuses the grant's template write: a suspended Job's template
+/// annotations may change from 1.23, which every Kueue release needs). As the admin, like the
+/// test above.
+#[tokio::test]
+async fn the_start_lock_check_on_the_real_server_lets_bindings_through_and_holds_copies() {
+    let Some(Session { _one, admin, .. }) = session().await else { return };
+    ensure(&admin, &yaml_documents(include_str!("testdata/kueue-crds.yaml"))).await;
+    let checks: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta1", "AdmissionCheck"),
+            "admissionchecks",
+        ),
+    );
+    served(&checks, "AdmissionCheck").await;
+    let workloads: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &group_resource(Mode::Kueue));
+    served(&workloads, "Workload").await;
+    let jobs: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &job_resource(Mode::Kueue));
+    let cleanup = || async {
+        workloads.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
+        jobs.delete_collection(&DeleteParams::background(), &ListParams::default()).await.unwrap();
+        let _ = checks.delete("meridian-start-lock", &DeleteParams::default()).await;
+    };
+    cleanup().await;
+    let check = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "AdmissionCheck",
+        "metadata": {"name": "meridian-start-lock"}, "spec": {"controllerName": config::START_LOCK_CONTROLLER}});
+    checks.create(&PostParams::default(), &serde_json::from_value(check).unwrap()).await.unwrap();
+
+    let config = KubernetesConfig {
+        mode: Mode::Kueue,
+        start_lock_check: Some("meridian-start-lock".into()),
+        status_updates: StatusUpdates::Poll,
+        ..config()
+    };
+    let (tx, _events) = mpsc::unbounded_channel();
+    let backend = KubernetesBackend::with_client(admin.clone(), config, "k8s-real".into(), tx).await.unwrap();
+    let active = serde_json::to_value(checks.get("meridian-start-lock").await.unwrap()).unwrap();
+    assert_eq!(active["status"]["conditions"][0]["type"], "Active", "{active}");
+    assert_eq!(active["status"]["conditions"][0]["status"], "True", "{active}");
+    let mut copies = backend.copy_events().unwrap();
+
+    // What Kueue does once it reserves quota for a Job: its Workload, with the check pending.
+    let reserve = |job: DynamicObject| {
+        let workloads = workloads.clone();
+        async move {
+            let name = format!("job-{}", job.metadata.name.clone().unwrap());
+            let workload = json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                "metadata": {"name": name, "namespace": NS, "ownerReferences": [{"apiVersion": "batch/v1",
+                    "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid, "controller": true}]},
+                "spec": {"queueName": "default", "podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                    "containers": [{"name": "main", "image": "i"}]}}}]}});
+            workloads.create(&PostParams::default(), &serde_json::from_value(workload).unwrap()).await.unwrap();
+            let now = "2026-12-04T00:00:00Z";
+            let status = json!({"status": {
+                "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+                    "message": "Quota reserved in ClusterQueue cq-gpu", "lastTransitionTime": now}],
+                "admissionChecks": [{"name": "meridian-start-lock", "state": "Pending", "message": "Reset to Pending after eviction",
+                    "lastTransitionTime": now}]}});
+            workloads.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            name
+        }
+    };
+    let state_of = |name: String| {
+        let workloads = workloads.clone();
+        async move {
+            let workload = serde_json::to_value(workloads.get(&name).await.unwrap()).unwrap();
+            let check = &workload["status"]["admissionChecks"][0];
+            (
+                check["state"].as_str().unwrap_or_default().to_owned(),
+                check["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+
+    let binding = job("bound", 1, 8, "sleep 600");
+    backend.submit(&binding).await.unwrap();
+    let bound = reserve(jobs.get(&objects::object_name("bound", 5)).await.unwrap()).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let message = loop {
+        let (state, message) = state_of(bound.clone()).await;
+        if state == "Ready" {
+            break message;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the binding's check was not set ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(message.contains("binding 5 of job `bound`"), "{message}");
+
+    let waiting = job("waits", 1, 8, "sleep 600");
+    assert_eq!(backend.copy(7, &waiting).await.unwrap(), crate::backend::CopyAdmission::Queued);
+    let copy = reserve(jobs.get(&objects::copy_name("waits", 7)).await.unwrap()).await;
+    let ready = tokio::time::timeout(PATIENCE, copies.recv()).await.expect("the copy is ready").unwrap();
+    assert_eq!(ready, crate::backend::CopyEvent::Ready { job_id: "waits".into(), copy_token: 7 });
+    assert_eq!(state_of(copy).await.0, "Pending", "a copy's check waits for the grant");
+    backend.drop_copy("waits", 7).await.unwrap();
+    assert!(jobs.get_opt(&objects::copy_name("waits", 7)).await.unwrap().is_none(), "a dropped copy's Job is deleted");
+    drop(backend);
+    cleanup().await;
+}

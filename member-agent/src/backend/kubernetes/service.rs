@@ -10,7 +10,9 @@ use super::{Admission, BackendError, Result, Shared, api_error, objects};
 
 impl Shared {
     /// Kueue mode: makes sure the headless Service that gives the job's pods their DNS names
-    /// (the coordinator address) exists, owned by the Job `job_uid`; an existing one is fine.
+    /// (the coordinator address) exists, named like the Job (`name`: the binding's object name,
+    /// or its copy's when a grant made the copy the binding) and owned by it (`job_uid`); an
+    /// existing one is fine.
     /// Volcano's `svc` plugin makes its own, so Volcano mode does nothing. A transient failure is
     /// an error, and the agent's retry of the submit comes back here. A refusal retrying cannot
     /// fix (no RBAC for Services, an invalid object): for a Job created just now, the Job is
@@ -19,6 +21,7 @@ impl Shared {
     pub(super) async fn ensure_service(
         &self,
         job: &Assignment,
+        name: &str,
         job_uid: &str,
         created: Created,
     ) -> Result<Option<Admission>> {
@@ -26,7 +29,7 @@ impl Shared {
             return Ok(None);
         }
         let services: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), self.ns(), &service_resource());
-        let object: DynamicObject = serde_json::from_value(objects::headless_service(job, &self.config, job_uid))
+        let object: DynamicObject = serde_json::from_value(objects::headless_service(job, name, &self.config, job_uid))
             .map_err(|e| BackendError::permanent(format!("kubernetes: building the job's Service: {e}")))?;
         let error = match self.deadline("create service", services.create(&PostParams::default(), &object)).await? {
             Ok(_) => return Ok(None),

@@ -29,12 +29,12 @@ pub(crate) fn assignment(job_id: &str, token: u64, tenant: &str, replicas: u32, 
     test_jobs::assignment(job_id, token, spec)
 }
 
-fn with_command(mut job: Assignment, script: &str) -> Assignment {
+pub(super) fn with_command(mut job: Assignment, script: &str) -> Assignment {
     job.spec.payload.command = vec!["sh".into(), "-c".into(), script.into()];
     job
 }
 
-fn fixture(name: &str) -> Value {
+pub(super) fn fixture(name: &str) -> Value {
     let text = match name {
         "nodes" => include_str!("testdata/nodes.json"),
         "pods" => include_str!("testdata/pods.json"),
@@ -133,8 +133,15 @@ async fn an_unmappable_product_stops_the_backend_at_start_naming_product_and_key
 // ---- against the fake API ----
 
 async fn backend_on(api: &Arc<FakeApi>, mode: Mode) -> (KubernetesBackend, JobEventReceiver) {
+    backend_with(api, config(mode)).await
+}
+
+pub(super) async fn backend_with(
+    api: &Arc<FakeApi>,
+    config: KubernetesConfig,
+) -> (KubernetesBackend, JobEventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (KubernetesBackend::with_client(api.client(), config(mode), "k8s-test".into(), tx).await.unwrap(), rx)
+    (KubernetesBackend::with_client(api.client(), config, "k8s-test".into(), tx).await.unwrap(), rx)
 }
 
 async fn member(mode: Mode, controller: bool) -> (Arc<FakeApi>, KubernetesBackend, JobEventReceiver) {
@@ -147,7 +154,11 @@ async fn member(mode: Mode, controller: bool) -> (Arc<FakeApi>, KubernetesBacken
 }
 
 /// The next event for `job_id` that satisfies `wanted`, within 10 s.
-async fn event_for(events: &mut JobEventReceiver, job_id: &str, wanted: impl Fn(&JobPhase) -> bool) -> JobEvent {
+pub(super) async fn event_for(
+    events: &mut JobEventReceiver,
+    job_id: &str,
+    wanted: impl Fn(&JobPhase) -> bool,
+) -> JobEvent {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let Ok(event) = tokio::time::timeout_at(deadline, events.recv()).await else {
@@ -321,7 +332,14 @@ async fn a_finished_gang_reports_exit_codes_and_logs() {
 /// The conformance subject for one mode: two 8-GPU H100 nodes behind the fake API with its
 /// stand-in controller (and the fake, for looking at what was created).
 async fn subject(mode: Mode) -> (Arc<FakeApi>, conformance::Subject) {
-    let (api, backend, events) = member(mode, true).await;
+    let api = FakeApi::start(fixture("member"), Value::Array(Vec::new())).await;
+    api.run_controller(Duration::from_millis(20));
+    subject_with(api, config(mode)).await
+}
+
+/// The conformance subject over `api` (its controller running) with backends of `config`.
+pub(super) async fn subject_with(api: Arc<FakeApi>, config: KubernetesConfig) -> (Arc<FakeApi>, conformance::Subject) {
+    let (backend, events) = backend_with(&api, config.clone()).await;
     let backend = Arc::new(backend);
     let subject = conformance::Subject {
         backend: backend.clone(),
@@ -332,7 +350,7 @@ async fn subject(mode: Mode) -> (Arc<FakeApi>, conformance::Subject) {
         succeeds: with_command(assignment("succeeds", 3, "a", 1, 1), "echo hello; exit 0"),
         fails: with_command(assignment("fails", 3, "a", 1, 1), "echo oops >&2; exit 3"),
         never_fits: assignment("never", 3, "a", 1, 16),
-        reopen: reopener(&api, mode),
+        reopen: reopener(&api, config),
         adopts: true,
         keeps_logs: true,
         patience: Duration::from_secs(10),
@@ -340,12 +358,12 @@ async fn subject(mode: Mode) -> (Arc<FakeApi>, conformance::Subject) {
     (api, subject)
 }
 
-fn reopener(api: &Arc<FakeApi>, mode: Mode) -> Box<dyn Fn() -> Reopened + Send + Sync> {
+fn reopener(api: &Arc<FakeApi>, config: KubernetesConfig) -> Box<dyn Fn() -> Reopened + Send + Sync> {
     let api = Arc::clone(api);
     Box::new(move || {
-        let api = Arc::clone(&api);
+        let (api, config) = (Arc::clone(&api), config.clone());
         Box::pin(async move {
-            let (backend, events) = backend_on(&api, mode).await;
+            let (backend, events) = backend_with(&api, config).await;
             let backend = Arc::new(backend);
             (backend.clone() as Arc<dyn LocalBackend>, backend as Arc<dyn InventorySource>, events)
         })

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
 use super::config::Mode;
+use super::copies::copy_object_of;
 use super::{Snapshot, binding_of, group_resource, job_resource, managed_selector};
 
 /// The watch caches of one namespace, and what wakes the status loop.
@@ -79,6 +80,7 @@ impl Watched {
     pub(super) fn snapshot(&self) -> Snapshot {
         Snapshot {
             bindings: self.jobs.state().iter().filter_map(|job| binding_of((**job).clone())).collect(),
+            copies: self.jobs.state().iter().filter_map(|job| copy_object_of(job)).collect(),
             pods: self.pods.state().iter().map(|pod| (**pod).clone()).collect(),
             groups: self.groups.state().iter().filter_map(|group| serde_json::to_value(&**group).ok()).collect(),
         }

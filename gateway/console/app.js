@@ -611,6 +611,16 @@
         h("span", {}, i.text, i.live ? h("span", { class: "muted small" }, " (seen live)") : null))));
   }
 
+  // A compacted decision (a queued job in a large federation) counts the clusters it does not list.
+  function omittedLine(omitted) {
+    if (!omitted) return null;
+    const parts = [];
+    if (omitted.feasible) parts.push(omitted.feasible + " more feasible, each scored worse than those listed");
+    const rejected = (omitted.rejected || []).map((r) => r.clusters + " " + r.reason);
+    if (rejected.length) parts.push("more rejected like the examples above: " + rejected.join(", "));
+    return parts.length ? h("p", { class: "muted small", "data-omitted": "" }, "Not listed: " + parts.join("; ")) : null;
+  }
+
   function explanation(explain) {
     if (!explain) return h("p", { class: "muted" }, "No placement round has judged this job yet.");
     // The chosen cluster first, then the feasible ones, then the rejected, each by name.
@@ -637,6 +647,7 @@
           head(EXPLAIN_COLUMNS),
           h("tbody", {}, rows)), "Placement per cluster")
         : h("p", { class: "muted" }, "No cluster was considered in the last round."),
+      omittedLine(explain.omittedCandidates),
     ];
   }
 

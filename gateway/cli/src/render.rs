@@ -232,6 +232,9 @@ pub fn explain(explanation: &Value) -> String {
         out.push_str("\nrejected:\n");
         out.push_str(&rejections);
     }
+    if let Some(omitted) = explanation.get("omittedCandidates").filter(|o| o.is_object()) {
+        out.push_str(&omitted_line(omitted));
+    }
     out
 }
 
@@ -444,3 +447,26 @@ where
 
 #[cfg(test)]
 mod tests;
+
+/// The clusters a compacted decision counts instead of listing, as one line.
+fn omitted_line(omitted: &Value) -> String {
+    let feasible = num_at(omitted, "/feasible").unwrap_or(0.0) as u64;
+    let rejected: Vec<String> = omitted
+        .get("rejected")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|group| format!("{} {}", num_at(group, "/clusters").unwrap_or(0.0) as u64, text(group, "/reason")))
+        .collect();
+    let mut parts = Vec::new();
+    if feasible > 0 {
+        parts.push(format!("{feasible} more feasible, each scored worse than those listed"));
+    }
+    if !rejected.is_empty() {
+        parts.push(format!("more rejected like the examples above: {}", rejected.join(", ")));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("\nnot listed: {}\n", parts.join("; "))
+}

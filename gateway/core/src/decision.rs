@@ -1,7 +1,7 @@
 //! A job's latest placement decision as the core keeps it between rounds and readers see it:
 //! made by a round of this process, read back from the store, or a hold for the tenant's quota.
 
-use meridian_placement::Decision;
+use meridian_placement::{Decision, Omitted};
 
 use crate::quota::{Hold, QuotaWait};
 use crate::record::{CandidateView, StoredDecision};
@@ -29,7 +29,19 @@ pub enum Decided {
     },
 }
 
+/// Feasible clusters a waiting job's decision keeps (the rest are counted): enough for its
+/// sibling copies (at most [`meridian_placement::MAX_SIBLING_COPIES`], on its best-scored
+/// clusters) and for a reader, whatever the federation's size.
+pub(crate) const KEPT_FEASIBLE: usize = 2 * meridian_placement::MAX_SIBLING_COPIES as usize;
+
 impl Decided {
+    /// The decision of a job that stays queued, compacted ([`Decision::compact`]): a queued job
+    /// keeps it until its next decision, and a federation of 1,000 clusters would otherwise
+    /// hold 1,000 verdicts for each of thousands of queued jobs.
+    pub(crate) fn waiting(at_ms: i64, decision: Decision) -> Decided {
+        Decided::Live { at_ms, decision: decision.compact(KEPT_FEASIBLE) }
+    }
+
     /// The explanation of `hold` made at `now_ms`, or None when `previous` already says it: a
     /// job that waits round after round for the same reason costs no allocation.
     pub(crate) fn held(previous: Option<&Decided>, hold: Hold<'_>, now_ms: i64) -> Option<Decided> {
@@ -50,12 +62,17 @@ impl Decided {
         }
     }
 
-    /// When it was made (Unix ms), its summary and every cluster's verdict, for explanations.
-    pub(crate) fn explained(&self) -> (i64, String, Vec<CandidateView>) {
+    /// When it was made (Unix ms), its summary, every verdict it lists and the ones it counts,
+    /// for explanations.
+    pub(crate) fn explained(&self) -> (i64, String, Vec<CandidateView>, Option<Omitted>) {
         match self {
-            Decided::Live { at_ms, decision } => (*at_ms, decision.summary(), CandidateView::all_of(decision)),
-            Decided::Stored(stored) => (stored.at_ms, stored.summary.clone(), stored.candidates.clone()),
-            Decided::Quota { at_ms, wait } => (*at_ms, wait.to_string(), Vec::new()),
+            Decided::Live { at_ms, decision } => {
+                (*at_ms, decision.summary(), CandidateView::all_of(decision), decision.omitted.clone())
+            }
+            Decided::Stored(stored) => {
+                (stored.at_ms, stored.summary.clone(), stored.candidates.clone(), stored.omitted.clone())
+            }
+            Decided::Quota { at_ms, wait } => (*at_ms, wait.to_string(), Vec::new(), None),
         }
     }
 }

@@ -117,8 +117,11 @@ pub struct StoredDecision {
     pub at_ms: i64,
     /// One sentence with numbers.
     pub summary: String,
-    /// Every cluster considered.
+    /// Every cluster considered, or those a compacted decision keeps.
     pub candidates: Vec<CandidateView>,
+    /// The clusters a compacted decision counts instead of listing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<meridian_placement::Omitted>,
 }
 
 /// One durable change the core asks for.
@@ -303,7 +306,12 @@ impl CandidateView {
 impl StoredDecision {
     /// `decision`, made at `at_ms`, in its stored form.
     pub(crate) fn of(at_ms: i64, decision: &Decision) -> Self {
-        Self { at_ms, summary: decision.summary(), candidates: CandidateView::all_of(decision) }
+        Self {
+            at_ms,
+            summary: decision.summary(),
+            candidates: CandidateView::all_of(decision),
+            omitted: decision.omitted.clone(),
+        }
     }
 }
 
@@ -396,11 +404,26 @@ mod tests {
                 reasons: vec!["no H100".into()],
                 score: None,
             }],
+            omitted: Some(meridian_placement::Omitted {
+                feasible: 3,
+                rejected: vec![meridian_placement::OmittedRejections {
+                    reason: "gpu_type_unavailable".into(),
+                    clusters: 40,
+                }],
+            }),
         };
         let record = Record::Decision("j-1".into(), decision.clone());
         let encoded = record.encode().unwrap();
         assert_eq!(encoded.key, "decisions/j-1");
         let loaded = Loaded::decode([(encoded.key, encoded.value.unwrap())]).unwrap();
-        assert_eq!(loaded.decisions, vec![("j-1".to_string(), decision)]);
+        assert_eq!(loaded.decisions, vec![("j-1".to_string(), decision.clone())]);
+
+        // A full decision is stored without `omitted`, as every decision was before compaction.
+        let plain = StoredDecision { omitted: None, ..decision };
+        let encoded = Record::Decision("j-2".into(), plain.clone()).encode().unwrap();
+        let value = encoded.value.unwrap();
+        assert!(!String::from_utf8_lossy(&value).contains("omitted"));
+        let loaded = Loaded::decode([(encoded.key, value)]).unwrap();
+        assert_eq!(loaded.decisions, vec![("j-2".to_string(), plain)]);
     }
 }

@@ -271,12 +271,12 @@ impl Round<'_> {
                     );
                     self.ledger.save(waiting, self.registry, effects);
                 }
-                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;
             };
             let Some(conn) = self.registry.conn_of(&cluster) else {
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
-                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;
             };
             let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
@@ -296,7 +296,7 @@ impl Round<'_> {
                     );
                     self.ledger.save(waiting, self.registry, effects);
                 }
-                self.ledger.decide(&job.id, Decided::Live { at_ms: now_ms, decision });
+                self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;
             }
             self.ledger.tally().count_decision(Outcome::Placed, Some(&decision));

@@ -157,24 +157,9 @@ impl Outcome {
 }
 
 /// The fixed label value of a cluster's rejection (never its free text, which holds numbers
-/// and names). The match is exhaustive on purpose: a new kind of rejection needs a name here.
+/// and names): [`Rejection::kind`].
 pub fn rejection_name(rejection: &Rejection) -> &'static str {
-    match rejection {
-        Rejection::Disconnected => "disconnected",
-        Rejection::GpuTypeUnavailable { .. } => "gpu_type_unavailable",
-        Rejection::GpuMemoryTooSmall { .. } => "gpu_memory_too_small",
-        Rejection::GangNeverFits { .. } => "gang_never_fits",
-        Rejection::RegionNotAllowed { .. } => "region_not_allowed",
-        Rejection::ClusterSelectorUnmatched { .. } => "cluster_selector_unmatched",
-        Rejection::NodeSelectorUnmatched { .. } => "node_selector_unmatched",
-        Rejection::ClusterExcluded => "cluster_excluded",
-        Rejection::ClusterNotIncluded => "cluster_not_included",
-        Rejection::PayloadUnsupported { .. } => "payload_unsupported",
-        Rejection::HeldForOlderGang { .. } => "held_for_older_gang",
-        Rejection::BurstNever => "burst_never",
-        Rejection::BurstNotYet { .. } => "burst_not_yet",
-        Rejection::OverBudget { .. } => "over_budget",
-    }
+    rejection.kind()
 }
 
 /// Why a job that has not started yet is waiting, as a bounded class (the `reason` label of the

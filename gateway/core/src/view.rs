@@ -69,8 +69,12 @@ pub struct Explanation {
     /// pending reason; how it ended), when that is not the summary already.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub member_says: Option<String>,
-    /// Every cluster considered, with its verdict.
+    /// Every cluster considered, with its verdict; for a queued job at scale, the best feasible
+    /// ones and one example of each kind of rejection, the rest counted in `omitted_candidates`.
     pub candidates: Vec<CandidateView>,
+    /// The clusters the decision counts instead of listing (none when it lists every one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub omitted_candidates: Option<meridian_placement::Omitted>,
     /// The members where the queued job waits as sibling copies (none when it does not).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sibling_copies: Vec<CopyView>,
@@ -248,9 +252,9 @@ impl ReadView {
     pub fn explain(&self, id: &str) -> Option<Explanation> {
         let job = self.jobs.get(id)?;
         let decided = self.decisions.get(id);
-        let (decided_at_ms, decision_summary, candidates) = match decided.map(|d| d.explained()) {
-            Some((at_ms, summary, candidates)) => (Some(at_ms), Some(summary), candidates),
-            None => (None, None, Vec::new()),
+        let (decided_at_ms, decision_summary, candidates, omitted_candidates) = match decided.map(|d| d.explained()) {
+            Some((at_ms, summary, candidates, omitted)) => (Some(at_ms), Some(summary), candidates, omitted),
+            None => (None, None, Vec::new(), None),
         };
         let summary = match (job.state, decision_summary, &job.placement) {
             (JobState::Queued, Some(summary), _) => summary,
@@ -268,6 +272,7 @@ impl ReadView {
             summary,
             member_says,
             candidates,
+            omitted_candidates,
             sibling_copies: self
                 .copies
                 .get(id)

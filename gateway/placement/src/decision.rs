@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::deadline::DeadlineOutlook;
 use crate::name::Name;
-use crate::reasons::Secs;
+use crate::reasons::{Rejection, Secs};
 use crate::verdict::{Candidate, rank};
 
 /// What placement decided for one job, and why.
@@ -20,6 +20,38 @@ pub struct Decision {
     /// The job decided for, as its summary names it. The summary sentence itself is made only
     /// when asked ([`Decision::summary`]): most decisions of a placement round are never read.
     pub job: JobLabel,
+    /// The verdicts [`Decision::compact`] dropped, counted; None while every cluster's verdict
+    /// is in `candidates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<Omitted>,
+}
+
+/// The verdicts a compacted decision no longer lists: how many clusters, and why.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Omitted {
+    /// Feasible clusters that scored worse than every feasible one listed.
+    pub feasible: u32,
+    /// Rejected clusters not listed, by the kind of their first reason ([`Rejection::kind`]),
+    /// in kind order; one cluster of each kind is still listed as its example.
+    pub rejected: Vec<OmittedRejections>,
+}
+
+/// Rejected clusters of one kind that a compacted decision does not list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OmittedRejections {
+    /// [`Rejection::kind`] of their first reason.
+    pub reason: Name,
+    /// How many.
+    pub clusters: u32,
+}
+
+impl Omitted {
+    /// Every rejected cluster it counts.
+    pub fn rejected_clusters(&self) -> u32 {
+        self.rejected.iter().map(|r| r.clusters).sum()
+    }
 }
 
 /// The job a decision is for, as its summary names it: name and gang shape.
@@ -64,12 +96,67 @@ impl Decision {
         ranked
     }
 
+    /// The same decision keeping what a reader of a waiting job needs, in memory bounded by the
+    /// kinds of reasons rather than the number of clusters: the `keep_feasible` best-scored
+    /// feasible clusters (the chosen one among them), and for each kind of rejection the first
+    /// rejected cluster by name as its example; the rest are counted in [`Decision::omitted`].
+    /// Its summary is the full decision's. A decision with nothing to drop is returned as it is.
+    pub fn compact(mut self, keep_feasible: usize) -> Decision {
+        let feasible = self.candidates.iter().filter(|c| c.score().is_some()).count();
+        let mut examples: Vec<(&'static str, usize, u32)> = Vec::new();
+        for (at, candidate) in self.candidates.iter().enumerate() {
+            let Some(kind) = candidate.reasons().first().map(Rejection::kind) else { continue };
+            match examples.iter_mut().find(|(k, _, _)| *k == kind) {
+                Some((_, example, count)) => {
+                    *count += 1;
+                    if candidate.cluster < self.candidates[*example].cluster {
+                        *example = at;
+                    }
+                }
+                None => examples.push((kind, at, 1)),
+            }
+        }
+        let rejected_dropped = examples.iter().any(|(_, _, count)| *count > 1);
+        if feasible <= keep_feasible.max(1) && !rejected_dropped {
+            return self;
+        }
+        let mut scored: Vec<usize> =
+            (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
+        scored.sort_by(|&a, &b| rank(&self.candidates[a], &self.candidates[b]));
+        scored.truncate(keep_feasible.max(1));
+        let mut keep = vec![false; self.candidates.len()];
+        for &at in &scored {
+            keep[at] = true;
+        }
+        for (_, example, _) in &examples {
+            keep[*example] = true;
+        }
+        let mut omitted = self.omitted.take().unwrap_or_default();
+        omitted.feasible += u32::try_from(feasible - scored.len()).unwrap_or(u32::MAX);
+        examples.sort_by_key(|(kind, _, _)| *kind);
+        for (kind, _, count) in examples.into_iter().filter(|(_, _, count)| *count > 1) {
+            match omitted.rejected.iter_mut().find(|r| r.reason == kind) {
+                Some(known) => known.clusters += count - 1,
+                None => omitted.rejected.push(OmittedRejections { reason: Name::from(kind), clusters: count - 1 }),
+            }
+        }
+        omitted.rejected.sort_by(|a, b| a.reason.cmp(&b.reason));
+        let mut at = 0;
+        self.candidates.retain(|_| {
+            at += 1;
+            keep[at - 1]
+        });
+        self.candidates.shrink_to_fit();
+        self.omitted = Some(omitted);
+        self
+    }
+
     /// One sentence for people, with the numbers that decided it. Made on each call, from the
     /// candidates: keep the text if you need it twice.
     pub fn summary(&self) -> String {
         let best = self.candidates.iter().filter(|c| c.score().is_some()).min_by(|a, b| rank(a, b));
         let shape = GangShape { replicas: self.job.replicas, gpus: self.job.gpus };
-        let mut summary = summarize(&self.job.name, shape, best, &self.candidates);
+        let mut summary = summarize(&self.job.name, shape, best, &self.candidates, self.omitted.as_ref());
         if let Some((deadline, may_burst)) = &self.job.deadline {
             deadline.explain(&mut summary, best, *may_burst);
         }
@@ -89,9 +176,11 @@ pub(crate) fn summarize(
     shape: GangShape,
     chosen: Option<&Candidate>,
     candidates: &[Candidate],
+    omitted: Option<&Omitted>,
 ) -> String {
-    let feasible = candidates.iter().filter(|c| c.score().is_some()).count();
-    let rejected = candidates.len() - feasible;
+    let listed_feasible = candidates.iter().filter(|c| c.score().is_some()).count();
+    let rejected = candidates.len() - listed_feasible + omitted.map_or(0, |o| o.rejected_clusters() as usize);
+    let feasible = listed_feasible + omitted.map_or(0, |o| o.feasible as usize);
     let GangShape { replicas, gpus } = shape;
     let Some(chosen) = chosen else {
         if candidates.is_empty() {

@@ -118,7 +118,7 @@ pub fn place_waited(
         gpus: job.gang.resources.gpus,
         deadline: deadline.map(|outlook| (outlook, job.placement.burst != BurstPolicy::Never)),
     };
-    Decision { chosen, candidates, job: label }
+    Decision { chosen, candidates, job: label, omitted: None }
 }
 
 /// For submit-time rejection: `Some` with every (cluster, reason) when no known cluster could

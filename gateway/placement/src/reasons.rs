@@ -105,6 +105,30 @@ pub enum Rejection {
     },
 }
 
+impl Rejection {
+    /// The reason's kind as one snake-case word (`gpu_type_unavailable`), without its numbers:
+    /// the metrics' `reason` label, and how a compacted decision counts the rejections it no
+    /// longer lists.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::Disconnected => "disconnected",
+            Rejection::GpuTypeUnavailable { .. } => "gpu_type_unavailable",
+            Rejection::GpuMemoryTooSmall { .. } => "gpu_memory_too_small",
+            Rejection::GangNeverFits { .. } => "gang_never_fits",
+            Rejection::RegionNotAllowed { .. } => "region_not_allowed",
+            Rejection::ClusterSelectorUnmatched { .. } => "cluster_selector_unmatched",
+            Rejection::NodeSelectorUnmatched { .. } => "node_selector_unmatched",
+            Rejection::ClusterExcluded => "cluster_excluded",
+            Rejection::ClusterNotIncluded => "cluster_not_included",
+            Rejection::PayloadUnsupported { .. } => "payload_unsupported",
+            Rejection::HeldForOlderGang { .. } => "held_for_older_gang",
+            Rejection::BurstNever => "burst_never",
+            Rejection::BurstNotYet { .. } => "burst_not_yet",
+            Rejection::OverBudget { .. } => "over_budget",
+        }
+    }
+}
+
 /// Every reason one cluster was rejected, in the order found. Reads like a slice and serializes
 /// as a JSON array. Most rejected clusters have exactly one reason, which is kept inline: a
 /// decision rejects dozens of clusters and a `Vec` each was one allocation apiece.

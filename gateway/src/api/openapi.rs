@@ -461,6 +461,12 @@ fn schemas() -> Value {
                 "verdict": {"type": "string", "enum": ["chosen", "feasible", "rejected"]},
                 "reasons": {"type": "array", "items": string}, "score": {"type": ["object", "null"]},
             }))},
+            "omittedCandidates": object(&["feasible", "rejected"], json!({
+                "feasible": int,
+                "rejected": {"type": "array", "items": object(&["reason", "clusters"], json!({
+                    "reason": string, "clusters": int,
+                }))},
+            })),
         })),
         "LogChunk": object(&["data", "offset", "nextOffset", "complete"], json!({
             "data": string, "offset": int, "nextOffset": int, "complete": {"type": "boolean"},
@@ -640,6 +646,7 @@ mod tests {
             summary: "s".into(),
             member_says: Some("m".into()),
             candidates: vec![],
+            omitted_candidates: Some(meridian_placement::Omitted::default()),
             sibling_copies: vec![meridian_core::CopyView {
                 cluster: "c".into(),
                 gpu_type: "h100".into(),

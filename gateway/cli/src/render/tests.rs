@@ -138,6 +138,29 @@ fn explain_shows_scores_and_rejection_reasons() {
 }
 
 #[test]
+fn explain_says_how_many_clusters_a_compacted_decision_counts_instead_of_listing() {
+    let explanation = json!({
+        "jobId": "j-1", "state": "Queued", "summary": "Waiting for c00 (owned, us-east) ...",
+        "candidates": [
+            {"cluster": "c00", "region": "us-east", "tier": "owned", "verdict": "chosen", "reasons": [],
+             "score": {"fitsNow": false, "expectedWaitSecs": 60.0, "transferSecs": 0.0, "egressUsd": 0.0,
+                       "computeUsd": 1.0, "fragmentation": 0.0, "total": 61.0}},
+            {"cluster": "c30", "region": "us-east", "tier": "owned", "verdict": "rejected",
+             "reasons": ["the cluster's agent is not connected"], "score": null}
+        ],
+        "omittedCandidates": {"feasible": 14, "rejected": [{"reason": "disconnected", "clusters": 9}]}
+    });
+    let text = explain(&explanation);
+    assert!(
+        text.ends_with(
+            "\nnot listed: 14 more feasible, each scored worse than those listed; more rejected like the examples \
+             above: 9 disconnected\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
 fn explain_shows_what_the_member_says_now() {
     let explanation = json!({
         "jobId": "j-1", "state": "Bound", "cluster": "slurm-a", "summary": "Placed on slurm-a: it fits now.",

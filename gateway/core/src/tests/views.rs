@@ -1,6 +1,7 @@
 //! What readers see: job lists, GPU usage and tenants.
 
 use super::*;
+use crate::record::{CandidateView, VerdictKind};
 
 #[test]
 fn lists_are_paged_oldest_first_with_a_continue_token() {
@@ -110,4 +111,40 @@ fn tenants_show_what_they_hold_and_wait_for_against_their_configured_weight_and_
     assert_eq!((t.weight, t.fair_share, t.gpu_share), (1.0, 1.0, 1.0));
     assert_eq!((t.running_jobs, t.running_gpus, t.queued_jobs, t.queued_gpus), (1, 8, 1, 8));
     assert_eq!(t.max_gpus, None);
+}
+
+/// At scale a queued job keeps a compacted decision: its best feasible clusters, one example of
+/// each kind of rejection, and counts for the rest; the summary still counts every cluster.
+#[test]
+fn a_waiting_jobs_explanation_lists_its_best_clusters_and_counts_the_rest() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (clusters, gone) = (40, 10);
+    for i in 0..clusters {
+        let (conn, _) = h.connect(&format!("c{i:02}"), "a1");
+        h.event(conn, inventory_event(&[0]));
+        if i >= clusters - gone {
+            h.step(Input::AgentGone { conn });
+        }
+    }
+    let waits = h.submit(JOB);
+    h.step(Input::Round);
+    assert_eq!(h.state(&waits), JobState::Queued);
+
+    let explained = h.core.view().explain(&waits).unwrap();
+    let kept = crate::decision::KEPT_FEASIBLE;
+    let listed = |verdict| explained.candidates.iter().filter(|c| c.verdict == verdict).count();
+    assert_eq!(listed(VerdictKind::Chosen) + listed(VerdictKind::Feasible), kept, "{:?}", explained.candidates);
+    let rejected: Vec<&CandidateView> =
+        explained.candidates.iter().filter(|c| c.verdict == VerdictKind::Rejected).collect();
+    assert_eq!(rejected.len(), 1, "one example of the one kind of rejection");
+    assert_eq!(rejected[0].cluster, format!("c{:02}", clusters - gone), "the first by name");
+    let omitted = explained.omitted_candidates.expect("the rest are counted");
+    assert_eq!(omitted.feasible as usize, clusters - gone - kept);
+    assert_eq!(omitted.rejected.len(), 1);
+    assert_eq!(
+        (omitted.rejected[0].reason.as_str(), omitted.rejected[0].clusters as usize),
+        ("disconnected", gone - 1)
+    );
+    let counts = format!("best of {} feasible, {gone} rejected", clusters - gone);
+    assert!(explained.summary.contains(&counts), "{}", explained.summary);
 }

@@ -155,3 +155,62 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+proptest! {
+    /// A compacted decision says what the full one says, lists the best feasible clusters and one
+    /// example of each kind of rejection, and counts every cluster it drops.
+    #[test]
+    fn a_compacted_decision_keeps_the_choice_the_summary_and_every_clusters_count(
+        fed in arb_federation(), spec in arb_job(), keep in 0usize..4
+    ) {
+        let full = place(&spec, &fed, &PlacementConfig::default());
+        let compact = full.clone().compact(keep);
+        prop_assert_eq!(&compact.chosen, &full.chosen);
+        prop_assert_eq!(compact.summary(), full.summary());
+
+        // Listed: a subsequence of the full list, in snapshot order.
+        let mut rest = full.candidates.iter();
+        for kept in &compact.candidates {
+            prop_assert!(rest.any(|c| c == kept), "{} is not from the full decision", kept.cluster);
+        }
+        // The best feasible ones, by rank.
+        let mut feasible: Vec<&Candidate> = full.candidates.iter().filter(|c| c.score().is_some()).collect();
+        feasible.sort_by(|a, b| crate::verdict::rank(a, b));
+        let best: Vec<&str> = feasible.iter().take(keep.max(1)).map(|c| c.cluster.as_str()).collect();
+        let mut listed: Vec<&str> =
+            compact.candidates.iter().filter(|c| c.score().is_some()).map(|c| c.cluster.as_str()).collect();
+        if compact.omitted.is_some() {
+            listed.sort_by_key(|name| best.iter().position(|b| b == name));
+            prop_assert_eq!(listed, best);
+        }
+        // One example per kind of rejection: the first by name.
+        let kinds: std::collections::BTreeSet<&str> =
+            full.candidates.iter().filter_map(|c| c.reasons().first().map(Rejection::kind)).collect();
+        for kind in kinds {
+            let of_kind = |d: &Decision| -> Vec<String> {
+                let mut names: Vec<String> = d
+                    .candidates
+                    .iter()
+                    .filter(|c| c.reasons().first().map(Rejection::kind) == Some(kind))
+                    .map(|c| c.cluster.to_string())
+                    .collect();
+                names.sort();
+                names
+            };
+            let all = of_kind(&full);
+            let kept = of_kind(&compact);
+            prop_assert_eq!(kept.len(), 1, "{}", kind);
+            prop_assert_eq!(&kept[0], &all[0]);
+            let counted = compact.omitted.as_ref().and_then(|o| o.rejected.iter().find(|r| r.reason == kind));
+            prop_assert_eq!(counted.map_or(0, |r| r.clusters as usize), all.len() - 1, "{}", kind);
+        }
+        // Every cluster is listed or counted, and compacting again changes nothing.
+        let counted = compact.omitted.as_ref().map_or(0, |o| (o.feasible + o.rejected_clusters()) as usize);
+        prop_assert_eq!(compact.candidates.len() + counted, full.candidates.len());
+        prop_assert_eq!(compact.clone().compact(keep), compact.clone());
+        // A decision with nothing to drop is left as it is.
+        prop_assert_eq!(full.clone().compact(full.candidates.len()).omitted.is_none(),
+            full.candidates.iter().filter(|c| !c.reasons().is_empty()).count()
+                == full.candidates.iter().filter_map(|c| c.reasons().first().map(Rejection::kind)).collect::<std::collections::BTreeSet<_>>().len());
+    }
+}

@@ -694,6 +694,8 @@ struct Profile {
     round_jobs: usize,
     round: Duration,
     candidate_bytes: usize,
+    /// Candidates a queued gang's kept (compacted) decision lists.
+    kept_candidates: usize,
 }
 
 fn profile(scale: &Scale) -> Result<Profile> {
@@ -743,7 +745,8 @@ fn profile(scale: &Scale) -> Result<Profile> {
         let started = Instant::now();
         let holds = Holds::for_round(ids.iter().map(|id| (id.clone(), &gang, 0.0)), &snapshot, &config, 0.0);
         for (id, slot) in ids.iter().zip(decisions.iter_mut()) {
-            *slot = Some(holds.place(&mut snapshot, id, &gang, 0.0, &config, 0.0));
+            // Kept as the core keeps a queued job's decision: compacted.
+            *slot = Some(holds.place(&mut snapshot, id, &gang, 0.0, &config, 0.0).compact(KEPT_FEASIBLE));
         }
         round = started.elapsed();
     }
@@ -754,8 +757,13 @@ fn profile(scale: &Scale) -> Result<Profile> {
         round_jobs,
         round,
         candidate_bytes: std::mem::size_of::<meridian_placement::Candidate>(),
+        kept_candidates: decisions.iter().flatten().map(|d| d.candidates.len()).max().unwrap_or(0),
     })
 }
+
+/// Feasible clusters the core keeps in a queued job's decision (`meridian_core`'s
+/// `KEPT_FEASIBLE`).
+const KEPT_FEASIBLE: usize = 2 * meridian_placement::MAX_SIBLING_COPIES as usize;
 
 // ---------------------------------------------------------------- report
 
@@ -852,9 +860,13 @@ fn report(scale: &Scale, m: &Measured, p: &Profile) {
         scale.queued
     );
     println!(
-        "\nA decision keeps one `Candidate` ({} bytes) per cluster: {} queued decisions hold about {:.0} MiB of candidates.",
+        "\nA decision lists one `Candidate` ({} bytes) per cluster; a queued job keeps it compacted to {} of the {} \
+         (`Decision::compact`): {} queued decisions hold about {:.1} MiB of candidates (uncompacted: {:.0} MiB).",
         p.candidate_bytes,
+        p.kept_candidates,
+        scale.agents,
         scale.queued,
+        (p.candidate_bytes * p.kept_candidates * scale.queued) as f64 / (1024.0 * 1024.0),
         (p.candidate_bytes * scale.agents * scale.queued) as f64 / (1024.0 * 1024.0)
     );
 }

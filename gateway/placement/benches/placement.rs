@@ -199,6 +199,8 @@ fn latency_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &Placement
         samples.len() as f64 / total.as_secs_f64()
     );
 
+    kept_report(fed, jobs, config);
+
     let mut cycle = fed.clone();
     let start = Instant::now();
     let placed = place_all(&mut cycle, jobs, config);
@@ -208,6 +210,51 @@ fn latency_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &Placement
         jobs.len(),
         jobs.len() as f64 / elapsed.as_secs_f64()
     );
+}
+
+/// What a queued job's kept decision holds, full and compacted as the gateway keeps it (names
+/// are shared with the snapshot, not counted), over the first 1,000 jobs.
+fn kept_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &PlacementConfig) {
+    let (mut full, mut compact) = ((0usize, 0usize), (0usize, 0usize));
+    let sample = jobs.len().min(1000);
+    for job in &jobs[..sample] {
+        let decision = placement::place(job, fed, config);
+        full = (full.0 + decision.candidates.len(), full.1 + held_bytes(&decision));
+        let kept = decision.compact(KEPT_FEASIBLE);
+        compact = (compact.0 + kept.candidates.len(), compact.1 + held_bytes(&kept));
+    }
+    println!(
+        "a kept decision, mean of {sample}: {} candidates, {} bytes; compacted ({KEPT_FEASIBLE} feasible kept): \
+         {} candidates, {} bytes",
+        full.0 / sample,
+        full.1 / sample,
+        compact.0 / sample,
+        compact.1 / sample
+    );
+}
+
+/// Feasible clusters the gateway keeps in a queued job's decision (`meridian_core`'s
+/// `KEPT_FEASIBLE`).
+const KEPT_FEASIBLE: usize = 2 * placement::MAX_SIBLING_COPIES as usize;
+
+/// Heap and inline bytes a decision holds of its own: the struct, its candidate list, and the
+/// reason lists of clusters with more than one reason.
+fn held_bytes(decision: &placement::Decision) -> usize {
+    let reasons: usize = decision
+        .candidates
+        .iter()
+        .map(|c| c.reasons().len())
+        .filter(|&n| n > 1)
+        .map(|n| n * std::mem::size_of::<placement::Rejection>())
+        .sum();
+    let omitted = decision.omitted.as_ref().map_or(0, |o| {
+        std::mem::size_of::<placement::Omitted>()
+            + o.rejected.capacity() * std::mem::size_of::<placement::OmittedRejections>()
+    });
+    std::mem::size_of::<placement::Decision>()
+        + decision.candidates.capacity() * std::mem::size_of::<placement::Candidate>()
+        + reasons
+        + omitted
 }
 
 /// One placement cycle: place each job, reserve where it starts now.
@@ -289,6 +336,7 @@ fn many_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &PlacementCon
         at(0.99),
         samples.len() as f64 / total.as_secs_f64()
     );
+    kept_report(fed, jobs, config);
 }
 
 fn main() {

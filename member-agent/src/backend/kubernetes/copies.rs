@@ -164,6 +164,7 @@ impl Shared {
         if let Some(reason) = unfit_spec(job) {
             return refused(reason);
         }
+        let _one_at_a_time = self.copy_lock.lock().await;
         let snapshot = self.snapshot().await?;
         if let Some(held) = snapshot.bindings.iter().find(|b| b.job_id == job.job_id) {
             return refused(format!(
@@ -216,13 +217,14 @@ impl Shared {
 
     /// Drops copy `copy_token` of `job_id`, if held.
     pub(crate) async fn drop_copy_now(&self, job_id: &str, copy_token: u64) -> Result<()> {
+        let _one_at_a_time = self.copy_lock.lock().await;
         match self.copy_of_job(job_id) {
             Some(held) if held.copy_token == copy_token => self.delete_copy(job_id, &held).await,
             _ => Ok(()),
         }
     }
 
-    /// Drops whatever copy of `job_id` is held.
+    /// Drops whatever copy of `job_id` is held (the caller holds the copy lock).
     pub(super) async fn drop_copies_of(&self, job_id: &str) -> Result<()> {
         match self.copy_of_job(job_id) {
             Some(held) => self.delete_copy(job_id, &held).await,
@@ -233,9 +235,10 @@ impl Shared {
     /// Grants copy `copy_token` the start of binding `job` (see the module's order); a copy not
     /// held makes it a submit.
     pub(crate) async fn grant_now(&self, copy_token: u64, job: &Assignment) -> Result<Admission> {
+        let _one_at_a_time = self.copy_lock.lock().await;
         let Some(held) = self.copy_of_job(&job.job_id).filter(|c| c.copy_token == copy_token) else {
             self.drop_copies_of(&job.job_id).await?;
-            return self.submit_now(job).await;
+            return self.submit_binding(job).await;
         };
         let token = job.fencing_token.to_string();
         let patch = json!({
@@ -257,7 +260,7 @@ impl Shared {
                 tracing::warn!(job = %job.job_id, copy_token, job_name = %held.name, "granted copy is gone; submitting the job instead");
                 self.forget_copy(&job.job_id, &held.name);
                 self.untrack(&job.job_id, job.fencing_token);
-                return self.submit_now(job).await;
+                return self.submit_binding(job).await;
             }
             Ok(Err(error)) => {
                 self.untrack(&job.job_id, job.fencing_token);
@@ -331,6 +334,11 @@ impl Shared {
                     match (copy.ready, waits) {
                         (false, true) => CopyEvent::Ready { job_id: job_id.clone(), copy_token: copy.copy_token },
                         (true, false) => {
+                            // Not while a grant may be rewriting it into a binding.
+                            let _one_at_a_time = self.copy_lock.lock().await;
+                            if self.copy_of_job(&job_id).as_ref() != Some(&copy) {
+                                continue;
+                            }
                             self.delete_job(&copy.name).await?;
                             let reason = format!("Kueue took back the quota reserved for its Job `{}`", copy.name);
                             CopyEvent::Dropped { job_id: job_id.clone(), copy_token: copy.copy_token, reason }

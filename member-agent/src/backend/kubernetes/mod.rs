@@ -84,6 +84,9 @@ struct Shared {
     tracked: Mutex<BTreeMap<String, Tracked>>,
     /// Sibling copies queued behind the start-lock admission check, by job id ([`copies`]).
     copies: Mutex<BTreeMap<String, copies::KueueCopy>>,
+    /// Held across each copy call (queue, drop, grant) and a submit's drop of its job's copy, so
+    /// that a drop never overtakes the create of the copy it drops.
+    copy_lock: tokio::sync::Mutex<()>,
     /// Where the copies' events go.
     copy_events: CopyEventSender,
 }
@@ -152,6 +155,7 @@ impl KubernetesBackend {
             events,
             tracked: Mutex::new(BTreeMap::new()),
             copies: Mutex::new(BTreeMap::new()),
+            copy_lock: tokio::sync::Mutex::new(()),
             copy_events: copy_events_tx,
         });
         shared.scan().await?;
@@ -307,6 +311,16 @@ impl Shared {
     }
 
     async fn submit_now(&self, job: &Assignment) -> Result<Admission> {
+        {
+            // A member never holds a copy of a job it holds.
+            let _copies = self.copy_lock.lock().await;
+            self.drop_copies_of(&job.job_id).await?;
+        }
+        self.submit_binding(job).await
+    }
+
+    /// [`Self::submit_now`] once no copy of the job is held.
+    async fn submit_binding(&self, job: &Assignment) -> Result<Admission> {
         let spec = &job.spec;
         if let Some(reason) = copies::unfit_spec(job) {
             return Ok(Admission::Refused { reason, permanent: true });
@@ -318,8 +332,6 @@ impl Shared {
             }
             return Ok(snapshot.admission_of(held, job.fencing_token, self.config.mode));
         }
-        // A member never holds a copy of a job it holds.
-        self.drop_copies_of(&job.job_id).await?;
         let scan = self.scan().await?;
         let gpu_type = spec.gang.resources.gpu_types.first().map(String::as_str);
         if let Some(reason) = never_fits(job, &scan.inventory, gpu_type) {

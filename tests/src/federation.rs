@@ -148,7 +148,12 @@ impl Federation {
         if self.agents.is_empty() {
             return Ok(());
         }
-        self.gateway.wait_for_clusters_as(self.token.as_deref(), self.agents.len()).await.map(drop)
+        self.gateway.wait_for_clusters_as(self.token.as_deref(), self.agents.len()).await.map(drop).map_err(|error| {
+            // Which agent did not connect, and why, is in its own log.
+            let agents: Vec<String> =
+                self.agents.iter().map(|(name, agent)| format!("agent {name} log:\n{}", agent.proc.log())).collect();
+            error.context(agents.join("\n"))
+        })
     }
 }
 

@@ -30,8 +30,9 @@
 //! agent's stream, so a new backend deletes every copy in its namespace.
 //!
 //! The check passes every workload that is not a waiting Meridian copy, Meridian's bindings and
-//! other users' alike, but only in the agent's namespace: a ClusterQueue that lists the check
-//! should serve only Meridian's LocalQueues (`docs/backends.md#sibling-copies`).
+//! other users' alike: in the agent's namespace at every status round, in the others at every
+//! pressure report (which lists every Workload of the cluster anyway), so a ClusterQueue that
+//! lists the check may serve other teams' LocalQueues too (`docs/backends.md#sibling-copies`).
 
 use std::collections::BTreeMap;
 
@@ -385,11 +386,32 @@ impl Shared {
         Ok(())
     }
 
-    /// Sets check `check` of `workload` to `state`, keeping the other checks as they are; the
-    /// write is conditional on the Workload's resource version, and a conflict (someone wrote
-    /// it meanwhile) is left to the next round.
+    /// The check controller outside the agent's namespace, from the cluster-wide Workloads a
+    /// pressure report lists: a ClusterQueue that lists the check may also serve other teams'
+    /// LocalQueues, whose workloads are never Meridian's copies and must not wait for a grant.
+    /// A failed write is logged and left to the next report.
+    pub(super) async fn open_foreign_checks(&self, workloads: &[Value]) {
+        let Some(check) = self.start_lock() else { return };
+        for workload in workloads {
+            let namespace = workload["metadata"]["namespace"].as_str().unwrap_or_default();
+            if namespace == self.ns()
+                || check_state(workload, check) != Some("Pending")
+                || !condition_true(workload, "QuotaReserved")
+            {
+                continue;
+            }
+            if let Err(error) = self.set_check(workload, check, "Ready", "not a Meridian sibling copy").await {
+                tracing::warn!(%error, namespace, "kubernetes: could not let a workload through the start-lock check");
+            }
+        }
+    }
+
+    /// Sets check `check` of `workload` (in its own namespace) to `state`, keeping the other
+    /// checks as they are; the write is conditional on the Workload's resource version, and a
+    /// conflict (someone wrote it meanwhile) is left to the next round.
     async fn set_check(&self, workload: &Value, check: &str, state: &str, message: &str) -> Result<()> {
         let name = workload["metadata"]["name"].as_str().unwrap_or_default();
+        let namespace = workload["metadata"]["namespace"].as_str().filter(|ns| !ns.is_empty()).unwrap_or(self.ns());
         let checks: Vec<Value> = workload["status"]["admissionChecks"]
             .as_array()
             .into_iter()
@@ -410,7 +432,7 @@ impl Shared {
             "status": {"admissionChecks": checks},
         });
         let workloads: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), self.ns(), &group_resource(Mode::Kueue));
+            Api::namespaced_with(self.client.clone(), namespace, &group_resource(Mode::Kueue));
         match self
             .deadline(
                 "set the start-lock check",

@@ -15,7 +15,7 @@ use super::objects::{self, TOKEN_KEY};
 use super::tests::{assignment, backend_with, config, event_for, fixture, subject_with, with_command};
 use super::*;
 use crate::backend::conformance;
-use crate::backend::{CopyAdmission, CopyEvent, CopyEventReceiver, JobPhase, LocalBackend};
+use crate::backend::{CopyAdmission, CopyEvent, CopyEventReceiver, InventorySource, JobPhase, LocalBackend};
 
 const CHECK: &str = "start-lock";
 const CHECKS: &str = "kueue.x-k8s.io/v1beta1/admissionchecks";
@@ -208,6 +208,29 @@ async fn dropped_taken_back_and_orphaned_copies_are_deleted() {
     drop(backend);
     let (_again, _events) = backend_with(&api, lock_config()).await;
     assert!(job_named(&api, &objects::copy_name("j-2", 9)).is_none(), "the orphan copy is gone");
+}
+
+/// Another team's workload in a ClusterQueue that lists the check is let through at the next
+/// pressure report; one still waiting for quota is left for Kueue.
+#[tokio::test]
+async fn other_namespaces_workloads_pass_the_check_once_kueue_reserves_their_quota() {
+    let api = kueue_member().await;
+    let (backend, _events) = backend_with(&api, lock_config()).await;
+    let workload = |name: &str, reserved: &str| {
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": name, "namespace": "team-b"},
+            "spec": {"queueName": "team-b-lq", "podSets": [{"name": "main", "count": 1}]},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": reserved, "reason": "r", "message": "m"}],
+                "admissionChecks": [{"name": CHECK, "state": "Pending", "message": "",
+                    "lastTransitionTime": "2026-12-04T00:00:00Z"}]}})
+    };
+    api.put(fake::WORKLOADS, workload("reserved", "True"));
+    api.put(fake::WORKLOADS, workload("waiting", "False"));
+    backend.pressure().await.unwrap();
+    let state = |name: &str| check_of(&api.get(fake::WORKLOADS, "team-b", name).unwrap());
+    let (ready, message) = state("reserved");
+    assert_eq!((ready.as_str(), message.as_str()), ("Ready", "not a Meridian sibling copy"));
+    assert_eq!(state("waiting").0, "Pending", "not reserved yet: Kueue has not asked");
 }
 
 #[tokio::test]

@@ -473,6 +473,7 @@ impl Shared {
         let groups: Api<DynamicObject> = Api::all_with(self.client.clone(), &group_resource(self.config.mode));
         let groups = self.call("list pod groups", groups.list(&ListParams::default())).await?;
         let groups: Vec<Value> = groups.items.into_iter().filter_map(|g| serde_json::to_value(g).ok()).collect();
+        self.open_foreign_checks(&groups).await;
         Ok(pressure::pressure_of(&groups, self.config.mode))
     }
 

@@ -746,7 +746,9 @@ fn profile(scale: &Scale) -> Result<Profile> {
         let holds = Holds::for_round(ids.iter().map(|id| (id.clone(), &gang, 0.0)), &snapshot, &config, 0.0);
         for (id, slot) in ids.iter().zip(decisions.iter_mut()) {
             // Kept as the core keeps a queued job's decision: compacted.
-            *slot = Some(holds.place(&mut snapshot, id, &gang, 0.0, &config, 0.0).compact(KEPT_FEASIBLE));
+            *slot = Some(
+                holds.place(&mut snapshot, id, &gang, 0.0, &config, 0.0).compact(meridian_placement::KEPT_FEASIBLE),
+            );
         }
         round = started.elapsed();
     }
@@ -760,10 +762,6 @@ fn profile(scale: &Scale) -> Result<Profile> {
         kept_candidates: decisions.iter().flatten().map(|d| d.candidates.len()).max().unwrap_or(0),
     })
 }
-
-/// Feasible clusters the core keeps in a queued job's decision (`meridian_core`'s
-/// `KEPT_FEASIBLE`).
-const KEPT_FEASIBLE: usize = 2 * meridian_placement::MAX_SIBLING_COPIES as usize;
 
 // ---------------------------------------------------------------- report
 

@@ -302,8 +302,9 @@ fn plain_unless_tls(config: &str) -> String {
 /// (`/proc/sys/net/ipv4/ip_local_port_range`), where nothing that binds port 0 (the gateway under
 /// test, its agents' outgoing connections, other tests) can take it between this call and the
 /// caller's bind; a port handed out by the kernel for port 0 could be taken again that way, which
-/// once left an agent without its metrics port. Successive calls in one process never return
-/// the same port; calls in different processes start at different places.
+/// once left an agent without its metrics port. Successive calls in one process walk the range,
+/// so they repeat a port only after thousands of calls; calls in different processes start at
+/// different places.
 pub fn free_port() -> Result<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -29,17 +29,12 @@ pub enum Decided {
     },
 }
 
-/// Feasible clusters a waiting job's decision keeps (the rest are counted): enough for its
-/// sibling copies (at most [`meridian_placement::MAX_SIBLING_COPIES`], on its best-scored
-/// clusters) and for a reader, whatever the federation's size.
-pub(crate) const KEPT_FEASIBLE: usize = 2 * meridian_placement::MAX_SIBLING_COPIES as usize;
-
 impl Decided {
     /// The decision of a job that stays queued, compacted ([`Decision::compact`]): a queued job
     /// keeps it until its next decision, and a federation of 1,000 clusters would otherwise
     /// hold 1,000 verdicts for each of thousands of queued jobs.
     pub(crate) fn waiting(at_ms: i64, decision: Decision) -> Decided {
-        Decided::Live { at_ms, decision: decision.compact(KEPT_FEASIBLE) }
+        Decided::Live { at_ms, decision: decision.compact(meridian_placement::KEPT_FEASIBLE) }
     }
 
     /// The explanation of `hold` made at `now_ms`, or None when `previous` already says it: a

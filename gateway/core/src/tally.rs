@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use meridian_placement::{Decision, Rejection, Verdict};
+use meridian_placement::{Decision, Verdict};
 use meridian_proto::inventory::Tier;
 use meridian_proto::job::JobState;
 
@@ -156,12 +156,6 @@ impl Outcome {
     }
 }
 
-/// The fixed label value of a cluster's rejection (never its free text, which holds numbers
-/// and names): [`Rejection::kind`].
-pub fn rejection_name(rejection: &Rejection) -> &'static str {
-    rejection.kind()
-}
-
 /// Why a job that has not started yet is waiting, as a bounded class (the `reason` label of the
 /// pending-jobs gauges and of the "pending too long" alert). The job's explanation has the
 /// sentence with numbers.
@@ -282,7 +276,7 @@ impl Tally {
         for candidate in &decision.candidates {
             if let Verdict::Rejected { reasons } = &candidate.verdict {
                 for reason in reasons.iter() {
-                    *self.rejections.entry(rejection_name(reason)).or_default() += 1;
+                    *self.rejections.entry(reason.kind()).or_default() += 1;
                 }
             }
         }
@@ -397,6 +391,8 @@ impl Tally {
 
 #[cfg(test)]
 mod tests {
+    use meridian_placement::Rejection;
+
     use super::*;
 
     #[test]
@@ -427,7 +423,7 @@ mod tests {
             Rejection::BurstNotYet { owned_wait_secs: 1.0, waited_secs: 2.0, after_secs: 3 },
         ];
         for rejection in &samples {
-            let name = rejection_name(rejection);
+            let name = rejection.kind();
             assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{name}");
         }
     }

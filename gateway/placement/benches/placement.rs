@@ -220,22 +220,19 @@ fn kept_report(fed: &FederationSnapshot, jobs: &[JobSpec], config: &PlacementCon
     for job in &jobs[..sample] {
         let decision = placement::place(job, fed, config);
         full = (full.0 + decision.candidates.len(), full.1 + held_bytes(&decision));
-        let kept = decision.compact(KEPT_FEASIBLE);
+        let kept = decision.compact(placement::KEPT_FEASIBLE);
         compact = (compact.0 + kept.candidates.len(), compact.1 + held_bytes(&kept));
     }
     println!(
-        "a kept decision, mean of {sample}: {} candidates, {} bytes; compacted ({KEPT_FEASIBLE} feasible kept): \
+        "a kept decision, mean of {sample}: {} candidates, {} bytes; compacted ({} feasible kept): \
          {} candidates, {} bytes",
         full.0 / sample,
         full.1 / sample,
+        placement::KEPT_FEASIBLE,
         compact.0 / sample,
         compact.1 / sample
     );
 }
-
-/// Feasible clusters the gateway keeps in a queued job's decision (`meridian_core`'s
-/// `KEPT_FEASIBLE`).
-const KEPT_FEASIBLE: usize = 2 * placement::MAX_SIBLING_COPIES as usize;
 
 /// Heap and inline bytes a decision holds of its own: the struct, its candidate list, and the
 /// reason lists of clusters with more than one reason.

@@ -4,10 +4,16 @@
 use meridian_proto::inventory::Tier;
 use serde::{Deserialize, Serialize};
 
+use crate::config::MAX_SIBLING_COPIES;
 use crate::deadline::DeadlineOutlook;
 use crate::name::Name;
 use crate::reasons::{Rejection, Secs};
 use crate::verdict::{Candidate, rank};
+
+/// Feasible clusters the gateway keeps in the decision of a job that stays queued
+/// ([`Decision::compact`]): enough for its sibling copies (at most [`MAX_SIBLING_COPIES`], on its
+/// best-scored clusters) and for a reader, whatever the federation's size.
+pub const KEPT_FEASIBLE: usize = 2 * MAX_SIBLING_COPIES as usize;
 
 /// What placement decided for one job, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,7 +108,10 @@ impl Decision {
     /// rejected cluster by name as its example; the rest are counted in [`Decision::omitted`].
     /// Its summary is the full decision's. A decision with nothing to drop is returned as it is.
     pub fn compact(mut self, keep_feasible: usize) -> Decision {
-        let feasible = self.candidates.iter().filter(|c| c.score().is_some()).count();
+        let keep_feasible = keep_feasible.max(1);
+        let mut scored: Vec<usize> =
+            (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
+        // Per kind of first reason: (kind, the example's position, how many).
         let mut examples: Vec<(&'static str, usize, u32)> = Vec::new();
         for (at, candidate) in self.candidates.iter().enumerate() {
             let Some(kind) = candidate.reasons().first().map(Rejection::kind) else { continue };
@@ -116,24 +125,18 @@ impl Decision {
                 None => examples.push((kind, at, 1)),
             }
         }
-        let rejected_dropped = examples.iter().any(|(_, _, count)| *count > 1);
-        if feasible <= keep_feasible.max(1) && !rejected_dropped {
+        if scored.len() <= keep_feasible && examples.iter().all(|(_, _, count)| *count == 1) {
             return self;
         }
-        let mut scored: Vec<usize> =
-            (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
+        let feasible = scored.len();
         scored.sort_by(|&a, &b| rank(&self.candidates[a], &self.candidates[b]));
-        scored.truncate(keep_feasible.max(1));
+        scored.truncate(keep_feasible);
         let mut keep = vec![false; self.candidates.len()];
-        for &at in &scored {
+        for at in scored.iter().copied().chain(examples.iter().map(|(_, example, _)| *example)) {
             keep[at] = true;
-        }
-        for (_, example, _) in &examples {
-            keep[*example] = true;
         }
         let mut omitted = self.omitted.take().unwrap_or_default();
         omitted.feasible += u32::try_from(feasible - scored.len()).unwrap_or(u32::MAX);
-        examples.sort_by_key(|(kind, _, _)| *kind);
         for (kind, _, count) in examples.into_iter().filter(|(_, _, count)| *count > 1) {
             match omitted.rejected.iter_mut().find(|r| r.reason == kind) {
                 Some(known) => known.clusters += count - 1,
@@ -141,11 +144,11 @@ impl Decision {
             }
         }
         omitted.rejected.sort_by(|a, b| a.reason.cmp(&b.reason));
-        let mut at = 0;
-        self.candidates.retain(|_| {
-            at += 1;
-            keep[at - 1]
-        });
+        self.candidates = std::mem::take(&mut self.candidates)
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(c, kept)| kept.then_some(c))
+            .collect();
         self.candidates.shrink_to_fit();
         self.omitted = Some(omitted);
         self

@@ -72,7 +72,7 @@ mod tests;
 pub use breakdown::ScoreBreakdown;
 pub use config::{MAX_SIBLING_COPIES, PlacementConfig};
 pub use deadline::DeadlineOutlook;
-pub use decision::{Choice, Decision, JobLabel, Omitted, OmittedRejections};
+pub use decision::{Choice, Decision, JobLabel, KEPT_FEASIBLE, Omitted, OmittedRejections};
 pub use hold::{HOLD_SCAN, Holds};
 pub use name::{Name, Names};
 pub use need::PayloadKind;

@@ -131,7 +131,7 @@ fn a_waiting_jobs_explanation_lists_its_best_clusters_and_counts_the_rest() {
     assert_eq!(h.state(&waits), JobState::Queued);
 
     let explained = h.core.view().explain(&waits).unwrap();
-    let kept = crate::decision::KEPT_FEASIBLE;
+    let kept = meridian_placement::KEPT_FEASIBLE;
     let listed = |verdict| explained.candidates.iter().filter(|c| c.verdict == verdict).count();
     assert_eq!(listed(VerdictKind::Chosen) + listed(VerdictKind::Feasible), kept, "{:?}", explained.candidates);
     let rejected: Vec<&CandidateView> =

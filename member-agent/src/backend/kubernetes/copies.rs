@@ -46,7 +46,8 @@ use serde_json::{Value, json};
 use super::config::{Mode, START_LOCK_CONTROLLER};
 use super::objects::{self, COPY_KEY, GpuPlacement, JOB_ID_KEY, TOKEN_KEY};
 use super::service::Created;
-use super::{Shared, Snapshot, Tracked, api_error, group_resource, never_fits, owned_by, refusal};
+use super::status::true_condition;
+use super::{Shared, Snapshot, Tracked, api_error, group_resource, never_fits, owned_by, refusal, unfit_spec};
 use crate::backend::copies::unsupported_reason;
 use crate::backend::{Admission, BackendError, CopyAdmission, CopyEvent, JobPhase, Result};
 
@@ -97,8 +98,8 @@ fn now() -> Value {
     serde_json::to_value(Time(Timestamp::now())).unwrap_or(Value::Null)
 }
 
-fn condition_true(object: &Value, kind: &str) -> bool {
-    object["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == kind && c["status"] == "True")
+fn reserved(workload: &Value) -> bool {
+    true_condition(workload, "QuotaReserved").is_some()
 }
 
 /// The state of check `name` on a Workload (`Pending`, `Ready`, `Retry`, `Rejected`), if listed.
@@ -109,7 +110,7 @@ fn check_state<'a>(workload: &'a Value, name: &str) -> Option<&'a str> {
 /// Whether Kueue would start the Workload but for check `name`: it holds a quota reservation and
 /// every other check is `Ready`.
 fn waits_only_for(workload: &Value, name: &str) -> bool {
-    condition_true(workload, "QuotaReserved")
+    reserved(workload)
         && workload["status"]["admissionChecks"]
             .as_array()
             .into_iter()
@@ -166,8 +167,7 @@ impl Shared {
             return refused(reason);
         }
         let _one_at_a_time = self.copy_lock.lock().await;
-        let snapshot = self.snapshot().await?;
-        if let Some(held) = snapshot.bindings.iter().find(|b| b.job_id == job.job_id) {
+        if let Some(held) = self.bindings_of(&job.job_id).await?.first() {
             return refused(format!(
                 "binding {} of job `{}` is held here (Job `{}`); a member never holds a copy of a job it holds",
                 held.fencing_token, held.job_id, held.name
@@ -289,17 +289,9 @@ impl Shared {
             .into_iter()
             .filter_map(|w| serde_json::to_value(w).ok())
             .find(|w| owned_by(&w["metadata"], &uid));
-        if let (Some(workload), Some(check)) = (workload, self.start_lock())
-            && condition_true(&workload, "QuotaReserved")
-            && check_state(&workload, check) == Some("Pending")
-        {
-            self.set_check(
-                &workload,
-                check,
-                "Ready",
-                &format!("granted the start lock of job `{}` as binding {token}", job.job_id),
-            )
-            .await?;
+        if let (Some(workload), Some(check)) = (workload, self.start_lock()) {
+            let message = format!("granted the start lock of job `{}` as binding {token}", job.job_id);
+            self.open_check(&workload, check, &message).await?;
         }
         tracing::info!(job = %job.job_id, copy_token, fencing_token = job.fencing_token, job_name = %held.name, "sibling copy granted; its start-lock check is ready");
         Ok(Admission::Queued { reason })
@@ -311,11 +303,11 @@ impl Shared {
     /// when the round's snapshot was taken.
     pub(super) async fn copy_round(&self, snapshot: &Snapshot, started: tokio::time::Instant) -> Result<()> {
         let Some(check) = self.start_lock() else { return Ok(()) };
-        self.watch_copies(snapshot, started).await?;
+        self.watch_copies(snapshot, check, started).await?;
         self.open_checks(snapshot, check).await
     }
 
-    async fn watch_copies(&self, snapshot: &Snapshot, started: tokio::time::Instant) -> Result<()> {
+    async fn watch_copies(&self, snapshot: &Snapshot, check: &str, started: tokio::time::Instant) -> Result<()> {
         let held: Vec<(String, KueueCopy)> = self.lock_copies().iter().map(|(j, c)| (j.clone(), c.clone())).collect();
         for (job_id, copy) in held {
             let found = snapshot.copies.iter().find(|c| c.name == copy.name && c.copy_token == copy.copy_token);
@@ -331,7 +323,7 @@ impl Shared {
                 }
                 Some(object) => {
                     let workload = snapshot.groups.iter().find(|g| owned_by(&g["metadata"], &object.uid));
-                    let waits = workload.is_some_and(|w| waits_only_for(w, self.start_lock().unwrap_or_default()));
+                    let waits = workload.is_some_and(|w| waits_only_for(w, check));
                     match (copy.ready, waits) {
                         (false, true) => CopyEvent::Ready { job_id: job_id.clone(), copy_token: copy.copy_token },
                         (true, false) => {
@@ -368,9 +360,6 @@ impl Shared {
     /// copies, other users' jobs).
     async fn open_checks(&self, snapshot: &Snapshot, check: &str) -> Result<()> {
         for workload in &snapshot.groups {
-            if check_state(workload, check) != Some("Pending") || !condition_true(workload, "QuotaReserved") {
-                continue;
-            }
             let meta = &workload["metadata"];
             if snapshot.copies.iter().any(|c| owned_by(meta, &c.uid)) {
                 continue;
@@ -381,7 +370,7 @@ impl Shared {
                 }
                 None => "not a Meridian sibling copy".to_owned(),
             };
-            self.set_check(workload, check, "Ready", &message).await?;
+            self.open_check(workload, check, &message).await?;
         }
         Ok(())
     }
@@ -394,22 +383,24 @@ impl Shared {
         let Some(check) = self.start_lock() else { return };
         for workload in workloads {
             let namespace = workload["metadata"]["namespace"].as_str().unwrap_or_default();
-            if namespace == self.ns()
-                || check_state(workload, check) != Some("Pending")
-                || !condition_true(workload, "QuotaReserved")
-            {
+            if namespace == self.ns() {
                 continue;
             }
-            if let Err(error) = self.set_check(workload, check, "Ready", "not a Meridian sibling copy").await {
+            if let Err(error) = self.open_check(workload, check, "not a Meridian sibling copy").await {
                 tracing::warn!(%error, namespace, "kubernetes: could not let a workload through the start-lock check");
             }
         }
     }
 
-    /// Sets check `check` of `workload` (in its own namespace) to `state`, keeping the other
-    /// checks as they are; the write is conditional on the Workload's resource version, and a
-    /// conflict (someone wrote it meanwhile) is left to the next round.
-    async fn set_check(&self, workload: &Value, check: &str, state: &str, message: &str) -> Result<()> {
+    /// Sets check `check` of `workload` (in its own namespace) `Ready` with `message`, when the
+    /// check is `Pending` and Kueue has reserved the Workload's quota (Kueue asks its checks only
+    /// then); otherwise does nothing. The other checks are kept as they are; the write is
+    /// conditional on the Workload's resource version, and a conflict (someone wrote it
+    /// meanwhile) is left to the next round.
+    async fn open_check(&self, workload: &Value, check: &str, message: &str) -> Result<()> {
+        if check_state(workload, check) != Some("Pending") || !reserved(workload) {
+            return Ok(());
+        }
         let name = workload["metadata"]["name"].as_str().unwrap_or_default();
         let namespace = workload["metadata"]["namespace"].as_str().filter(|ns| !ns.is_empty()).unwrap_or(self.ns());
         let checks: Vec<Value> = workload["status"]["admissionChecks"]
@@ -421,7 +412,7 @@ impl Shared {
                     return c.clone();
                 }
                 let mut mine = c.clone();
-                mine["state"] = json!(state);
+                mine["state"] = json!("Ready");
                 mine["message"] = json!(message);
                 mine["lastTransitionTime"] = now();
                 mine
@@ -441,7 +432,7 @@ impl Shared {
             .await?
         {
             Ok(_) => {
-                tracing::debug!(workload = name, check, state, message, "start-lock check set");
+                tracing::debug!(workload = name, check, message, "start-lock check set ready");
                 Ok(())
             }
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(()),
@@ -481,16 +472,4 @@ impl Shared {
     fn lock_copies(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, KueueCopy>> {
         self.copies.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-/// Why a job's spec can never run on Kubernetes; None when it may.
-pub(super) fn unfit_spec(job: &Assignment) -> Option<String> {
-    let spec = &job.spec;
-    if spec.payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
-        return Some(format!("job `{}`: Kubernetes runs containers; payload.image is required", job.job_id));
-    }
-    if spec.gang.replicas == 0 || spec.gang.resources.gpus == 0 {
-        return Some(format!("job `{}`: gang.replicas and gang.resources.gpus must be at least 1", job.job_id));
-    }
-    None
 }

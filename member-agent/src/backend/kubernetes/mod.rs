@@ -322,7 +322,7 @@ impl Shared {
     /// [`Self::submit_now`] once no copy of the job is held.
     async fn submit_binding(&self, job: &Assignment) -> Result<Admission> {
         let spec = &job.spec;
-        if let Some(reason) = copies::unfit_spec(job) {
+        if let Some(reason) = unfit_spec(job) {
             return Ok(Admission::Refused { reason, permanent: true });
         }
         let snapshot = self.snapshot().await?;
@@ -401,16 +401,17 @@ impl Shared {
         self.delete_job(&binding.name).await
     }
 
-    /// Binding `fencing_token` of `job_id`, read from the API: by its labels, not its name, as a
-    /// granted sibling copy keeps its copy's name.
+    /// Binding `fencing_token` of `job_id`, read from the API.
     async fn find_binding(&self, job_id: &str, fencing_token: u64) -> Result<Option<Binding>> {
+        Ok(self.bindings_of(job_id).await?.into_iter().find(|b| b.fencing_token == fencing_token))
+    }
+
+    /// The bindings of `job_id` in the namespace, read from the API: one labelled list, found by
+    /// labels rather than names, as a granted sibling copy keeps its copy's name.
+    async fn bindings_of(&self, job_id: &str) -> Result<Vec<Binding>> {
         let selector = format!("{},{JOB_ID_KEY}={}", managed_selector(), objects::label_value(job_id));
         let listed = self.call("list jobs", self.jobs().list(&ListParams::default().labels(&selector))).await?;
-        Ok(listed
-            .items
-            .into_iter()
-            .filter_map(binding_of)
-            .find(|b| b.job_id == job_id && b.fencing_token == fencing_token))
+        Ok(listed.items.into_iter().filter_map(binding_of).filter(|b| b.job_id == job_id).collect())
     }
 
     /// Deletes the Job `name` and, through its owner references, what it owns; gone already is
@@ -617,6 +618,18 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Why a job's spec can never run on Kubernetes; None when it may.
+fn unfit_spec(job: &Assignment) -> Option<String> {
+    let spec = &job.spec;
+    if spec.payload.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
+        return Some(format!("job `{}`: Kubernetes runs containers; payload.image is required", job.job_id));
+    }
+    if spec.gang.replicas == 0 || spec.gang.resources.gpus == 0 {
+        return Some(format!("job `{}`: gang.replicas and gang.resources.gpus must be at least 1", job.job_id));
+    }
+    None
 }
 
 /// Why `job` can never run on these nodes, even all free; None when it can.

@@ -75,26 +75,41 @@ pub fn label_value(job_id: &str) -> String {
 /// The object name of a binding: DNS-safe, from the job id and token, at most 52 characters so
 /// pod names derived from it (`<name>-main-<index>`) stay valid labels.
 pub fn object_name(job_id: &str, fencing_token: u64) -> String {
+    name_for(job_id, 't', fencing_token)
+}
+
+/// `m-<job>-<kind><token>`, with the job id in its DNS-safe form.
+fn name_for(job_id: &str, kind: char, token: u64) -> String {
     let id = label_value(job_id).replace('.', "-");
     let id = id.trim_matches('-');
-    format!("m-{id}-t{fencing_token}")
+    format!("m-{id}-{kind}{token}")
 }
 
 /// The object name of sibling copy `copy_token` of a job (Kueue mode): it keeps this name
 /// when its grant makes it a binding.
 pub fn copy_name(job_id: &str, copy_token: u64) -> String {
-    let id = label_value(job_id).replace('.', "-");
-    let id = id.trim_matches('-');
-    format!("m-{id}-c{copy_token}")
+    name_for(job_id, 'c', copy_token)
 }
 
-/// What an object is to Meridian: a binding (its fencing token) or a sibling copy (its copy
-/// token), and its object name.
+/// What an object is to Meridian, and its object name: a binding (its fencing token) or a
+/// sibling copy (no fencing token; [`kueue_copy`] adds its copy token).
 #[derive(Debug, Clone, Copy)]
 struct Role<'a> {
     name: &'a str,
+    /// The binding's fencing token; None for a copy.
     binding: Option<u64>,
-    copy: Option<u64>,
+}
+
+impl<'a> Role<'a> {
+    /// Binding `token`, named `name`.
+    fn binding(name: &'a str, token: u64) -> Self {
+        Self { name, binding: Some(token) }
+    }
+
+    /// A sibling copy (its token is in its name and [`COPY_KEY`]), named `name`.
+    fn copy(name: &'a str) -> Self {
+        Self { name, binding: None }
+    }
 }
 
 /// Builds the object for `job` in the configured mode, on the member cluster named `cluster`.
@@ -116,7 +131,9 @@ pub fn kueue_copy(
     cluster: &str,
 ) -> Value {
     let name = copy_name(&job.job_id, copy_token);
-    kueue_job_as(job, Role { name: &name, binding: None, copy: Some(copy_token) }, config, gpu, cluster)
+    let mut object = kueue_job_as(job, Role::copy(&name), config, gpu, cluster);
+    object["metadata"]["annotations"][COPY_KEY] = json!(copy_token.to_string());
+    object
 }
 
 /// The host every replica reaches replica 0 at: its pod's DNS name under the job's headless
@@ -179,7 +196,7 @@ fn container_env(job: &Assignment, role: Role<'_>, config: &KubernetesConfig, cl
 /// owned by the Job (uid `job_uid`) so that deleting the Job deletes it. Volcano's `svc` plugin
 /// makes its own.
 pub fn headless_service(job: &Assignment, name: &str, config: &KubernetesConfig, job_uid: &str) -> Value {
-    let mut meta = metadata(job, Role { name, binding: Some(job.fencing_token), copy: None }, config, &[]);
+    let mut meta = metadata(job, Role::binding(name, job.fencing_token), config, &[]);
     meta["ownerReferences"] = json!([{
         "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
         "controller": false, "blockOwnerDeletion": false,
@@ -208,9 +225,6 @@ fn metadata(job: &Assignment, role: Role<'_>, config: &KubernetesConfig, extra_l
     let mut annotations = serde_json::Map::from_iter([(JOB_ID_KEY.to_string(), json!(job.job_id))]);
     if let Some(token) = role.binding {
         annotations.insert(TOKEN_KEY.into(), json!(token.to_string()));
-    }
-    if let Some(token) = role.copy {
-        annotations.insert(COPY_KEY.into(), json!(token.to_string()));
     }
     json!({
         "name": role.name,
@@ -321,7 +335,7 @@ fn pod_template(
 /// pods' host names the coordinator address needs, its `env` plugin `VC_TASK_INDEX`.
 pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     let name = object_name(&job.job_id, job.fencing_token);
-    let role = Role { name: &name, binding: Some(job.fencing_token), copy: None };
+    let role = Role::binding(&name, job.fencing_token);
     let replicas = job.spec.gang.replicas;
     let mut spec = json!({
         "schedulerName": "volcano",
@@ -355,7 +369,7 @@ pub fn volcano_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlaceme
 /// anyway, so every cluster that runs Kueue has them.
 pub fn kueue_job(job: &Assignment, config: &KubernetesConfig, gpu: &GpuPlacement, cluster: &str) -> Value {
     let name = object_name(&job.job_id, job.fencing_token);
-    kueue_job_as(job, Role { name: &name, binding: Some(job.fencing_token), copy: None }, config, gpu, cluster)
+    kueue_job_as(job, Role::binding(&name, job.fencing_token), config, gpu, cluster)
 }
 
 fn kueue_job_as(

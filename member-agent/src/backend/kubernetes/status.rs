@@ -51,7 +51,7 @@ fn volcano_wait_reason(queue: &str, pods: &[Pod], pod_group: Option<&Value>) -> 
 
 /// The phase of a `batch/v1` Job run through Kueue, given its pods and Workload.
 pub fn batch_phase(job: &Value, pods: &[Pod], workload: Option<&Value>) -> JobPhase {
-    let condition_true = |kind: &str| conditions(job).find(|c| c["type"] == kind && c["status"] == "True");
+    let condition_true = |kind: &str| true_condition(job, kind);
     if condition_true("Complete").is_some() || condition_true("SuccessCriteriaMet").is_some() {
         return JobPhase::Succeeded { message: "Kubernetes job completed".into() };
     }
@@ -103,6 +103,11 @@ fn preempted_pod(pods: &[Pod]) -> Option<String> {
 
 fn conditions(object: &Value) -> impl Iterator<Item = &Value> {
     object["status"]["conditions"].as_array().into_iter().flatten()
+}
+
+/// The condition of type `kind` of an object's status, when it is `True`.
+pub(super) fn true_condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    conditions(object).find(|c| c["type"] == kind && c["status"] == "True")
 }
 
 /// `Reason: message` of a condition, whichever parts it has.

@@ -208,7 +208,7 @@ async fn preload(endpoints: &[String], prefix: &str, key_file: &std::path::Path,
     for i in 0..count {
         let at = now - (count - i) as i64;
         let job = JobRecord::queued(format!("j-{at:011x}0000{i:06x}"), spec.clone(), "preloaded", at);
-        let encoded = Record::Job(job).encode()?;
+        let encoded = Record::Job(job.into()).encode()?;
         let write = Write::Put { key: encoded.key, value: encoded.value.unwrap_or_default() };
         if !limits.fits(batch.len() + 1, bytes + write.size()) {
             store.commit(std::mem::take(&mut batch)).await?;

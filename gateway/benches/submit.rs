@@ -186,7 +186,7 @@ async fn preload(dir: &Path, count: usize, finished: bool) -> Result<()> {
             job.state = JobState::Succeeded;
             job.finished_at_ms = Some(at + 1);
         }
-        let encoded = Record::Job(job).encode()?;
+        let encoded = Record::Job(job.into()).encode()?;
         batch.push(Write::Put { key: encoded.key, value: encoded.value.unwrap_or_default() });
         if batch.len() == 10_000 {
             store.commit(std::mem::take(&mut batch)).await?;

@@ -7,13 +7,21 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use meridian_proto::job::JobState;
+
 use crate::decision::Decided;
+use crate::held::{HeldBook, Ranks, TenantId};
 use crate::record::{JobRecord, Record};
 
 /// An active job as rounds read it: its record, and what rounds keep about it between rounds.
 pub(crate) struct ActiveJob {
     /// The current record (the one the table holds).
     pub(crate) record: Arc<JobRecord>,
+    /// The record's state, kept beside it so that a round skips the jobs it does not place
+    /// (bound, running) without reading their records.
+    pub(crate) state: JobState,
+    /// The number of the job's tenant in the table's [`HeldBook`].
+    pub(crate) tenant: TenantId,
     /// Its demand key (see `demand.rs`) and the key's number, worked out at its first round.
     pub(crate) demand: Option<(Arc<str>, u32)>,
     /// Its latest decision: the one the table holds for it.
@@ -36,6 +44,8 @@ pub(crate) struct JobTable {
     idempotency: HashMap<(String, String), String>,
     /// Each job's latest decision (shared with the read views).
     decisions: imbl::HashMap<String, Arc<Decided>>,
+    /// What each tenant's active jobs hold, kept in step by [`Self::put`].
+    held: HeldBook,
     /// Keeps the ids of two gateway processes apart.
     id_salt: u16,
     id_sequence: u64,
@@ -51,6 +61,7 @@ impl JobTable {
             finished: BTreeSet::new(),
             idempotency: HashMap::new(),
             decisions: imbl::HashMap::new(),
+            held: HeldBook::default(),
             id_salt,
             id_sequence: 0,
         }
@@ -84,6 +95,11 @@ impl JobTable {
     /// Active jobs offered to, bound to or running on `cluster`.
     pub(crate) fn on_cluster<'a>(&'a self, cluster: &str) -> impl Iterator<Item = &'a Arc<JobRecord>> + 'a {
         self.by_cluster.get(cluster).into_iter().flatten().filter_map(|id| self.jobs.get(id))
+    }
+
+    /// Each tenant's rank in name order and what its jobs hold now, for a round.
+    pub(crate) fn tenant_ranks(&self) -> Ranks {
+        self.held.ranks()
     }
 
     /// Every job, by id (what read views share).
@@ -192,15 +208,29 @@ impl JobTable {
                 self.by_cluster.remove(cluster);
             }
         }
+        self.held.changed(previous, job);
         if job.state.is_terminal() {
             self.active.remove(&job.id);
             self.finished.insert((job.finished_at_ms.unwrap_or(job.submitted_at_ms), job.id.clone()));
         } else {
             match self.active.get_mut(&job.id) {
-                Some(active) => active.record = Arc::clone(job),
+                Some(active) => {
+                    active.record = Arc::clone(job);
+                    active.state = job.state;
+                    if previous.is_some_and(|p| p.spec.tenant != job.spec.tenant) {
+                        active.tenant = self.held.id(&job.spec.tenant);
+                    }
+                }
                 None => {
                     let decided = self.decisions.get(&job.id).map(Arc::clone);
-                    self.active.insert(job.id.clone(), ActiveJob { record: Arc::clone(job), demand: None, decided });
+                    let active = ActiveJob {
+                        record: Arc::clone(job),
+                        state: job.state,
+                        tenant: self.held.id(&job.spec.tenant),
+                        demand: None,
+                        decided,
+                    };
+                    self.active.insert(job.id.clone(), active);
                 }
             }
             if let Some(cluster) = &job.cluster {
@@ -215,11 +245,15 @@ impl JobTable {
         let active: BTreeSet<String> =
             self.jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id.clone()).collect();
         assert!(active.iter().eq(self.active.keys()), "active index holds other ids than the active jobs");
+        let mut held = HeldBook::default();
         for (id, active) in &self.active {
             assert!(
                 self.jobs.get(id).is_some_and(|current| Arc::ptr_eq(current, &active.record)),
                 "active index has a stale {id}"
             );
+            assert_eq!(active.state, active.record.state, "active index has a stale state of {id}");
+            assert_eq!(active.tenant, self.held.id_of(&active.record.spec.tenant), "tenant number of {id}");
+            held.changed(None, &active.record);
             let decided = self.decisions.get(id);
             assert!(
                 match (decided, &active.decided) {
@@ -237,5 +271,6 @@ impl JobTable {
             }
         }
         assert_eq!(by_cluster, self.by_cluster, "by-cluster index");
+        assert!(self.held.holds_as(&held), "what tenants hold differs from a count of the active jobs");
     }
 }

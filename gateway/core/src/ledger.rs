@@ -104,8 +104,8 @@ impl<'a> Ledger<'a> {
             // Capacity or the queue changed.
             self.signals.want_round();
         }
-        effects.persist.push(Record::Job(job.clone()));
         let job = Arc::new(job);
+        effects.persist.push(Record::Job(Arc::clone(&job)));
         let previous = self.table.put(Arc::clone(&job));
         if previous.as_ref().is_none_or(|p| p.cluster != job.cluster || p.state != job.state) {
             // Per-cluster job counts in the summaries may have changed.
@@ -122,9 +122,17 @@ impl<'a> Ledger<'a> {
         self.table.decide(id, decided);
     }
 
-    /// Records the decision that placed job `id`, durable with the offer.
-    pub(crate) fn save_decision(&mut self, id: &str, at_ms: i64, decision: Decision, effects: &mut Effects) {
-        effects.persist.push(Record::Decision(id.to_string(), StoredDecision::of(at_ms, &decision)));
+    /// Records the decision that placed job `id`, durable with the offer; `summary` is the
+    /// decision's [`summary`](Decision::summary).
+    pub(crate) fn save_decision(
+        &mut self,
+        id: &str,
+        at_ms: i64,
+        decision: Decision,
+        summary: String,
+        effects: &mut Effects,
+    ) {
+        effects.persist.push(Record::Decision(id.to_string(), StoredDecision::of(at_ms, &decision, summary)));
         self.table.decide(id, Decided::Live { at_ms, decision });
     }
 }

@@ -17,7 +17,8 @@
 //!
 //! [`Core`] holds its state in parts, each a type that owns its fields:
 //!
-//! - the job table (`jobs.rs`: records, indexes, decisions, idempotency keys, ids),
+//! - the job table (`jobs.rs`: records, indexes, decisions, idempotency keys, ids, and what each
+//!   tenant's jobs hold, `held.rs`),
 //! - the job timers (`timers.rs`: offers in flight and withdrawn, `Unknown` jobs),
 //! - the [`Registry`](registry::Registry) of member clusters and their streams (`registry.rs`),
 //! - the snapshots placement reads (`snapshots.rs`: the network table, the never-fits cache),
@@ -39,9 +40,9 @@
 //! before it):
 //!
 //! 1. `record`, `demand` (no imports from this crate)
-//! 2. `io`, `usage`, `timers` (record); `config` (usage); `quota` (config, record); `decision`
-//!    (quota, record)
-//! 3. `registry` (io, record); `jobs` (decision, record); `snapshots` (registry); `quotes`,
+//! 2. `io`, `usage`, `timers`, `held` (record); `config` (usage); `quota` (config, record);
+//!    `decision` (quota, record)
+//! 3. `registry` (io, record); `jobs` (decision, held, record); `snapshots` (registry); `quotes`,
 //!    `copies` (io, record, registry)
 //! 4. `tally` (decision, record, registry); `view` (config, decision, jobs, record, registry,
 //!    tally, usage); `tenants` (view)
@@ -55,6 +56,7 @@ mod copies;
 mod decision;
 mod demand;
 mod expiry;
+mod held;
 pub mod io;
 mod jobs;
 mod ledger;

@@ -4,6 +4,8 @@
 //! The core never writes; it returns [`Record`]s in its effects and the runtime commits them (one
 //! group commit for everything a batch of inputs produced) before any send or reply of that batch.
 
+use std::sync::Arc;
+
 use meridian_placement::{Decision, Verdict};
 use meridian_proto::inventory::{ClusterInfo, Inventory, Tier};
 use meridian_proto::job::JobState;
@@ -125,12 +127,10 @@ pub struct StoredDecision {
 }
 
 /// One durable change the core asks for.
-// Most records are jobs; boxing the largest variant would only add an allocation to each.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
-    /// Write a job's record.
-    Job(JobRecord),
+    /// Write a job's record (the one the core's table now holds, shared rather than copied).
+    Job(Arc<JobRecord>),
     /// Forget a job (retention).
     DeleteJob(String),
     /// Remember a cluster.
@@ -304,14 +304,10 @@ impl CandidateView {
 }
 
 impl StoredDecision {
-    /// `decision`, made at `at_ms`, in its stored form.
-    pub(crate) fn of(at_ms: i64, decision: &Decision) -> Self {
-        Self {
-            at_ms,
-            summary: decision.summary(),
-            candidates: CandidateView::all_of(decision),
-            omitted: decision.omitted.clone(),
-        }
+    /// `decision`, made at `at_ms`, in its stored form, with `summary` its
+    /// [`summary`](Decision::summary) (which the caller made once for the offer as well).
+    pub(crate) fn of(at_ms: i64, decision: &Decision, summary: String) -> Self {
+        Self { at_ms, summary, candidates: CandidateView::all_of(decision), omitted: decision.omitted.clone() }
     }
 }
 

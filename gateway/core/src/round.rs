@@ -1,12 +1,12 @@
 //! A placement round: queued jobs in fair-share order, each offered to its best cluster when it
 //! can start there now (late binding); otherwise it stays queued and its decision says why.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use meridian_placement::FederationSnapshot;
 use meridian_placement::Holds;
 use meridian_placement::queue::{FairQueue, QueuedJob, Usage};
+use meridian_placement::{Decision, FederationSnapshot, Name};
 use meridian_proto::job::JobState;
 use meridian_proto::protocol::GatewayCommand;
 
@@ -50,6 +50,8 @@ pub(crate) struct Round<'a> {
 /// A queued job in a round, with what earlier rounds kept about it.
 struct Queued {
     job: Arc<JobRecord>,
+    /// Its tenant's rank in name order this round.
+    tenant: u32,
     /// Its demand key's number, if a round worked it out already.
     demand: Option<u32>,
     /// Its latest decision.
@@ -113,43 +115,36 @@ impl Round<'_> {
         self.ledger.signals.round_done();
         self.quotes.new_round(now_ms);
         let mut snapshot = self.snapshots.for_round(self.registry, &self.config.placement.gpu_speed, now_ms);
-        let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         // The queued jobs, oldest first (active ids sort by submission: ids start with the submit
         // time), with what earlier rounds kept about them. The round refers to a job by its
-        // position here, which sorts like its id, so ordering and lookups compare no text.
+        // position here, which sorts like its id, so ordering and lookups compare no text; and
+        // to its tenant by the tenant's rank in name order.
+        let tenants = self.ledger.table.tenant_ranks();
         let mut queued: Vec<Queued> = Vec::new();
         for active in self.ledger.table.active() {
-            let job = &active.record;
-            if job.state == JobState::Offered {
-                // The member's inventory does not show an offer until the agent accepts it.
-                if let Some(cluster) =
-                    snapshot.clusters.iter_mut().find(|c| Some(c.info().name.as_str()) == job.cluster.as_deref())
-                {
-                    cluster.reserve(&job.spec);
-                }
-            }
-            if job.holds_gpus() {
-                let held = gang_usage(&job.spec);
-                match usage.get_mut(job.spec.tenant.as_str()) {
-                    Some(tenant) => tenant.add(held),
-                    None => {
-                        usage.insert(job.spec.tenant.clone(), held);
+            match active.state {
+                JobState::Offered => {
+                    // The member's inventory does not show an offer until the agent accepts it.
+                    let job = &active.record;
+                    if let Some(cluster) =
+                        snapshot.clusters.iter_mut().find(|c| Some(c.info().name.as_str()) == job.cluster.as_deref())
+                    {
+                        cluster.reserve(&job.spec);
                     }
                 }
-            }
-            if job.state == JobState::Queued {
-                queued.push(Queued {
-                    job: Arc::clone(job),
+                JobState::Queued => queued.push(Queued {
+                    job: Arc::clone(&active.record),
+                    tenant: tenants.rank(active.tenant),
                     demand: active.demand.as_ref().map(|(_, number)| *number),
                     decided: active.decided.clone(),
-                });
+                }),
+                _ => {}
             }
         }
         let mut quotas = RoundQuotas::default();
         if self.config.has_quotas() {
-            // GPUs each tenant holds (whole numbers: usage adds whole gangs).
             let held_gpus: HashMap<String, u32> =
-                usage.iter().map(|(tenant, held)| (tenant.clone(), held.gpus as u32)).collect();
+                tenants.held_gpus().map(|(tenant, gpus)| (tenant.to_string(), gpus)).collect();
             quotas = RoundQuotas::new(self.config, queued.iter().map(|q| q.job.as_ref()), &held_gpus);
             queued = self.hold_back_beyond_queue_limits(&quotas, queued, now_ms);
         }
@@ -173,7 +168,7 @@ impl Round<'_> {
         };
         let order = queued.iter().enumerate().map(|(at, q)| QueuedJob {
             id: at,
-            tenant: q.job.spec.tenant.as_str(),
+            tenant: q.tenant,
             priority: q.job.spec.priority,
             submitted_at_ms: q.job.submitted_at_ms,
             gpus: q.job.spec.total_gpus(),
@@ -182,12 +177,12 @@ impl Round<'_> {
         });
         let mut queue = FairQueue::new(
             order.collect(),
-            |tenant| usage.get(*tenant).copied().unwrap_or_default(),
+            |&rank| tenants.usage(rank),
             capacity(&snapshot),
-            |tenant| self.config.tenant_weight(tenant),
+            |&rank| self.config.tenant_weight(tenants.name(rank)),
         );
-        let cluster_index: HashMap<String, usize> =
-            snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().to_string(), i)).collect();
+        let cluster_index: HashMap<Name, usize> =
+            snapshot.clusters.iter().enumerate().map(|(i, c)| (c.name().clone(), i)).collect();
         // Demands (gang shape and placement rules) that fit on no cluster now. Within a round
         // capacity only shrinks (offers reserve it), so a "no" stays true for the round.
         let mut fits_nowhere: HashSet<u32> = HashSet::new();
@@ -320,7 +315,8 @@ impl Round<'_> {
             offered.gpu_type = (!gpu_type.is_empty()).then(|| gpu_type.to_string());
             offered.fencing_token += 1;
             offered.message = format!("offered to {cluster}");
-            offered.placement = Some(decision.summary());
+            let summary = decision.summary();
+            offered.placement = Some(summary.clone());
             tracing::info!(job = %offered.id, cluster = %cluster, token = offered.fencing_token, "offered");
             // Its copies go first: a member holding one drops it before it sees the offer.
             self.copies.drop_all(&offered.id, None, self.registry, effects);
@@ -330,7 +326,7 @@ impl Round<'_> {
             let id = offered.id.clone();
             self.ledger.save(offered, self.registry, effects);
             self.ledger.timers.offered(id.clone(), now_ms);
-            self.ledger.save_decision(&id, now_ms, decision, effects);
+            self.ledger.save_decision(&id, now_ms, decision, summary, effects);
         }
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.ledger.signals.round_done();
@@ -360,8 +356,9 @@ impl Round<'_> {
         offered.gpu_type = (!copy.gpu_type.is_empty()).then(|| copy.gpu_type.clone());
         offered.fencing_token += 1;
         offered.message = format!("its sibling copy on {cluster} was ready first: granted the start lock");
+        let summary = decision.as_ref().map(Decision::summary);
         if let Some(decision) = &decision {
-            offered.placement = Some(decision.summary());
+            offered.placement = summary.clone();
             if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {
                 self.ledger.tally().count_data_moved(job, &region);
             }
@@ -372,8 +369,8 @@ impl Round<'_> {
         let id = offered.id.clone();
         self.ledger.save(offered, self.registry, effects);
         self.ledger.timers.offered(id.clone(), now_ms);
-        if let Some(decision) = decision {
-            self.ledger.save_decision(&id, now_ms, decision, effects);
+        if let (Some(decision), Some(summary)) = (decision, summary) {
+            self.ledger.save_decision(&id, now_ms, decision, summary, effects);
         }
     }
 }
@@ -381,16 +378,6 @@ impl Round<'_> {
 /// `per_replica` × `replicas`, saturating.
 fn gang_total(replicas: u32, per_replica: u32) -> u32 {
     replicas.saturating_mul(per_replica)
-}
-
-/// What the whole gang of `spec` takes, as the fair queue counts it.
-fn gang_usage(spec: &meridian_proto::spec::JobSpec) -> Usage {
-    let r = &spec.gang.resources;
-    Usage {
-        gpus: f64::from(spec.total_gpus()),
-        cpu: f64::from(gang_total(spec.gang.replicas, r.cpu)),
-        memory_gib: f64::from(gang_total(spec.gang.replicas, r.memory_gib)),
-    }
 }
 
 /// GPUs, CPU cores and memory of the connected clusters: the denominators of each tenant's

@@ -1,6 +1,8 @@
 //! The outcome of placing one job, with every cluster's verdict kept for `meridian explain`, and
 //! the one-sentence summary made from it.
 
+use std::mem::Discriminant;
+
 use meridian_proto::inventory::Tier;
 use serde::{Deserialize, Serialize};
 
@@ -109,12 +111,16 @@ impl Decision {
     /// Its summary is the full decision's. A decision with nothing to drop is returned as it is.
     pub fn compact(mut self, keep_feasible: usize) -> Decision {
         let keep_feasible = keep_feasible.max(1);
-        let mut scored: Vec<usize> =
-            (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
-        // Per kind of first reason: (kind, the example's position, how many).
-        let mut examples: Vec<(&'static str, usize, u32)> = Vec::new();
+        // Per kind of first reason: (kind, the example's position, how many). Counted before
+        // anything is allocated: most decisions of a small federation have nothing to drop.
+        let mut examples: Vec<(Discriminant<Rejection>, usize, u32)> = Vec::new();
+        let mut feasible = 0;
         for (at, candidate) in self.candidates.iter().enumerate() {
-            let Some(kind) = candidate.reasons().first().map(Rejection::kind) else { continue };
+            let Some(first) = candidate.reasons().first() else {
+                feasible += usize::from(candidate.score().is_some());
+                continue;
+            };
+            let kind = std::mem::discriminant(first);
             match examples.iter_mut().find(|(k, _, _)| *k == kind) {
                 Some((_, example, count)) => {
                     *count += 1;
@@ -125,9 +131,11 @@ impl Decision {
                 None => examples.push((kind, at, 1)),
             }
         }
-        if scored.len() <= keep_feasible && examples.iter().all(|(_, _, count)| *count == 1) {
+        if feasible <= keep_feasible && examples.iter().all(|(_, _, count)| *count == 1) {
             return self;
         }
+        let mut scored: Vec<usize> =
+            (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
         let feasible = scored.len();
         scored.sort_by(|&a, &b| rank(&self.candidates[a], &self.candidates[b]));
         scored.truncate(keep_feasible);
@@ -137,7 +145,8 @@ impl Decision {
         }
         let mut omitted = self.omitted.take().unwrap_or_default();
         omitted.feasible += u32::try_from(feasible - scored.len()).unwrap_or(u32::MAX);
-        for (kind, _, count) in examples.into_iter().filter(|(_, _, count)| *count > 1) {
+        for (example, count) in examples.into_iter().filter(|(_, _, count)| *count > 1).map(|(_, at, n)| (at, n)) {
+            let kind = self.candidates[example].reasons().first().map_or("", Rejection::kind);
             match omitted.rejected.iter_mut().find(|r| r.reason == kind) {
                 Some(known) => known.clusters += count - 1,
                 None => omitted.rejected.push(OmittedRejections { reason: Name::from(kind), clusters: count - 1 }),

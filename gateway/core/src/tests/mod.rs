@@ -197,7 +197,7 @@ fn offers(fx: &Effects) -> Vec<String> {
 
 pub(crate) fn persisted_job<'a>(fx: &'a Effects, id: &str) -> Option<&'a JobRecord> {
     fx.persist.iter().rev().find_map(|r| match r {
-        Record::Job(job) if job.id == id => Some(job),
+        Record::Job(job) if job.id == id => Some(job.as_ref()),
         _ => None,
     })
 }

@@ -152,7 +152,7 @@ impl Model {
                 GatewayCommand::Ack { job_id, fencing_token } => {
                     let now = persisted_job(fx, job_id).cloned().or_else(|| {
                         match durable_before.get(&format!("jobs/{job_id}")) {
-                            Some(Record::Job(j)) => Some(j.clone()),
+                            Some(Record::Job(j)) => Some(JobRecord::clone(j)),
                             _ => None,
                         }
                     });

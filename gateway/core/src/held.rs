@@ -171,22 +171,9 @@ mod tests {
         spec.gang.resources.gpus = gpus;
         spec.gang.resources.cpu = 3;
         spec.gang.resources.memory_gib = 5;
-        JobRecord {
-            id: format!("j-{tenant}-{gpus}"),
-            spec,
-            state,
-            cluster: None,
-            fencing_token: 0,
-            message: String::new(),
-            placement: None,
-            submitted_at_ms: 0,
-            started_at_ms: None,
-            finished_at_ms: None,
-            gpu_type: None,
-            nodes: Vec::new(),
-            preemptions: 0,
-            last_preempted_at_ms: None,
-        }
+        let mut job = JobRecord::queued(format!("j-{tenant}-{gpus}"), spec, "", 0);
+        job.state = state;
+        job
     }
 
     #[test]

@@ -111,8 +111,8 @@ impl Decision {
     /// Its summary is the full decision's. A decision with nothing to drop is returned as it is.
     pub fn compact(mut self, keep_feasible: usize) -> Decision {
         let keep_feasible = keep_feasible.max(1);
-        // Per kind of first reason: (kind, the example's position, how many). Counted before
-        // anything is allocated: most decisions of a small federation have nothing to drop.
+        // Per kind of first reason: (kind, the example's position, how many), and the feasible
+        // clusters: counted first, since most decisions of a small federation have nothing to drop.
         let mut examples: Vec<(Discriminant<Rejection>, usize, u32)> = Vec::new();
         let mut feasible = 0;
         for (at, candidate) in self.candidates.iter().enumerate() {
@@ -136,7 +136,6 @@ impl Decision {
         }
         let mut scored: Vec<usize> =
             (0..self.candidates.len()).filter(|&at| self.candidates[at].score().is_some()).collect();
-        let feasible = scored.len();
         scored.sort_by(|&a, &b| rank(&self.candidates[a], &self.candidates[b]));
         scored.truncate(keep_feasible);
         let mut keep = vec![false; self.candidates.len()];
@@ -145,7 +144,7 @@ impl Decision {
         }
         let mut omitted = self.omitted.take().unwrap_or_default();
         omitted.feasible += u32::try_from(feasible - scored.len()).unwrap_or(u32::MAX);
-        for (example, count) in examples.into_iter().filter(|(_, _, count)| *count > 1).map(|(_, at, n)| (at, n)) {
+        for (_, example, count) in examples.into_iter().filter(|(_, _, count)| *count > 1) {
             let kind = self.candidates[example].reasons().first().map_or("", Rejection::kind);
             match omitted.rejected.iter_mut().find(|r| r.reason == kind) {
                 Some(known) => known.clusters += count - 1,

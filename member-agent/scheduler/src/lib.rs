@@ -32,6 +32,7 @@ pub mod offer;
 mod pass;
 mod preempt;
 mod quote;
+mod releases;
 mod remaining;
 mod report;
 mod reservation;

@@ -176,6 +176,26 @@ pub(super) fn check(scheduler: &BuiltinScheduler, declared: &[NodeSpec]) -> Resu
     let pending_set: BTreeSet<&str> = pending.iter().copied().collect();
     prop_assert_eq!(pending.len(), pending_set.len(), "a job is pending twice");
     prop_assert!(running.is_disjoint(&pending_set), "a job is both pending and running");
+    // The release index agrees with every running job's own expected remaining time, before,
+    // at and after each job's expected end.
+    for running in scheduler.running() {
+        for now in [running.started_at, running.ends_at, running.ends_at + running.ends_at / 2] {
+            let mut by_time: Vec<(u64, u32)> = scheduler
+                .running()
+                .map(|r| (super::releases::ceil_secs(r.expected_remaining(now)), r.job.total_gpus() as u32))
+                .collect();
+            by_time.sort_unstable();
+            let mut expected: Vec<(u64, u32)> = Vec::new();
+            for (after, gpus) in by_time {
+                match expected.last_mut() {
+                    Some(last) if last.0 == after => last.1 += gpus,
+                    _ => expected.push((after, gpus)),
+                }
+            }
+            let exact: Vec<(u64, u32)> = scheduler.exact_releases(now).iter().map(|r| (r.after_secs, r.gpus)).collect();
+            prop_assert_eq!(exact, expected, "releases at {:?}", now);
+        }
+    }
     let pressure = scheduler.pressure(Duration::ZERO);
     prop_assert!(pressure.releases.len() <= super::MAX_RELEASE_BUCKETS);
     prop_assert!(pressure.releases.windows(2).all(|w| w[0].after_secs < w[1].after_secs));

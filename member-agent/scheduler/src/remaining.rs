@@ -32,7 +32,7 @@ impl RunningJob {
     /// started at this very instant, is expected to end now, not in [`OVERDUE_FLOOR`] (a plan
     /// made in the same instant would otherwise move a reservation for nothing).
     pub fn is_overdue(&self, now: Duration) -> bool {
-        now >= self.ends_at && now > self.started_at
+        is_overdue(self.started_at, self.ends_at, now)
     }
 
     /// How much longer the job is expected to hold its GPUs at `now`: the rest of its estimate
@@ -40,12 +40,24 @@ impl RunningJob {
     /// (see the module docs). Never zero for a running job, but for one with a zero estimate at
     /// the instant it starts.
     pub fn expected_remaining(&self, now: Duration) -> Duration {
-        if !self.is_overdue(now) {
-            return self.ends_at - now;
-        }
-        let age = now.saturating_sub(self.started_at);
-        age.mul_f64(OVERDUE_RUN_ON_FRACTION).max(OVERDUE_FLOOR)
+        expected_remaining(self.started_at, self.ends_at, now)
     }
+}
+
+/// [`RunningJob::is_overdue`] for a job started at `started_at` and expected to end at `ends_at`.
+pub(super) fn is_overdue(started_at: Duration, ends_at: Duration, now: Duration) -> bool {
+    now >= ends_at && now > started_at
+}
+
+/// [`RunningJob::expected_remaining`] for a job started at `started_at` and expected to end at
+/// `ends_at`. For jobs within their estimate it grows with `ends_at`; for overdue ones it shrinks
+/// as `started_at` grows (the release index relies on both).
+pub(super) fn expected_remaining(started_at: Duration, ends_at: Duration, now: Duration) -> Duration {
+    if !is_overdue(started_at, ends_at, now) {
+        return ends_at.saturating_sub(now);
+    }
+    let age = now.saturating_sub(started_at);
+    age.mul_f64(OVERDUE_RUN_ON_FRACTION).max(OVERDUE_FLOOR)
 }
 
 #[cfg(test)]

@@ -86,21 +86,8 @@ impl BuiltinScheduler {
     /// time](super::RunningJob::expected_remaining): the rest of its estimate, or for an overdue
     /// job the remaining-time model, never "now". Only what the member believes is used, never a
     /// job's true end.
-    fn exact_releases(&self, now: Duration) -> Vec<GpuRelease> {
-        let mut by_time: Vec<(u64, u32)> = self
-            .running
-            .values()
-            .map(|r| (ceil_secs(r.view.expected_remaining(now)), saturate(r.view.job.total_gpus())))
-            .collect();
-        by_time.sort_unstable();
-        let mut releases: Vec<GpuRelease> = Vec::with_capacity(by_time.len());
-        for (after_secs, gpus) in by_time {
-            match releases.last_mut() {
-                Some(last) if last.after_secs == after_secs => last.gpus = last.gpus.saturating_add(gpus),
-                _ => releases.push(GpuRelease { after_secs, gpus }),
-            }
-        }
-        releases
+    pub(super) fn exact_releases(&self, now: Duration) -> Vec<GpuRelease> {
+        self.releases.at(now)
     }
 
     fn estimated_wait_secs(&self, releases: &[GpuRelease]) -> u64 {
@@ -144,10 +131,6 @@ fn bucket(exact: Vec<GpuRelease>) -> Vec<GpuRelease> {
             })
         })
         .collect()
-}
-
-fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 fn saturate(value: u64) -> u32 {

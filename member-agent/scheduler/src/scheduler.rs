@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::fairshare::{PendingKey, QueueState, Usage};
 use super::gang::{self, Node};
 use super::preempt::{Draining, PreemptionPolicy};
+use super::releases::ReleaseIndex;
 use super::reservation::Held;
 use super::{Cancelled, Error, LocalJob, NodeSpec, PendingJob, QueuePolicy, QueueSpec, Result, RunningJob, Started};
 
@@ -49,6 +50,8 @@ pub struct BuiltinScheduler {
     pending_index: HashMap<String, (usize, PendingKey)>,
     /// Running jobs by id.
     pub(super) running: BTreeMap<String, Running>,
+    /// When the running jobs are expected to give their GPUs back, for pressure reports.
+    pub(super) releases: ReleaseIndex,
     /// Running jobs by true completion time (`completes_at`), for `complete_due` and
     /// `next_completion` only: it orders by the simulator's hidden truth, so nothing that decides
     /// or reports may read it.
@@ -145,6 +148,7 @@ impl BuiltinScheduler {
             totals,
             pending_index: HashMap::new(),
             running: BTreeMap::new(),
+            releases: ReleaseIndex::default(),
             completions: BTreeSet::new(),
             clock: Duration::ZERO,
             reservation: None,
@@ -382,6 +386,7 @@ impl BuiltinScheduler {
         let names: Vec<String> = placement.iter().map(|&i| self.nodes[i].spec.name.clone()).collect();
         let started = Started { job_id: job.id.clone(), nodes: names.clone(), ends_at, completes_at };
         self.completions.insert((completes_at, job.id.clone()));
+        self.releases.add(now, ends_at, gang_gpus(&job));
         let view = RunningJob { job, nodes: names, started_at: now, ends_at, completes_at };
         self.running.insert(started.job_id.clone(), Running { view, queue, nodes: placement });
         started
@@ -399,6 +404,7 @@ impl BuiltinScheduler {
             self.replan = true;
         }
         let job = &running.view.job;
+        self.releases.remove(running.view.started_at, running.view.ends_at, gang_gpus(job));
         for &index in &running.nodes {
             self.nodes[index].give_back(job);
         }
@@ -412,6 +418,11 @@ impl BuiltinScheduler {
 }
 
 /// Whether two nodes are interchangeable (everything but the name matches, labels included).
+/// The GPUs a whole gang holds, as the release index counts them.
+fn gang_gpus(job: &LocalJob) -> u32 {
+    u32::try_from(job.total_gpus()).unwrap_or(u32::MAX)
+}
+
 fn same_shape(a: &NodeSpec, b: &NodeSpec) -> bool {
     (&a.gpu_type, a.gpu_memory_gib, a.gpus, a.cpu, a.memory_gib, &a.labels)
         == (&b.gpu_type, b.gpu_memory_gib, b.gpus, b.cpu, b.memory_gib, &b.labels)

@@ -13,7 +13,7 @@ use meridian_proto::job::JobState;
 use crate::decision::Decided;
 use crate::io::Effects;
 use crate::jobs::JobTable;
-use crate::record::{JobRecord, Record, StoredDecision};
+use crate::record::{DecisionToStore, JobRecord, Record};
 use crate::registry::Registry;
 use crate::tally::{JobChange, Tally};
 use crate::timers::Timers;
@@ -128,11 +128,12 @@ impl<'a> Ledger<'a> {
         &mut self,
         id: &str,
         at_ms: i64,
-        decision: Decision,
+        decision: Arc<Decision>,
         summary: String,
         effects: &mut Effects,
     ) {
-        effects.persist.push(Record::Decision(id.to_string(), StoredDecision::of(at_ms, &decision, summary)));
+        let to_store = DecisionToStore { at_ms, decision: Arc::clone(&decision), summary };
+        effects.persist.push(Record::Decision(id.to_string(), to_store));
         self.table.decide(id, Decided::Live { at_ms, decision });
     }
 }

@@ -136,7 +136,7 @@ pub enum Record {
     /// Remember a cluster.
     Cluster(KnownCluster),
     /// The decision that placed a job.
-    Decision(String, StoredDecision),
+    Decision(String, DecisionToStore),
     /// Forget a job's decision.
     DeleteDecision(String),
 }
@@ -303,11 +303,29 @@ impl CandidateView {
     }
 }
 
-impl StoredDecision {
-    /// `decision`, made at `at_ms`, in its stored form, with `summary` its
-    /// [`summary`](Decision::summary) (which the caller made once for the offer as well).
-    pub(crate) fn of(at_ms: i64, decision: &Decision, summary: String) -> Self {
-        Self { at_ms, summary, candidates: CandidateView::all_of(decision), omitted: decision.omitted.clone() }
+/// A decision on its way to the store, as the round made it. Its stored form
+/// ([`StoredDecision`]: every cluster's verdict as text) is made only when the record is
+/// encoded: a consumer that never encodes records (the simulator counts them) does not pay for
+/// the text, and the core's step does not either.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionToStore {
+    /// When it was made (Unix ms).
+    pub at_ms: i64,
+    /// The decision, shared with the job table.
+    pub decision: Arc<Decision>,
+    /// Its [`summary`](Decision::summary), made once for the offer as well.
+    pub summary: String,
+}
+
+impl DecisionToStore {
+    /// The stored form.
+    pub fn stored(&self) -> StoredDecision {
+        StoredDecision {
+            at_ms: self.at_ms,
+            summary: self.summary.clone(),
+            candidates: CandidateView::all_of(&self.decision),
+            omitted: self.decision.omitted.clone(),
+        }
     }
 }
 
@@ -331,7 +349,7 @@ impl Record {
         let value = match self {
             Record::Job(job) => Some(versioned(job)?),
             Record::Cluster(cluster) => Some(versioned(cluster)?),
-            Record::Decision(_, decision) => Some(versioned(decision)?),
+            Record::Decision(_, decision) => Some(versioned(&decision.stored())?),
             Record::DeleteJob(_) | Record::DeleteDecision(_) => None,
         };
         Ok(Encoded { key: self.key(), value })
@@ -389,17 +407,16 @@ mod tests {
 
     #[test]
     fn a_decision_round_trips_through_its_encoding() {
-        let decision = StoredDecision {
-            at_ms: 5,
-            summary: "east: starts now".into(),
-            candidates: vec![CandidateView {
-                cluster: "east".into(),
-                region: "us-east".into(),
+        use meridian_placement::{Candidate, JobLabel, Name, Rejection, Verdict};
+        let decision = Decision {
+            chosen: None,
+            candidates: vec![Candidate {
+                cluster: Name::from("east"),
+                region: Name::from("us-east"),
                 tier: Tier::Owned,
-                verdict: VerdictKind::Rejected,
-                reasons: vec!["no H100".into()],
-                score: None,
+                verdict: Verdict::Rejected { reasons: Rejection::Disconnected.into() },
             }],
+            job: JobLabel { name: Name::from("train"), replicas: 1, gpus: 8, deadline: None },
             omitted: Some(meridian_placement::Omitted {
                 feasible: 3,
                 rejected: vec![meridian_placement::OmittedRejections {
@@ -408,18 +425,24 @@ mod tests {
                 }],
             }),
         };
-        let record = Record::Decision("j-1".into(), decision.clone());
-        let encoded = record.encode().unwrap();
+        let to_store =
+            DecisionToStore { at_ms: 5, decision: Arc::new(decision.clone()), summary: "east: disconnected".into() };
+        let stored = to_store.stored();
+        assert_eq!((stored.at_ms, stored.summary.as_str()), (5, "east: disconnected"));
+        assert_eq!(stored.candidates.len(), 1);
+        assert_eq!(stored.candidates[0].verdict, VerdictKind::Rejected);
+        assert_eq!(stored.candidates[0].reasons, vec![Rejection::Disconnected.to_string()]);
+        let encoded = Record::Decision("j-1".into(), to_store.clone()).encode().unwrap();
         assert_eq!(encoded.key, "decisions/j-1");
         let loaded = Loaded::decode([(encoded.key, encoded.value.unwrap())]).unwrap();
-        assert_eq!(loaded.decisions, vec![("j-1".to_string(), decision.clone())]);
+        assert_eq!(loaded.decisions, vec![("j-1".to_string(), stored)]);
 
         // A full decision is stored without `omitted`, as every decision was before compaction.
-        let plain = StoredDecision { omitted: None, ..decision };
+        let plain = DecisionToStore { decision: Arc::new(Decision { omitted: None, ..decision }), ..to_store };
         let encoded = Record::Decision("j-2".into(), plain.clone()).encode().unwrap();
         let value = encoded.value.unwrap();
         assert!(!String::from_utf8_lossy(&value).contains("omitted"));
         let loaded = Loaded::decode([(encoded.key, value)]).unwrap();
-        assert_eq!(loaded.decisions, vec![("j-2".to_string(), plain)]);
+        assert_eq!(loaded.decisions, vec![("j-2".to_string(), plain.stored())]);
     }
 }

@@ -145,15 +145,21 @@ impl BuiltinScheduler {
         if !self.preemption.enabled {
             return Vec::new();
         }
-        let mut by_priority: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
-        for running in self.running.values() {
+        // The running preemptible jobs are counted as they start and end; victims already being
+        // stopped (few) are taken out here.
+        let mut by_priority = self.preemptible.clone();
+        for id in self.draining.keys() {
+            let Some(running) = self.running.get(id) else { continue };
             let job = &running.view.job;
-            if job.preemptible && !self.draining.contains_key(&job.id) {
-                *by_priority.entry(job.priority).or_default() += job.total_gpus();
+            if job.preemptible
+                && let Some(gpus) = by_priority.get_mut(&job.priority)
+            {
+                *gpus = gpus.saturating_sub(job.total_gpus());
             }
         }
         by_priority
             .into_iter()
+            .filter(|&(_, gpus)| gpus > 0)
             .map(|(priority, gpus)| meridian_proto::inventory::PreemptibleGpus {
                 priority,
                 gpus: u32::try_from(gpus).unwrap_or(u32::MAX),

@@ -142,6 +142,15 @@ proptest! {
             let still: BTreeSet<&str> = scheduler.draining().map(|(id, _)| id).collect();
             let expected: BTreeSet<&str> = draining.keys().map(String::as_str).collect();
             prop_assert_eq!(still, expected);
+            // What the report offers to preempt: running preemptible jobs not being stopped, by
+            // priority, counted from scratch.
+            let mut by_priority: BTreeMap<u32, u32> = BTreeMap::new();
+            for r in scheduler.running().filter(|r| r.job.preemptible && !draining.contains_key(&r.job.id)) {
+                *by_priority.entry(r.job.priority).or_default() += r.job.total_gpus() as u32;
+            }
+            let reported: BTreeMap<u32, u32> =
+                scheduler.preemptible_gpus().into_iter().map(|p| (p.priority, p.gpus)).collect();
+            prop_assert_eq!(reported, by_priority);
         }
     }
 }

@@ -47,17 +47,22 @@ impl ReleaseIndex {
     /// Releases per whole second from `now` (each job's expected remaining time rounded up),
     /// ascending, one entry per second with the GPUs of every job releasing then.
     pub(super) fn at(&self, now: Duration) -> Vec<GpuRelease> {
-        let mut within = self
-            .by_end
+        // Expected to end after now: within their estimate. At or before now: overdue, but for a
+        // job with a zero estimate started this very instant (see `is_overdue`).
+        let ended = self.by_end.partition_point(|e| e.key <= now);
+        let (due, later) = self.by_end.split_at(ended);
+        let mut within = due
             .iter()
             .filter(|e| !is_overdue(e.other, e.key, now))
-            .map(|e| (ceil_secs(expected_remaining(e.other, e.key, now)), e.gpus))
+            .chain(later)
+            .map(|e| (ceil_secs(e.key.saturating_sub(now)), e.gpus))
             .peekable();
-        let mut overdue = self
-            .by_start
+        // Only jobs started before now can be overdue; the latest start has the least left.
+        let started = self.by_start.partition_point(|e| e.key < now);
+        let mut overdue = self.by_start[..started]
             .iter()
             .rev()
-            .filter(|e| is_overdue(e.key, e.other, now))
+            .filter(|e| e.other <= now)
             .map(|e| (ceil_secs(expected_remaining(e.key, e.other, now)), e.gpus))
             .peekable();
         let mut releases: Vec<GpuRelease> = Vec::with_capacity(self.by_end.len());

@@ -52,6 +52,8 @@ pub struct BuiltinScheduler {
     pub(super) running: BTreeMap<String, Running>,
     /// When the running jobs are expected to give their GPUs back, for pressure reports.
     pub(super) releases: ReleaseIndex,
+    /// GPUs of running preemptible jobs by priority (draining or not), for pressure reports.
+    pub(super) preemptible: BTreeMap<u32, u64>,
     /// Running jobs by true completion time (`completes_at`), for `complete_due` and
     /// `next_completion` only: it orders by the simulator's hidden truth, so nothing that decides
     /// or reports may read it.
@@ -149,6 +151,7 @@ impl BuiltinScheduler {
             pending_index: HashMap::new(),
             running: BTreeMap::new(),
             releases: ReleaseIndex::default(),
+            preemptible: BTreeMap::new(),
             completions: BTreeSet::new(),
             clock: Duration::ZERO,
             reservation: None,
@@ -387,6 +390,9 @@ impl BuiltinScheduler {
         let started = Started { job_id: job.id.clone(), nodes: names.clone(), ends_at, completes_at };
         self.completions.insert((completes_at, job.id.clone()));
         self.releases.add(now, ends_at, gang_gpus(&job));
+        if job.preemptible {
+            *self.preemptible.entry(job.priority).or_default() += job.total_gpus();
+        }
         let view = RunningJob { job, nodes: names, started_at: now, ends_at, completes_at };
         self.running.insert(started.job_id.clone(), Running { view, queue, nodes: placement });
         started
@@ -405,6 +411,14 @@ impl BuiltinScheduler {
         }
         let job = &running.view.job;
         self.releases.remove(running.view.started_at, running.view.ends_at, gang_gpus(job));
+        if job.preemptible
+            && let Some(gpus) = self.preemptible.get_mut(&job.priority)
+        {
+            *gpus = gpus.saturating_sub(job.total_gpus());
+            if *gpus == 0 {
+                self.preemptible.remove(&job.priority);
+            }
+        }
         for &index in &running.nodes {
             self.nodes[index].give_back(job);
         }

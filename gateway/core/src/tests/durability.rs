@@ -22,7 +22,9 @@ fn an_offer_is_sent_with_its_durable_record_and_decision() {
         (offered.state, offered.fencing_token, offered.gpu_type.as_deref()),
         (JobState::Offered, 1, Some("h100"))
     );
-    assert!(fx.persist.iter().any(|r| matches!(r, Record::Decision(j, d) if *j == id && !d.candidates.is_empty())));
+    assert!(
+        fx.persist.iter().any(|r| matches!(r, Record::Decision(j, d) if *j == id && !d.decision.candidates.is_empty()))
+    );
     match sends_to(&fx, conn)[..] {
         [GatewayCommand::Offer(a)] => assert_eq!(a.spec.gang.resources.gpu_types, vec!["h100".to_string()]),
         ref other => panic!("{other:?}"),

@@ -1,43 +1,118 @@
 //! Demand keys: what decides whether a job's gang could fit somewhere now (its shape and its
 //! placement rules). Jobs with equal keys fit the same clusters, so a round that found one of
 //! them fits nowhere skips the others without placing them; keys are numbered so the round
-//! compares numbers, not strings.
+//! compares numbers, not specs.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use meridian_proto::spec::JobSpec;
+use meridian_proto::spec::{GangSpec, JobSpec, PlacementRules};
 
-/// The demand keys in use, by their canonical copy, with their numbers.
+/// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
+/// (and whether it needs container support). Two jobs have the same demand when these are equal.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Demand {
+    gang: GangSpec,
+    placement: PlacementRules,
+    container: bool,
+}
+
+impl Demand {
+    fn of(spec: &JobSpec) -> Self {
+        Self { gang: spec.gang.clone(), placement: spec.placement.clone(), container: spec.payload.image.is_some() }
+    }
+
+    fn is_of(&self, spec: &JobSpec) -> bool {
+        self.gang == spec.gang && self.placement == spec.placement && self.container == spec.payload.image.is_some()
+    }
+}
+
+/// The demands in use, by a hash of their main fields, each with its number.
 #[derive(Debug, Default)]
 pub(crate) struct DemandBook {
-    ids: HashMap<Arc<str>, u32>,
+    by_hash: HashMap<u64, Vec<(Arc<Demand>, u32)>>,
     next_id: u32,
 }
 
 impl DemandBook {
-    /// The canonical copy and number of the demand key of `spec`: equal keys get one number.
+    /// The canonical copy and number of the demand of `spec`: equal demands get one number.
     /// The caller keeps the copy for as long as the job is queued (see [`Self::forget_unused`]).
-    pub(crate) fn key_of(&mut self, spec: &JobSpec) -> (Arc<str>, u32) {
-        let key = demand_key(spec);
-        if let Some((canonical, id)) = self.ids.get_key_value(key.as_str()) {
+    pub(crate) fn key_of(&mut self, spec: &JobSpec) -> (Arc<Demand>, u32) {
+        let same_hash = self.by_hash.entry(rough_hash(spec)).or_default();
+        if let Some((canonical, id)) = same_hash.iter().find(|(demand, _)| demand.is_of(spec)) {
             return (Arc::clone(canonical), *id);
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let canonical: Arc<str> = key.into();
-        self.ids.insert(Arc::clone(&canonical), id);
+        let canonical = Arc::new(Demand::of(spec));
+        same_hash.push((Arc::clone(&canonical), id));
         (canonical, id)
     }
 
-    /// Forgets demand keys no queued job uses any more (each job holds a clone of its key).
+    /// Forgets demands no queued job uses any more (each job holds a clone of its demand).
     pub(crate) fn forget_unused(&mut self) {
-        self.ids.retain(|key, _| Arc::strong_count(key) > 1);
+        self.by_hash.retain(|_, same_hash| {
+            same_hash.retain(|(demand, _)| Arc::strong_count(demand) > 1);
+            !same_hash.is_empty()
+        });
     }
 }
 
-/// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
-/// (and whether it needs container support).
-fn demand_key(spec: &JobSpec) -> String {
-    format!("{:?}|{:?}|{}", spec.gang, spec.placement, spec.payload.image.is_some())
+/// A hash of the demand's fields that are cheap to hash (not the selectors or prices): equal
+/// demands hash alike, and [`Demand::is_of`] tells apart those that only collide.
+fn rough_hash(spec: &JobSpec) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    let r = &spec.gang.resources;
+    (spec.gang.replicas, r.gpus, r.cpu, r.memory_gib, r.gpu_memory_gib).hash(&mut hasher);
+    r.gpu_types.hash(&mut hasher);
+    spec.placement.regions.hash(&mut hasher);
+    spec.payload.image.is_some().hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+// Tests may panic on a broken expectation; that is how they fail.
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use meridian_proto::spec::BurstPolicy;
+    use meridian_proto::testing;
+
+    use super::*;
+
+    fn spec(gpus: u32) -> JobSpec {
+        testing::spec(&format!(
+            "name: j\ntenant: t\ngang: {{replicas: 1, resources: {{gpus: {gpus}}}}}\npayload: {{command: [x]}}\n"
+        ))
+    }
+
+    #[test]
+    fn equal_demands_share_a_number_and_any_difference_gets_another() {
+        let mut book = DemandBook::default();
+        let (_, one) = book.key_of(&spec(1));
+        // Another job's name and tenant do not matter.
+        let mut other = spec(1);
+        other.tenant = "prod".into();
+        assert_eq!(book.key_of(&other).1, one);
+        assert_ne!(book.key_of(&spec(2)).1, one);
+        // Fields the rough hash skips still tell demands apart.
+        let mut never = spec(1);
+        never.placement.burst = BurstPolicy::Never;
+        let (_, never_id) = book.key_of(&never);
+        assert_ne!(never_id, one);
+        assert_eq!(book.key_of(&never).1, never_id);
+    }
+
+    #[test]
+    fn a_demand_no_job_holds_is_forgotten() {
+        let mut book = DemandBook::default();
+        let held = book.key_of(&spec(1));
+        let dropped = book.key_of(&spec(2));
+        drop(dropped);
+        book.forget_unused();
+        assert_eq!(book.by_hash.values().map(Vec::len).sum::<usize>(), 1);
+        // The held one keeps its number; the forgotten shape gets a new one.
+        assert_eq!(book.key_of(&spec(1)).1, held.1);
+        assert_eq!(book.key_of(&spec(2)).1, 2);
+    }
 }

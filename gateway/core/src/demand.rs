@@ -4,29 +4,14 @@
 //! compares numbers, not specs.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use meridian_proto::spec::{GangSpec, JobSpec, PlacementRules};
+use meridian_placement::JobClass;
+use meridian_proto::spec::JobSpec;
 
-/// What decides whether a job's gang could fit somewhere now: its shape and its placement rules
-/// (and whether it needs container support). Two jobs have the same demand when these are equal.
-#[derive(Debug, PartialEq)]
-pub(crate) struct Demand {
-    gang: GangSpec,
-    placement: PlacementRules,
-    container: bool,
-}
-
-impl Demand {
-    fn of(spec: &JobSpec) -> Self {
-        Self { gang: spec.gang.clone(), placement: spec.placement.clone(), container: spec.payload.image.is_some() }
-    }
-
-    fn is_of(&self, spec: &JobSpec) -> bool {
-        self.gang == spec.gang && self.placement == spec.placement && self.container == spec.payload.image.is_some()
-    }
-}
+/// What decides whether a job's gang could fit somewhere now: its [`JobClass`] (shape,
+/// placement rules and whether it needs container support).
+pub(crate) type Demand = JobClass;
 
 /// The demands in use, by a hash of their main fields, each with its number.
 #[derive(Debug, Default)]
@@ -39,13 +24,13 @@ impl DemandBook {
     /// The canonical copy and number of the demand of `spec`: equal demands get one number.
     /// The caller keeps the copy for as long as the job is queued (see [`Self::forget_unused`]).
     pub(crate) fn key_of(&mut self, spec: &JobSpec) -> (Arc<Demand>, u32) {
-        let same_hash = self.by_hash.entry(rough_hash(spec)).or_default();
+        let same_hash = self.by_hash.entry(JobClass::hash_of(spec)).or_default();
         if let Some((canonical, id)) = same_hash.iter().find(|(demand, _)| demand.is_of(spec)) {
             return (Arc::clone(canonical), *id);
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let canonical = Arc::new(Demand::of(spec));
+        let canonical = Arc::new(JobClass::of(spec));
         same_hash.push((Arc::clone(&canonical), id));
         (canonical, id)
     }
@@ -57,18 +42,6 @@ impl DemandBook {
             !same_hash.is_empty()
         });
     }
-}
-
-/// A hash of the demand's fields that are cheap to hash (not the selectors or prices): equal
-/// demands hash alike, and [`Demand::is_of`] tells apart those that only collide.
-fn rough_hash(spec: &JobSpec) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    let r = &spec.gang.resources;
-    (spec.gang.replicas, r.gpus, r.cpu, r.memory_gib, r.gpu_memory_gib).hash(&mut hasher);
-    r.gpu_types.hash(&mut hasher);
-    spec.placement.regions.hash(&mut hasher);
-    spec.payload.image.is_some().hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

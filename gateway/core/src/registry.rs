@@ -161,9 +161,8 @@ impl Registry {
         gpu_speed: &BTreeMap<String, f64>,
         now_ms: i64,
     ) -> FederationSnapshot {
-        FederationSnapshot {
-            clusters: self
-                .clusters
+        FederationSnapshot::shared(
+            self.clusters
                 .values()
                 .map(|c| {
                     let cached = c.cached.get_or_init(|| {
@@ -177,7 +176,7 @@ impl Registry {
                     cached.renewed(Arc::clone(&c.pressure), c.link.is_some()).with_quotes(Arc::clone(&c.quotes), now_ms)
                 })
                 .collect(),
-            network: Arc::clone(network),
-        }
+            Arc::clone(network),
+        )
     }
 }

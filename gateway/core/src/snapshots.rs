@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use meridian_placement::{FederationSnapshot, NetworkTable};
+use meridian_placement::{FederationSnapshot, NetworkTable, StaticCache};
 
 use crate::registry::Registry;
 
@@ -15,12 +15,15 @@ pub(crate) struct Snapshots {
     network: Arc<NetworkTable>,
     /// What submits are checked against; None until the first submit after a change.
     never_fits: Option<Arc<FederationSnapshot>>,
+    /// The clusters' static verdicts by job class, shared by every round's snapshot (each
+    /// verdict is checked against its cluster's current report before use).
+    statics: Arc<StaticCache>,
 }
 
 impl Snapshots {
     /// Snapshots over `network`.
     pub(crate) fn new(network: NetworkTable) -> Self {
-        Self { network: Arc::new(network), never_fits: None }
+        Self { network: Arc::new(network), never_fits: None, statics: Arc::default() }
     }
 
     /// A round's own snapshot of `registry` at `now_ms` (its reservations change only this
@@ -31,7 +34,7 @@ impl Snapshots {
         gpu_speed: &BTreeMap<String, f64>,
         now_ms: i64,
     ) -> FederationSnapshot {
-        registry.snapshot(&self.network, gpu_speed, now_ms)
+        registry.snapshot(&self.network, gpu_speed, now_ms).with_statics(Arc::clone(&self.statics))
     }
 
     /// The snapshot submits are checked against. Whether a job could ever run depends only on

@@ -64,6 +64,7 @@ mod reasons;
 mod reserve;
 mod score;
 mod snapshot;
+mod statics;
 mod verdict;
 
 #[cfg(test)]
@@ -81,4 +82,5 @@ pub use place::{never_fits, place, place_waited};
 pub use quote::{Quote, QuotedStart, Quotes, quote_key};
 pub use reasons::{Reasons, Rejection};
 pub use snapshot::{ClusterSnapshot, FederationSnapshot};
+pub use statics::{JobClass, StaticCache};
 pub use verdict::{Candidate, Verdict};

@@ -42,16 +42,20 @@ pub fn place_waited(
     // alone: a job whose data sits next to a cloud cluster would otherwise be copied for an hour
     // to an owned cluster that "starts it now".
     let mut best_owned_start = f64::INFINITY;
+    // What never changes with load, kept per class of job (see `statics.rs`).
+    let statics = snapshot.statics.verdicts(&need, &snapshot.clusters);
 
-    for cluster in &snapshot.clusters {
+    for (cluster, fixed) in snapshot.clusters.iter().zip(statics.iter()) {
         let info = cluster.info();
-        let mut reasons = Reasons::default();
-        if !cluster.connected {
-            reasons.push(Rejection::Disconnected);
-        }
-        let options = static_rejections(&need, cluster, &mut reasons);
+        let reasons = if cluster.connected {
+            fixed.reasons.clone()
+        } else {
+            let mut reasons = Reasons::from(Rejection::Disconnected);
+            reasons.extend(&fixed.reasons);
+            reasons
+        };
         let verdict = if reasons.is_empty() {
-            let breakdown = score(&need, cluster, &options, &mut regions, config);
+            let breakdown = score(&need, cluster, &fixed.options, &mut regions, config);
             if info.tier == Tier::Owned {
                 best_owned_start = best_owned_start.min(breakdown.expected_start_secs);
             }

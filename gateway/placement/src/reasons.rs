@@ -259,6 +259,13 @@ impl Reasons {
         }
     }
 
+    /// Adds each of `more`, in order.
+    pub fn extend(&mut self, more: &[Rejection]) {
+        for reason in more {
+            self.push(reason.clone());
+        }
+    }
+
     /// Replaces the first reason equal to `old` with `new`.
     pub fn replace(&mut self, old: &Rejection, new: Rejection) {
         match &mut self.0 {

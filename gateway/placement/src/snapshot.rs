@@ -10,6 +10,7 @@ use crate::index::{FreeIndex, clamp};
 use crate::name::Name;
 use crate::network::NetworkTable;
 use crate::quote::{Quote, Quotes};
+use crate::statics::{StaticCache, StaticsId};
 
 /// Everything placement knows about one member cluster at one moment: its last report and whether
 /// its agent is connected.
@@ -52,6 +53,9 @@ pub struct ClusterSnapshot {
     quotes: Arc<Quotes>,
     /// The gateway's clock for this cycle (Unix ms), against which quoted starts are read.
     now_ms: i64,
+    /// Names what the static checks read here (see [`crate::statics`]); a new one whenever
+    /// that changes.
+    statics: StaticsId,
 }
 
 /// The whole federation as placement sees it for one cycle.
@@ -61,6 +65,9 @@ pub struct FederationSnapshot {
     pub clusters: Vec<ClusterSnapshot>,
     /// Links between regions, for data transfer time and egress cost (shared between cycles).
     pub network: Arc<NetworkTable>,
+    /// The clusters' static verdicts by job class, kept between decisions (shared by clones,
+    /// and by whoever passes it to [`Self::with_statics`]).
+    pub(crate) statics: Arc<StaticCache>,
 }
 
 impl ClusterSnapshot {
@@ -84,6 +91,7 @@ impl ClusterSnapshot {
             node_labels_text: OnceLock::new(),
             quotes: Arc::default(),
             now_ms: 0,
+            statics: StaticsId::fresh(),
         }
     }
 
@@ -172,6 +180,7 @@ impl ClusterSnapshot {
     /// Sets each GPU type's relative throughput from `table` (type → speed; a type it does not
     /// list, and a speed that is not a positive number, count as 1).
     pub fn set_gpu_speed(&mut self, table: &BTreeMap<String, f64>) {
+        self.statics = StaticsId::fresh();
         self.speeds = self
             .inventory
             .shapes
@@ -213,6 +222,11 @@ impl ClusterSnapshot {
             .clone()
     }
 
+    /// What names this snapshot's statics (see [`crate::statics`]).
+    pub(crate) fn statics_id(&self) -> StaticsId {
+        self.statics
+    }
+
     /// The free-GPU index of the inventory.
     pub(crate) fn index(&self) -> &FreeIndex {
         &self.index
@@ -240,7 +254,19 @@ impl ClusterSnapshot {
 impl FederationSnapshot {
     /// A snapshot of `clusters` with the given network table.
     pub fn new(clusters: Vec<ClusterSnapshot>, network: NetworkTable) -> Self {
-        Self { clusters, network: Arc::new(network) }
+        Self { clusters, network: Arc::new(network), statics: Arc::default() }
+    }
+
+    /// A snapshot of `clusters` with a network table shared between snapshots.
+    pub fn shared(clusters: Vec<ClusterSnapshot>, network: Arc<NetworkTable>) -> Self {
+        Self { clusters, network, statics: Arc::default() }
+    }
+
+    /// This snapshot keeping its static verdicts in `statics`: a caller that builds a snapshot
+    /// per placement cycle passes the same cache each time, so verdicts outlive the cycle (each
+    /// is checked against its cluster before use).
+    pub fn with_statics(self, statics: Arc<StaticCache>) -> Self {
+        Self { statics, ..self }
     }
 
     /// Sets every cluster's GPU speeds ([`ClusterSnapshot::set_gpu_speed`]); an empty table

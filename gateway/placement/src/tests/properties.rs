@@ -46,7 +46,7 @@ fn arb_cluster(index: usize) -> impl Strategy<Value = ClusterSnapshot> {
     )
 }
 
-fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
+pub(super) fn arb_federation() -> impl Strategy<Value = FederationSnapshot> {
     (1usize..6).prop_flat_map(|n| (0..n).map(arb_cluster).collect::<Vec<_>>().prop_map(federation))
 }
 

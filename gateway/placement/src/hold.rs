@@ -17,7 +17,7 @@ use meridian_proto::spec::JobSpec;
 
 use crate::config::PlacementConfig;
 use crate::decision::Decision;
-use crate::place::place_waited;
+use crate::place::{choose_waited, place_waited};
 use crate::reasons::Rejection;
 use crate::snapshot::FederationSnapshot;
 use crate::verdict::Verdict;
@@ -68,8 +68,7 @@ impl<Id: PartialEq + Clone> Holds<Id> {
             if waited_secs < config.hold_after_secs || holds.all_held() {
                 break;
             }
-            let decision = place_waited(job, snapshot, config, waited_secs);
-            if let Some(choice) = decision.chosen.filter(|c| !c.starts_now)
+            if let Some(choice) = choose_waited(job, snapshot, config, waited_secs).filter(|c| !c.starts_now)
                 && let Some(index) = snapshot.clusters.iter().position(|c| *c.name() == choice.cluster)
             {
                 holds.hold(index, id, now_secs + choice.expected_start_secs);

@@ -33,6 +33,36 @@ pub fn place_waited(
     config: &PlacementConfig,
     waited_secs: f64,
 ) -> Decision {
+    decide(job, snapshot, config, waited_secs, Keep::Every)
+}
+
+/// The choice [`place_waited`] makes, without keeping the clusters it rejects: for callers that
+/// read only the choice (a round's hold scan), which then cost nothing per rejected cluster.
+pub(crate) fn choose_waited(
+    job: &JobSpec,
+    snapshot: &FederationSnapshot,
+    config: &PlacementConfig,
+    waited_secs: f64,
+) -> Option<Choice> {
+    decide(job, snapshot, config, waited_secs, Keep::Feasible).chosen
+}
+
+/// Which clusters' verdicts a decision keeps.
+#[derive(Clone, Copy, PartialEq)]
+enum Keep {
+    /// Every cluster's, for explanations.
+    Every,
+    /// Only those that may take the job (the choice is the same).
+    Feasible,
+}
+
+fn decide(
+    job: &JobSpec,
+    snapshot: &FederationSnapshot,
+    config: &PlacementConfig,
+    waited_secs: f64,
+    keep: Keep,
+) -> Decision {
     let waited_secs = if waited_secs.is_finite() { waited_secs.max(0.0) } else { 0.0 };
     let need = Need::of(job);
     let mut regions = RegionCosts::new(&job.data, &snapshot.network);
@@ -47,20 +77,20 @@ pub fn place_waited(
 
     for (cluster, fixed) in snapshot.clusters.iter().zip(statics.iter()) {
         let info = cluster.info();
-        let reasons = if cluster.connected {
-            fixed.reasons.clone()
-        } else {
-            let mut reasons = Reasons::from(Rejection::Disconnected);
-            reasons.extend(&fixed.reasons);
-            reasons
-        };
-        let verdict = if reasons.is_empty() {
+        let feasible = cluster.connected && fixed.reasons.is_empty();
+        let verdict = if feasible {
             let breakdown = score(&need, cluster, &fixed.options, &mut regions, config);
             if info.tier == Tier::Owned {
                 best_owned_start = best_owned_start.min(breakdown.expected_start_secs);
             }
             Verdict::Scored(breakdown)
+        } else if keep == Keep::Feasible {
+            continue;
+        } else if cluster.connected {
+            Verdict::Rejected { reasons: fixed.reasons.clone() }
         } else {
+            let mut reasons = Reasons::from(Rejection::Disconnected);
+            reasons.extend(&fixed.reasons);
             Verdict::Rejected { reasons }
         };
         let (name, region) = (cluster.name().clone(), cluster.region().clone());

@@ -154,6 +154,23 @@ proptest! {
         let b = place(&spec, &reversed, &config).chosen;
         prop_assert_eq!(a, b);
     }
+
+    #[test]
+    fn the_choice_alone_is_the_full_decisions_choice(
+        fed in arb_federation(),
+        spec in arb_job(),
+        waited_secs in 0.0f64..20_000.0,
+        down in prop::option::of(any::<prop::sample::Index>()),
+    ) {
+        let config = PlacementConfig::default();
+        let mut fed = fed;
+        if let Some(down) = down {
+            let at = down.index(fed.clusters.len());
+            fed.clusters[at].connected = false;
+        }
+        let full = place_waited(&spec, &fed, &config, waited_secs).chosen;
+        prop_assert_eq!(crate::place::choose_waited(&spec, &fed, &config, waited_secs), full);
+    }
 }
 
 proptest! {

@@ -1,8 +1,6 @@
 //! A job's latest placement decision as the core keeps it between rounds and readers see it:
 //! made by a round of this process, read back from the store, or a hold for the tenant's quota.
 
-use std::sync::Arc;
-
 use meridian_placement::{Decision, Omitted};
 
 use crate::quota::{Hold, QuotaWait};
@@ -16,8 +14,8 @@ pub enum Decided {
     Live {
         /// When (Unix ms).
         at_ms: i64,
-        /// The decision with every cluster's verdict (shared with the record that stores it).
-        decision: Arc<Decision>,
+        /// The decision with every cluster's verdict.
+        decision: Decision,
     },
     /// Read from the store (the decision that placed the job).
     Stored(StoredDecision),
@@ -36,7 +34,7 @@ impl Decided {
     /// keeps it until its next decision, and a federation of 1,000 clusters would otherwise
     /// hold 1,000 verdicts for each of thousands of queued jobs.
     pub(crate) fn waiting(at_ms: i64, decision: Decision) -> Decided {
-        Decided::Live { at_ms, decision: Arc::new(decision.compact(meridian_placement::KEPT_FEASIBLE)) }
+        Decided::Live { at_ms, decision: decision.compact(meridian_placement::KEPT_FEASIBLE) }
     }
 
     /// The explanation of `hold` made at `now_ms`, or None when `previous` already says it: a

@@ -123,8 +123,7 @@ impl JobTable {
     }
 
     /// Makes `decided` the latest decision of job `id`, for readers and for the rounds.
-    pub(crate) fn decide(&mut self, id: &str, decided: Decided) {
-        let decided = Arc::new(decided);
+    pub(crate) fn decide(&mut self, id: &str, decided: Arc<Decided>) {
         if let Some(active) = self.active.get_mut(id) {
             active.decided = Some(Arc::clone(&decided));
         }

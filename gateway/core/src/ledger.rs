@@ -119,7 +119,7 @@ impl<'a> Ledger<'a> {
     /// Makes `decided` the latest decision of job `id` (not stored: a quota hold, or a decision
     /// that left the job queued).
     pub(crate) fn decide(&mut self, id: &str, decided: Decided) {
-        self.table.decide(id, decided);
+        self.table.decide(id, Arc::new(decided));
     }
 
     /// Records the decision that placed job `id`, durable with the offer; `summary` is the
@@ -128,12 +128,13 @@ impl<'a> Ledger<'a> {
         &mut self,
         id: &str,
         at_ms: i64,
-        decision: Arc<Decision>,
+        decision: Decision,
         summary: String,
         effects: &mut Effects,
     ) {
-        let to_store = DecisionToStore { at_ms, decision: Arc::clone(&decision), summary };
+        let decided = Arc::new(Decided::Live { at_ms, decision });
+        let to_store = DecisionToStore { decided: Arc::clone(&decided), summary };
         effects.persist.push(Record::Decision(id.to_string(), to_store));
-        self.table.decide(id, Decided::Live { at_ms, decision });
+        self.table.decide(id, decided);
     }
 }

@@ -162,7 +162,7 @@ impl Core {
         let mut timers = Timers::default();
         for (id, decision) in loaded.decisions {
             // Before the jobs, so each active job's index entry finds its decision.
-            jobs.decide(&id, Decided::Stored(decision));
+            jobs.decide(&id, Arc::new(Decided::Stored(decision)));
         }
         for mut job in loaded.jobs {
             if restart {

@@ -14,6 +14,8 @@ use meridian_proto::spec::JobSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::decision::Decided;
+
 /// Schema version written with every stored object; a newer one is refused, not misread.
 pub const SCHEMA_VERSION: u32 = 1;
 /// Key prefix of job records.
@@ -307,25 +309,36 @@ impl CandidateView {
 /// ([`StoredDecision`]: every cluster's verdict as text) is made only when the record is
 /// encoded: a consumer that never encodes records (the simulator counts them) does not pay for
 /// the text, and the core's step does not either.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct DecisionToStore {
-    /// When it was made (Unix ms).
-    pub at_ms: i64,
-    /// The decision, shared with the job table.
-    pub decision: Arc<Decision>,
-    /// Its [`summary`](Decision::summary), made once for the offer as well.
+    /// The decision as the job table keeps it (shared with it).
+    pub decided: Arc<Decided>,
+    /// Its summary, made once for the offer as well.
     pub summary: String,
 }
 
 impl DecisionToStore {
     /// The stored form.
     pub fn stored(&self) -> StoredDecision {
-        StoredDecision {
-            at_ms: self.at_ms,
-            summary: self.summary.clone(),
-            candidates: CandidateView::all_of(&self.decision),
-            omitted: self.decision.omitted.clone(),
+        let summary = self.summary.clone();
+        match &*self.decided {
+            Decided::Live { at_ms, decision } => StoredDecision {
+                at_ms: *at_ms,
+                summary,
+                candidates: CandidateView::all_of(decision),
+                omitted: decision.omitted.clone(),
+            },
+            Decided::Stored(stored) => StoredDecision { summary, ..stored.clone() },
+            Decided::Quota { at_ms, .. } => {
+                StoredDecision { at_ms: *at_ms, summary, candidates: Vec::new(), omitted: None }
+            }
         }
+    }
+}
+
+impl PartialEq for DecisionToStore {
+    fn eq(&self, other: &Self) -> bool {
+        self.summary == other.summary && self.stored() == other.stored()
     }
 }
 
@@ -425,8 +438,8 @@ mod tests {
                 }],
             }),
         };
-        let to_store =
-            DecisionToStore { at_ms: 5, decision: Arc::new(decision.clone()), summary: "east: disconnected".into() };
+        let live = |decision: Decision| Arc::new(Decided::Live { at_ms: 5, decision });
+        let to_store = DecisionToStore { decided: live(decision.clone()), summary: "east: disconnected".into() };
         let stored = to_store.stored();
         assert_eq!((stored.at_ms, stored.summary.as_str()), (5, "east: disconnected"));
         assert_eq!(stored.candidates.len(), 1);
@@ -438,7 +451,7 @@ mod tests {
         assert_eq!(loaded.decisions, vec![("j-1".to_string(), stored)]);
 
         // A full decision is stored without `omitted`, as every decision was before compaction.
-        let plain = DecisionToStore { decision: Arc::new(Decision { omitted: None, ..decision }), ..to_store };
+        let plain = DecisionToStore { decided: live(Decision { omitted: None, ..decision }), ..to_store };
         let encoded = Record::Decision("j-2".into(), plain.clone()).encode().unwrap();
         let value = encoded.value.unwrap();
         assert!(!String::from_utf8_lossy(&value).contains("omitted"));

@@ -326,7 +326,7 @@ impl Round<'_> {
             let id = offered.id.clone();
             self.ledger.save(offered, self.registry, effects);
             self.ledger.timers.offered(id.clone(), now_ms);
-            self.ledger.save_decision(&id, now_ms, Arc::new(decision), summary, effects);
+            self.ledger.save_decision(&id, now_ms, decision, summary, effects);
         }
         // Offers changed the snapshot only for this round; reports will confirm them.
         self.ledger.signals.round_done();
@@ -348,7 +348,7 @@ impl Round<'_> {
             Some(Decided::Live { decision, .. }) => Some(decision.clone()),
             _ => None,
         };
-        self.ledger.tally().count_decision(Outcome::Placed, decision.as_deref());
+        self.ledger.tally().count_decision(Outcome::Placed, decision.as_ref());
         let cluster = copy.cluster.as_str();
         let mut offered = job.clone();
         offered.state = JobState::Offered;
@@ -356,7 +356,7 @@ impl Round<'_> {
         offered.gpu_type = (!copy.gpu_type.is_empty()).then(|| copy.gpu_type.clone());
         offered.fencing_token += 1;
         offered.message = format!("its sibling copy on {cluster} was ready first: granted the start lock");
-        let summary = decision.as_deref().map(Decision::summary);
+        let summary = decision.as_ref().map(Decision::summary);
         if let Some(decision) = &decision {
             offered.placement = summary.clone();
             if let Some(region) = decision.candidates.iter().find(|c| c.cluster == cluster).map(|c| c.region.clone()) {

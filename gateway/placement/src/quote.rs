@@ -53,7 +53,7 @@ pub struct Quotes {
 /// Hashes a [`quote_key`], which is a hash already, as itself: every placement decision looks up
 /// each cluster's quote, and hashing the key again was most of that lookup's cost.
 #[derive(Debug, Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {

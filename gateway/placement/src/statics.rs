@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +24,7 @@ use meridian_proto::spec::{GangSpec, JobSpec, PlacementRules};
 use crate::filter::static_rejections;
 use crate::fit::TypeOptions;
 use crate::need::Need;
+use crate::quote::KeyHasher;
 use crate::reasons::Reasons;
 use crate::snapshot::ClusterSnapshot;
 
@@ -75,7 +76,8 @@ pub struct StaticCache(Mutex<Classes>);
 
 #[derive(Default)]
 struct Classes {
-    by_hash: HashMap<u64, Vec<Class>>,
+    /// By [`JobClass::hash_of`], which is a hash already.
+    by_hash: HashMap<u64, Vec<Class>, BuildHasherDefault<KeyHasher>>,
     verdicts: usize,
 }
 
@@ -108,7 +110,7 @@ impl JobClass {
     /// A hash of `job`'s class from its plain fields (not its selectors or budget): jobs of one
     /// class hash alike, and [`Self::is_of`] tells apart those that only collide.
     pub fn hash_of(job: &JobSpec) -> u64 {
-        let mut hasher = DefaultHasher::new();
+        let mut hasher = FoldHasher::default();
         let r = &job.gang.resources;
         (job.gang.replicas, r.gpus, r.cpu, r.memory_gib, r.gpu_memory_gib).hash(&mut hasher);
         r.gpu_types.hash(&mut hasher);
@@ -183,6 +185,48 @@ impl StaticVerdict {
         let mut reasons = Reasons::default();
         let options = static_rejections(need, cluster, &mut reasons);
         Self { of: cluster.statics_id(), reasons, options }
+    }
+}
+
+/// A fast hash for [`JobClass::hash_of`], which runs for every placement decision: each word is
+/// folded in with a rotate, an xor and a multiply. Its keys are hashed by this process only and
+/// [`JobClass::is_of`] settles collisions, so it need not resist crafted input.
+#[derive(Default)]
+struct FoldHasher(u64);
+
+impl FoldHasher {
+    fn fold(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.fold(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.fold(u64::from(value));
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.fold(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.fold(value);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.fold(value as u64);
     }
 }
 

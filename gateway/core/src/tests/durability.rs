@@ -23,7 +23,7 @@ fn an_offer_is_sent_with_its_durable_record_and_decision() {
         (JobState::Offered, 1, Some("h100"))
     );
     assert!(
-        fx.persist.iter().any(|r| matches!(r, Record::Decision(j, d) if *j == id && !d.decision.candidates.is_empty()))
+        fx.persist.iter().any(|r| matches!(r, Record::Decision(j, d) if *j == id && !d.stored().candidates.is_empty()))
     );
     match sends_to(&fx, conn)[..] {
         [GatewayCommand::Offer(a)] => assert_eq!(a.spec.gang.resources.gpu_types, vec!["h100".to_string()]),

@@ -88,21 +88,17 @@ pub async fn serve<H: Handshake>(
     // Connections the kernel completed but nobody accepted yet would be reset when the listener
     // closes, and their clients could not tell whether the request was acted on. Accept them,
     // answer each one request (the API answers 503 while shutting down), then close them.
-    let (drained, until) = watch::channel(false);
     while let Ok(Ok((tcp, peer))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
-        spawn(&mut connections, tcp, peer, until.clone());
+        spawn(&mut connections, tcp, peer, shutdown.clone());
     }
     drop(listener);
-    tokio::spawn(async move {
-        tokio::time::sleep(DRAIN_GRACE).await;
-        let _ = drained.send(true);
-    });
     while connections.join_next().await.is_some() {}
     Ok(())
 }
 
-/// How long a connection accepted while shutting down has to send its request before it is
-/// closed like every other.
+/// How long a connection that has not sent a request yet when the server shuts down (accepted
+/// just before, or while draining) has to send one before it is closed: its client may have sent
+/// it already, and closing an idle connection then would cut the request off unanswered.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
 /// Descriptors kept for everything that is not a REST connection: the gRPC port and its agents,
@@ -180,8 +176,13 @@ impl Connection {
             }
         };
         let client = peer.ip();
+        // Flips when the first request's head has been read: from then on a shutdown lets hyper
+        // finish what is in flight and close.
+        let (asked, first_request) = watch::channel(false);
+        let mut first_request_seen = first_request.clone();
         let service = service_fn(move |request| {
             let guard = guard.clone();
+            asked.send_replace(true);
             async move { Ok::<_, std::convert::Infallible>(guard.handle(request, client, access).await) }
         });
         let mut builder = http1::Builder::new();
@@ -204,7 +205,11 @@ impl Connection {
             }
         };
         tokio::pin!(life);
-        let mut draining = false;
+        // Shutting down: a connection that has served a request closes once the one in flight (if
+        // any) is answered; one that has not gets `DRAIN_GRACE` for its first request.
+        let (mut draining, mut closing) = (false, false);
+        let grace = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(grace);
         loop {
             tokio::select! {
                 result = connection.as_mut() => {
@@ -215,6 +220,19 @@ impl Connection {
                 }
                 () = stopped(&mut shutdown), if !draining => {
                     draining = true;
+                    if *first_request.borrow() {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    } else {
+                        grace.as_mut().reset(Instant::now() + DRAIN_GRACE);
+                    }
+                }
+                _ = first_request_seen.wait_for(|asked| *asked), if draining && !closing => {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                () = &mut grace, if draining && !closing => {
+                    closing = true;
                     connection.as_mut().graceful_shutdown();
                 }
                 () = &mut life => {
@@ -432,6 +450,23 @@ mod tests {
 
         running.stop.send(true).unwrap();
         assert!(read_to_close(&mut kept).await.is_empty());
+        tokio::time::timeout(DEADLINE, running.served).await.expect("serve returned in time").unwrap().unwrap();
+        assert_eq!(running.tracker.counts(), ConnectionCounts::default());
+    }
+
+    #[tokio::test]
+    async fn a_connection_accepted_before_shutdown_still_gets_its_first_request_answered() {
+        // A client connects, the server accepts it, and the server begins to shut down before
+        // the client's request arrives: as when a graceful restart starts between a client's
+        // connect and its write. Closing the idle connection then would cut the request off.
+        let running = start(Plain, LimitsConfig::default()).await;
+        let mut late = TcpStream::connect(running.addr).await.unwrap();
+        wait_for_counts(&running.tracker, ConnectionCounts { served: 1, reserve: 0 }).await;
+        running.stop.send(true).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        late.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await.unwrap();
+        let answer = read_to_close(&mut late).await;
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
         tokio::time::timeout(DEADLINE, running.served).await.expect("serve returned in time").unwrap().unwrap();
         assert_eq!(running.tracker.counts(), ConnectionCounts::default());
     }

@@ -4,7 +4,7 @@
 use meridian_placement::{Decision, Omitted};
 
 use crate::quota::{Hold, QuotaWait};
-use crate::record::{CandidateView, StoredDecision};
+use crate::record::{CandidateView, StoredDecision, ToStored};
 
 /// The latest placement decision of a job: made this run (full detail) or read back from the
 /// store (as stored).
@@ -68,6 +68,23 @@ impl Decided {
                 (stored.at_ms, stored.summary.clone(), stored.candidates.clone(), stored.omitted.clone())
             }
             Decided::Quota { at_ms, wait } => (*at_ms, wait.to_string(), Vec::new(), None),
+        }
+    }
+}
+
+impl ToStored for Decided {
+    fn to_stored(&self, summary: String) -> StoredDecision {
+        match self {
+            Decided::Live { at_ms, decision } => StoredDecision {
+                at_ms: *at_ms,
+                summary,
+                candidates: CandidateView::all_of(decision),
+                omitted: decision.omitted.clone(),
+            },
+            Decided::Stored(stored) => StoredDecision { summary, ..stored.clone() },
+            Decided::Quota { at_ms, .. } => {
+                StoredDecision { at_ms: *at_ms, summary, candidates: Vec::new(), omitted: None }
+            }
         }
     }
 }

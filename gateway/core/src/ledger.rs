@@ -133,7 +133,7 @@ impl<'a> Ledger<'a> {
         effects: &mut Effects,
     ) {
         let decided = Arc::new(Decided::Live { at_ms, decision });
-        let to_store = DecisionToStore { decided: Arc::clone(&decided), summary };
+        let to_store = DecisionToStore { decided: Arc::<Decided>::clone(&decided), summary };
         effects.persist.push(Record::Decision(id.to_string(), to_store));
         self.table.decide(id, decided);
     }

@@ -14,8 +14,6 @@ use meridian_proto::spec::JobSpec;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::decision::Decided;
-
 /// Schema version written with every stored object; a newer one is refused, not misread.
 pub const SCHEMA_VERSION: u32 = 1;
 /// Key prefix of job records.
@@ -312,27 +310,21 @@ impl CandidateView {
 #[derive(Debug, Clone)]
 pub struct DecisionToStore {
     /// The decision as the job table keeps it (shared with it).
-    pub decided: Arc<Decided>,
+    pub decided: Arc<dyn ToStored>,
     /// Its summary, made once for the offer as well.
     pub summary: String,
+}
+
+/// A decision that can be put in its stored form (the job table's decisions are).
+pub trait ToStored: std::fmt::Debug + Send + Sync {
+    /// The stored form, summarised by `summary`.
+    fn to_stored(&self, summary: String) -> StoredDecision;
 }
 
 impl DecisionToStore {
     /// The stored form.
     pub fn stored(&self) -> StoredDecision {
-        let summary = self.summary.clone();
-        match &*self.decided {
-            Decided::Live { at_ms, decision } => StoredDecision {
-                at_ms: *at_ms,
-                summary,
-                candidates: CandidateView::all_of(decision),
-                omitted: decision.omitted.clone(),
-            },
-            Decided::Stored(stored) => StoredDecision { summary, ..stored.clone() },
-            Decided::Quota { at_ms, .. } => {
-                StoredDecision { at_ms: *at_ms, summary, candidates: Vec::new(), omitted: None }
-            }
-        }
+        self.decided.to_stored(self.summary.clone())
     }
 }
 
@@ -420,6 +412,7 @@ mod tests {
 
     #[test]
     fn a_decision_round_trips_through_its_encoding() {
+        use crate::decision::Decided;
         use meridian_placement::{Candidate, JobLabel, Name, Rejection, Verdict};
         let decision = Decision {
             chosen: None,

@@ -5,13 +5,16 @@
 //! (with [`Rejection::Disconnected`] and [`Rejection::BurstNotYet`] added by the caller) and
 //! "could it ever go anywhere" at submit time.
 
+use std::sync::Arc;
+
 use meridian_proto::inventory::{NodeShape, Tier};
 use meridian_proto::spec::BurstPolicy;
 
-use crate::fit::{TypeOption, TypeOptions};
 use crate::need::{Need, PayloadKind};
+use crate::options::{TypeOption, TypeOptions};
 use crate::reasons::{Reasons, Rejection};
 use crate::snapshot::ClusterSnapshot;
+use crate::statics::{JobClass, StaticCache, StaticVerdict};
 
 /// Checks everything about `cluster` that does not change with load, pushing each reason it may
 /// not run the job onto `reasons`. Returns the GPU types the gang may use, cheapest first;
@@ -140,4 +143,39 @@ pub(crate) fn eligible_options(need: &Need<'_>, cluster: &ClusterSnapshot) -> Op
     let mut reasons = Reasons::default();
     let options = static_rejections(need, cluster, &mut reasons);
     reasons.is_empty().then_some(options)
+}
+
+/// Every cluster's static verdict for `need`'s class, in `clusters` order, from `cache`: kept
+/// ones where still valid (made for the same cluster snapshot), the others made now and kept for
+/// the next decision (see `statics.rs`).
+pub(crate) fn static_verdicts(
+    cache: &StaticCache,
+    need: &Need<'_>,
+    clusters: &[ClusterSnapshot],
+) -> Arc<[StaticVerdict]> {
+    let hash = JobClass::hash_of(need.job);
+    let kept = cache.get(hash, need.job);
+    if let Some(kept) = &kept
+        && kept.len() == clusters.len()
+        && kept.iter().zip(clusters).all(|(verdict, cluster)| verdict.is_for(cluster.statics_id()))
+    {
+        return Arc::clone(kept);
+    }
+    let made: Arc<[StaticVerdict]> = clusters
+        .iter()
+        .enumerate()
+        .map(|(at, cluster)| {
+            let still = kept.as_ref().and_then(|k| k.get(at)).filter(|v| v.is_for(cluster.statics_id()));
+            match still {
+                Some(verdict) => verdict.clone(),
+                None => {
+                    let mut reasons = Reasons::default();
+                    let options = static_rejections(need, cluster, &mut reasons);
+                    StaticVerdict::new(cluster.statics_id(), reasons, options)
+                }
+            }
+        })
+        .collect();
+    cache.put(hash, need.job, Arc::clone(&made));
+    made
 }

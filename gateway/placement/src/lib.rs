@@ -57,6 +57,7 @@ mod index;
 mod name;
 mod need;
 pub mod network;
+mod options;
 mod place;
 pub mod queue;
 mod quote;

@@ -9,7 +9,7 @@ use meridian_proto::spec::{BurstPolicy, JobSpec};
 use crate::config::PlacementConfig;
 use crate::deadline::DeadlineOutlook;
 use crate::decision::{Choice, Decision, JobLabel};
-use crate::filter::static_rejections;
+use crate::filter::{static_rejections, static_verdicts};
 use crate::name::Name;
 use crate::need::Need;
 use crate::reasons::{Reasons, Rejection};
@@ -73,7 +73,7 @@ fn decide(
     // to an owned cluster that "starts it now".
     let mut best_owned_start = f64::INFINITY;
     // What never changes with load, kept per class of job (see `statics.rs`).
-    let statics = snapshot.statics.verdicts(&need, &snapshot.clusters);
+    let statics = static_verdicts(&snapshot.statics, &need, &snapshot.clusters);
 
     for (cluster, fixed) in snapshot.clusters.iter().zip(statics.iter()) {
         let info = cluster.info();

@@ -14,9 +14,10 @@ use meridian_proto::spec::DataRef;
 
 use crate::breakdown::{ScoreBreakdown, combine};
 use crate::config::PlacementConfig;
-use crate::fit::{Nodes, TypeOption, TypeOptions, fit_now};
+use crate::fit::{Nodes, fit_now};
 use crate::need::{Demand, Need};
 use crate::network::NetworkTable;
+use crate::options::{TypeOption, TypeOptions};
 use crate::snapshot::ClusterSnapshot;
 
 /// Transfer time and egress per cluster region, computed once per region per decision: clusters

@@ -1,5 +1,5 @@
 //! What never changes with load, kept between decisions: each cluster's static verdict
-//! ([`static_rejections`]: the reasons it may never run a job, or the GPU types it may use) for
+//! (the static checks of `filter.rs`: the reasons it may never run a job, or the GPU types it may use) for
 //! each class of job seen.
 //!
 //! Jobs of one class (equal gang, placement rules and payload kind: everything the static checks
@@ -21,12 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use meridian_proto::spec::{GangSpec, JobSpec, PlacementRules};
 
-use crate::filter::static_rejections;
-use crate::fit::TypeOptions;
-use crate::need::Need;
+use crate::options::TypeOptions;
 use crate::quote::KeyHasher;
 use crate::reasons::Reasons;
-use crate::snapshot::ClusterSnapshot;
 
 /// Most verdicts kept (classes × clusters): about 70 MB at most. When full the cache starts
 /// over; a placement round or a bench cycle sees far fewer classes than this holds.
@@ -121,39 +118,15 @@ impl JobClass {
 }
 
 impl StaticCache {
-    /// Every cluster's static verdict for `need`'s class, in `clusters` order: kept ones where
-    /// still valid, the others made now (and kept for the next decision).
-    pub(crate) fn verdicts(&self, need: &Need<'_>, clusters: &[ClusterSnapshot]) -> Arc<[StaticVerdict]> {
-        let hash = JobClass::hash_of(need.job);
-        let kept = self.get(hash, need.job);
-        if let Some(kept) = &kept
-            && kept.len() == clusters.len()
-            && kept.iter().zip(clusters).all(|(verdict, cluster)| verdict.of.is(cluster.statics_id()))
-        {
-            return Arc::clone(kept);
-        }
-        let made: Arc<[StaticVerdict]> = clusters
-            .iter()
-            .enumerate()
-            .map(|(at, cluster)| {
-                let still = kept.as_ref().and_then(|k| k.get(at)).filter(|v| v.of.is(cluster.statics_id()));
-                match still {
-                    Some(verdict) => verdict.clone(),
-                    None => StaticVerdict::of(need, cluster),
-                }
-            })
-            .collect();
-        self.put(hash, need.job, Arc::clone(&made));
-        made
-    }
-
-    fn get(&self, hash: u64, job: &JobSpec) -> Option<Arc<[StaticVerdict]>> {
+    /// The verdicts kept for `job`'s class (`hash`: [`JobClass::hash_of`]), if any.
+    pub(crate) fn get(&self, hash: u64, job: &JobSpec) -> Option<Arc<[StaticVerdict]>> {
         let classes = self.0.lock().ok()?;
         let class = classes.by_hash.get(&hash)?.iter().find(|c| c.class.is_of(job))?;
         Some(Arc::clone(&class.verdicts))
     }
 
-    fn put(&self, hash: u64, job: &JobSpec, verdicts: Arc<[StaticVerdict]>) {
+    /// Keeps `verdicts` for `job`'s class (`hash`: [`JobClass::hash_of`]), replacing older ones.
+    pub(crate) fn put(&self, hash: u64, job: &JobSpec, verdicts: Arc<[StaticVerdict]>) {
         // A poisoned lock only means another thread panicked mid-update: the cache is advisory,
         // so it is skipped rather than trusted.
         let Ok(mut classes) = self.0.lock() else { return };
@@ -181,10 +154,14 @@ impl StaticCache {
 }
 
 impl StaticVerdict {
-    fn of(need: &Need<'_>, cluster: &ClusterSnapshot) -> Self {
-        let mut reasons = Reasons::default();
-        let options = static_rejections(need, cluster, &mut reasons);
-        Self { of: cluster.statics_id(), reasons, options }
+    /// The verdict `reasons` / `options` of the cluster snapshot named `of`.
+    pub(crate) fn new(of: StaticsId, reasons: Reasons, options: TypeOptions) -> Self {
+        Self { of, reasons, options }
+    }
+
+    /// Whether it was made for the snapshot named `id`.
+    pub(crate) fn is_for(&self, id: StaticsId) -> bool {
+        self.of.is(id)
     }
 }
 

@@ -9,21 +9,18 @@ use std::sync::Arc;
 use meridian_placement::JobClass;
 use meridian_proto::spec::JobSpec;
 
-/// What decides whether a job's gang could fit somewhere now: its [`JobClass`] (shape,
-/// placement rules and whether it needs container support).
-pub(crate) type Demand = JobClass;
-
-/// The demands in use, by a hash of their main fields, each with its number.
+/// The demands in use (a job's demand is its [`JobClass`]: shape, placement rules and whether it
+/// needs container support), by [`JobClass::hash_of`], each with its number.
 #[derive(Debug, Default)]
 pub(crate) struct DemandBook {
-    by_hash: HashMap<u64, Vec<(Arc<Demand>, u32)>>,
+    by_hash: HashMap<u64, Vec<(Arc<JobClass>, u32)>>,
     next_id: u32,
 }
 
 impl DemandBook {
     /// The canonical copy and number of the demand of `spec`: equal demands get one number.
     /// The caller keeps the copy for as long as the job is queued (see [`Self::forget_unused`]).
-    pub(crate) fn key_of(&mut self, spec: &JobSpec) -> (Arc<Demand>, u32) {
+    pub(crate) fn key_of(&mut self, spec: &JobSpec) -> (Arc<JobClass>, u32) {
         let same_hash = self.by_hash.entry(JobClass::hash_of(spec)).or_default();
         if let Some((canonical, id)) = same_hash.iter().find(|(demand, _)| demand.is_of(spec)) {
             return (Arc::clone(canonical), *id);

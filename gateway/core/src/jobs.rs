@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use meridian_placement::JobClass;
 use meridian_proto::job::JobState;
 
 use crate::decision::Decided;
-use crate::demand::Demand;
 use crate::held::{HeldBook, Ranks, TenantId};
 use crate::record::{JobRecord, Record};
 
@@ -24,7 +24,7 @@ pub(crate) struct ActiveJob {
     /// The number of the job's tenant in the table's [`HeldBook`].
     pub(crate) tenant: TenantId,
     /// Its demand key (see `demand.rs`) and the key's number, worked out at its first round.
-    pub(crate) demand: Option<(Arc<Demand>, u32)>,
+    pub(crate) demand: Option<(Arc<JobClass>, u32)>,
     /// Its latest decision: the one the table holds for it.
     pub(crate) decided: Option<Arc<Decided>>,
 }
@@ -136,7 +136,7 @@ impl JobTable {
     }
 
     /// Keeps the demand key of active job `id` (a clone of the canonical copy) for later rounds.
-    pub(crate) fn set_demand(&mut self, id: &str, key: (Arc<Demand>, u32)) {
+    pub(crate) fn set_demand(&mut self, id: &str, key: (Arc<JobClass>, u32)) {
         if let Some(active) = self.active.get_mut(id) {
             active.demand = Some(key);
         }

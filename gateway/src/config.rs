@@ -257,6 +257,12 @@ impl GatewayConfig {
         for (i, gpu) in self.gpu_types.iter().enumerate() {
             if gpu.name.trim().is_empty() {
                 problems.push(format!("gpuTypes[{i}].name: must not be empty"));
+            } else if gpu.name.contains(meridian_proto::gpu::SPAN_SEPARATOR) {
+                problems.push(format!(
+                    "gpuTypes[{i}].name: `{}` must not contain `{}`, which joins the types of a span",
+                    gpu.name,
+                    meridian_proto::gpu::SPAN_SEPARATOR
+                ));
             }
             if gpu.memory_gib == 0 {
                 problems.push(format!("gpuTypes[{i}].memoryGiB: must be at least 1"));
@@ -426,6 +432,16 @@ mod tests {
         }
         let err = GatewayConfig::parse("defaultQuota: {maxGPUs: 3}\n", Path::new("g.yaml")).unwrap_err();
         assert!(err.to_string().contains("maxGPUs"), "{err}");
+    }
+
+    #[test]
+    fn a_gpu_type_name_may_not_contain_the_span_separator() {
+        let text = "insecure: true\ngpuTypes: [{name: a100+b, memoryGiB: 40}]\n";
+        let err = GatewayConfig::parse(text, Path::new("g.yaml")).unwrap_err();
+        assert!(err.to_string().contains("gpuTypes[0].name: `a100+b` must not contain `+`"), "{err}");
+        let ok =
+            GatewayConfig::parse("insecure: true\ngpuTypes: [{name: mi325x, memoryGiB: 256}]\n", Path::new("g.yaml"));
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

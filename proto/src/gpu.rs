@@ -69,6 +69,23 @@ pub fn is_slice(gpu_type: &str) -> bool {
     GpuSlice::parse(gpu_type).is_some()
 }
 
+/// Joins the GPU types of a *span* in the GPU type placement chose for a gang: a gang that
+/// accepts several types may spread over types of equal speed on one cluster (A100 40 GB and
+/// 80 GB nodes), and the chosen type then reads `a100-40g+a100-80g`. No type name contains it.
+pub const SPAN_SEPARATOR: char = '+';
+
+/// The GPU types of a type placement chose: one for a plain type, several for a span
+/// (see [`SPAN_SEPARATOR`]).
+pub fn span_types(chosen: &str) -> impl Iterator<Item = &str> {
+    chosen.split(SPAN_SEPARATOR).filter(|t| !t.is_empty())
+}
+
+/// The types a member is told a gang may use when placement chose `chosen`: the spec's
+/// `gpuTypes` as the offer pins it.
+pub fn pinned_types(chosen: &str) -> Vec<String> {
+    span_types(chosen).map(str::to_owned).collect()
+}
+
 /// The GPU types a gateway accepts: the built-in list plus configured extras.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuCatalog {
@@ -142,6 +159,14 @@ impl GpuCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_span_names_its_types_and_a_plain_type_names_itself() {
+        assert_eq!(pinned_types("a100-40g+a100-80g"), vec!["a100-40g".to_string(), "a100-80g".to_string()]);
+        assert_eq!(pinned_types("h100"), vec!["h100".to_string()]);
+        assert!(pinned_types("").is_empty());
+        assert!(KNOWN_GPUS.iter().all(|g| !g.name.contains(SPAN_SEPARATOR)));
+    }
 
     #[test]
     fn slice_types_take_their_memory_from_the_profile() {

@@ -141,7 +141,7 @@ impl CopyBook {
             self.last_token += 1;
             let mut assignment = job.assignment();
             if !gpu_type.is_empty() {
-                assignment.spec.gang.resources.gpu_types = vec![gpu_type.to_string()];
+                assignment.spec.gang.resources.gpu_types = meridian_proto::gpu::pinned_types(gpu_type);
             }
             effects.sends.push((conn, GatewayCommand::Copy { copy_token: self.last_token, assignment }));
             copies.push(SiblingCopy {

@@ -226,11 +226,12 @@ impl JobRecord {
     }
 
     /// The assignment of the job's current binding, its spec pinned to the GPU type placement
-    /// chose so the member cannot pick another type than the one that was costed.
+    /// chose (or the types of its span) so the member cannot pick another type than the one that
+    /// was costed.
     pub(crate) fn assignment(&self) -> Assignment {
         let mut spec = self.spec.clone();
         if let Some(gpu_type) = &self.gpu_type {
-            spec.gang.resources.gpu_types = vec![gpu_type.clone()];
+            spec.gang.resources.gpu_types = meridian_proto::gpu::pinned_types(gpu_type);
         }
         Assignment {
             job_id: self.id.clone(),

@@ -334,7 +334,10 @@ impl<'a> JobChange<'a> {
             }
             let end = job.finished_at_ms.unwrap_or(now_ms);
             let gpu_seconds = f64::from(p.spec.total_gpus()) * secs_between(start, end);
-            let price = p.gpu_type.as_ref().and_then(|t| entry.info.prices.get(t)).copied().unwrap_or(0.0);
+            // A span is billed at its dearest type: the member may give the gang any of them.
+            let price = p.gpu_type.as_deref().map_or(0.0, |t| {
+                meridian_proto::gpu::span_types(t).filter_map(|t| entry.info.prices.get(t)).copied().fold(0.0, f64::max)
+            });
             Some((cluster.to_string(), gpu_seconds, gpu_seconds / 3600.0 * price))
         });
         if started_at_ms.is_none() && !ended && burst.is_none() {

@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use meridian_proto::inventory::{NodeShape, Tier};
+use meridian_proto::inventory::{BackendKind, NodeShape, Tier};
 use meridian_proto::spec::BurstPolicy;
 
 use crate::need::{Need, PayloadKind};
-use crate::options::{TypeOption, TypeOptions};
+use crate::options::{Span, TypeOption, TypeOptions};
 use crate::reasons::{Reasons, Rejection};
 use crate::snapshot::ClusterSnapshot;
 use crate::statics::{JobClass, StaticCache, StaticVerdict};
@@ -36,6 +36,12 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     let mut cheapest_over_budget = f64::INFINITY;
     let mut options = TypeOptions::default();
     let index = cluster.index();
+    // Whole-GPU types that could join a span: (id, replicas on empty nodes, hourly price, speed).
+    // Only the builtin scheduler takes a gang over several types (Slurm's `--gres` names one
+    // type or any, and Kueue gives a pod set one flavor), and only types whose speeds the
+    // operator listed are known to run alike.
+    let spans = info.backend == BackendKind::Builtin;
+    let mut spannable: Vec<(usize, u64, f64, f64)> = Vec::new();
     for (type_id, first) in shapes.iter().enumerate() {
         // Visit each GPU type once, at its first shape (whose index is the type's id).
         if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type, index.is_slice(type_id)) {
@@ -60,10 +66,18 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
             capacity = capacity.saturating_add(per_node.saturating_mul(u64::from(shape.node_count())));
         }
         max_replicas = max_replicas.max(capacity);
+        let price = cluster.price(type_id);
+        if spans
+            && capacity > 0
+            && type_id < Span::MAX_TYPE_ID
+            && !index.is_slice(type_id)
+            && let Some(speed) = cluster.known_speed(type_id)
+        {
+            spannable.push((type_id, capacity, price, speed));
+        }
         if capacity < u64::from(demand.replicas) {
             continue;
         }
-        let price = cluster.price(type_id);
         if let Some(max) = budget {
             let hourly = need.total_gpus as f64 * price;
             if hourly > max {
@@ -73,7 +87,23 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
         }
         // Options compete on the price of work: a type twice as fast does an hour's work in half
         // an hour.
-        options.insert(TypeOption { type_id, price: price / cluster.speed(type_id) }, shapes);
+        options.insert(TypeOption { span: Span::one(type_id), price: price / cluster.speed(type_id) }, shapes);
+    }
+    for (mask, capacity, price, speed) in span_groups(&spannable) {
+        max_replicas = max_replicas.max(capacity);
+        if capacity < u64::from(demand.replicas) {
+            continue;
+        }
+        if let Some(max) = budget {
+            let hourly = need.total_gpus as f64 * price;
+            if hourly > max {
+                cheapest_over_budget = cheapest_over_budget.min(hourly);
+                continue;
+            }
+        }
+        if let Some(span) = Span::of_mask(mask) {
+            options.insert(TypeOption { span, price: price / speed }, shapes);
+        }
     }
 
     if !any_type {
@@ -129,6 +159,27 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
         reasons.push(Rejection::BurstNever);
     }
     options
+}
+
+/// The spans a gang may spread over: every group of two or more of `types` (id, replicas on
+/// empty nodes, hourly price, speed) with the same speed, as (mask of ids, replicas on empty
+/// nodes, hourly price of its dearest type, speed). A gang steps at the pace of its slowest
+/// replica, so only types of equal speed are mixed.
+fn span_groups(types: &[(usize, u64, f64, f64)]) -> impl Iterator<Item = (u64, u64, f64, f64)> + '_ {
+    types.iter().enumerate().filter_map(move |(at, &(_, _, _, speed))| {
+        // Each group once, at its first type.
+        if types[..at].iter().any(|t| t.3 == speed) {
+            return None;
+        }
+        let group = || types[at..].iter().filter(move |t| t.3 == speed);
+        if group().count() < 2 {
+            return None;
+        }
+        let mask = group().fold(0u64, |m, t| m | 1 << t.0);
+        let capacity = group().map(|t| t.1).fold(0u64, u64::saturating_add);
+        let price = group().map(|t| t.2).fold(0.0, f64::max);
+        Some((mask, capacity, price, speed))
+    })
 }
 
 /// Whether a job listing `wanted` GPU types may use `gpu_type` (`slice`: whether it is a slice

@@ -1,7 +1,9 @@
 //! Best fit of a gang onto a cluster's free nodes.
 //!
-//! A gang always lands on one GPU type (a mixed H100/A100 gang runs at the pace of the slowest
-//! GPU and is never what a user meant), possibly across several shapes of that type.
+//! A gang lands on one GPU type, possibly across several shapes of that type, or on a span of
+//! types of equal speed (`options.rs`): a gang's replicas step together, so a gang mixing an
+//! H100 with an A100 runs at the A100's pace, which is never what its user meant, while A100
+//! 40 GB and 80 GB nodes run it alike.
 //!
 //! Best fit fills nodes in order of fewest free GPUs first (ties: shape order, then node order),
 //! each as far as it goes. That equals per-replica best fit: once a replica lands on the tightest
@@ -22,7 +24,7 @@ use meridian_proto::selector::Selector;
 
 use crate::index::{FreeIndex, LEVEL_CAP, clamp};
 use crate::need::{Demand, Need};
-use crate::options::{TypeOption, TypeOptions};
+use crate::options::{Span, TypeOption, TypeOptions};
 use crate::snapshot::ClusterSnapshot;
 
 #[cfg(test)]
@@ -84,36 +86,38 @@ impl<'a> Nodes<'a> {
         self.selector.is_none_or(|selector| selector.matches(&shape.labels))
     }
 
-    /// The shapes of GPU type `type_id` with enough GPU memory for `demand` whose labels the
-    /// nodeSelector accepts, in inventory order.
-    fn acceptable(self, type_id: usize, demand: &Demand) -> impl Iterator<Item = (usize, &'a NodeShape)> + 'a {
+    /// The shapes of the GPU types of `span` with enough GPU memory for `demand` whose labels
+    /// the nodeSelector accepts, in inventory order.
+    fn acceptable(self, span: Span, demand: &Demand) -> impl Iterator<Item = (usize, &'a NodeShape)> + 'a {
         let (index, min_memory) = (self.index, demand.min_gpu_memory_gib);
-        // The type's shapes start at its id: earlier shapes have other types.
-        let from = type_id.min(self.shapes.len());
+        // A type's shapes start at its id: earlier shapes have other types.
+        let from = span.first().min(self.shapes.len());
         self.shapes[from..].iter().enumerate().map(move |(offset, shape)| (from + offset, shape)).filter(
-            move |(i, shape)| index.type_id(*i) == type_id && shape.gpu_memory_gib >= min_memory && self.selects(shape),
+            move |(i, shape)| {
+                span.covers(index.type_id(*i)) && shape.gpu_memory_gib >= min_memory && self.selects(shape)
+            },
         )
     }
 
     /// The highest level of any acceptable shape.
-    fn top(self, type_id: usize, demand: &Demand) -> Option<u32> {
-        self.acceptable(type_id, demand).filter_map(|(i, _)| self.index.top(i)).max()
+    fn top(self, span: Span, demand: &Demand) -> Option<u32> {
+        self.acceptable(span, demand).filter_map(|(i, _)| self.index.top(i)).max()
     }
 
     /// Free GPUs of the acceptable shapes.
-    fn free_gpus(self, type_id: usize, demand: &Demand) -> u64 {
-        self.acceptable(type_id, demand).map(|(i, _)| self.index.free_gpus(i)).sum()
+    fn free_gpus(self, span: Span, demand: &Demand) -> u64 {
+        self.acceptable(span, demand).map(|(i, _)| self.index.free_gpus(i)).sum()
     }
 
     /// Every acceptable node at `level`: (shape, node, what is free), in inventory order.
     fn at_level(
         self,
-        type_id: usize,
+        span: Span,
         demand: &Demand,
         level: u32,
     ) -> impl Iterator<Item = (usize, usize, &'a NodeShape, NodeFree)> + 'a {
         let index = self.index;
-        self.acceptable(type_id, demand).flat_map(move |(s, shape)| {
+        self.acceptable(span, demand).flat_map(move |(s, shape)| {
             index
                 .nodes_at(s, level)
                 .filter_map(move |n| shape.free.get(n).map(|free| (s, n, shape, clamp(free, shape))))
@@ -121,26 +125,26 @@ impl<'a> Nodes<'a> {
     }
 }
 
-/// Does the gang fit on free nodes of type `type_id` now, and how.
-pub(crate) fn survey(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Survey {
+/// Does the gang fit on free nodes of the types of `span` now, and how.
+pub(crate) fn survey(nodes: Nodes<'_>, span: Span, demand: &Demand) -> Survey {
     let replicas = u64::from(demand.replicas);
     if replicas == 0 {
         let plan = LevelPlan { threshold: 0, take: 0, below_share: 0.0, below_nodes: 0, exact: true };
         return Survey::Fits(Plan::Levels(plan));
     }
     if replicas == 1 {
-        return survey_one(nodes, type_id, demand);
+        return survey_one(nodes, span, demand);
     }
     let g = demand.gpus;
     let (mut placed, mut below_share, mut below_nodes) = (0u64, 0.0, 0u32);
-    for level in 0..=nodes.top(type_id, demand).unwrap_or(0) {
+    for level in 0..=nodes.top(span, demand).unwrap_or(0) {
         // Replicas by GPUs alone at this level; levels below one replica's GPUs hold none.
         let by_gpus = level.checked_div(g).unwrap_or(u32::MAX);
         if by_gpus == 0 {
             continue;
         }
         let (mut here, mut share, mut count) = (0u64, 0.0, 0u32);
-        for (_, _, shape, free) in nodes.at_level(type_id, demand, level) {
+        for (_, _, shape, free) in nodes.at_level(span, demand, level) {
             let fits = demand.fitting(&free, by_gpus);
             if fits == 0 {
                 continue;
@@ -166,16 +170,16 @@ pub(crate) fn survey(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Surve
         below_share += share;
         below_nodes += count;
     }
-    Survey::DoesNotFit { free_gpus: nodes.free_gpus(type_id, demand) }
+    Survey::DoesNotFit { free_gpus: nodes.free_gpus(span, demand) }
 }
 
 /// One replica: the node with the fewest free GPUs that holds it, first in inventory order among
 /// equals. Levels go up from the replica's GPUs, so the first node that has the CPUs and memory
 /// too is the answer.
-fn survey_one(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Survey {
+fn survey_one(nodes: Nodes<'_>, span: Span, demand: &Demand) -> Survey {
     let g = demand.gpus;
-    for level in g.min(LEVEL_CAP)..=nodes.top(type_id, demand).unwrap_or(0) {
-        for (shape_index, shape) in nodes.acceptable(type_id, demand) {
+    for level in g.min(LEVEL_CAP)..=nodes.top(span, demand).unwrap_or(0) {
+        for (shape_index, shape) in nodes.acceptable(span, demand) {
             let Some(summary) = nodes.index.level(shape_index, level) else { continue };
             if demand.cpu > summary.max_cpu || demand.memory_gib > summary.max_memory_gib {
                 continue; // no node at this level has the CPUs or memory
@@ -199,16 +203,16 @@ fn survey_one(nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> Survey {
             }
         }
     }
-    Survey::DoesNotFit { free_gpus: nodes.free_gpus(type_id, demand) }
+    Survey::DoesNotFit { free_gpus: nodes.free_gpus(span, demand) }
 }
 
 impl Plan {
     /// Mean over the nodes the gang touches of (GPUs left free / GPUs of the node): 0 when the
     /// gang fills nodes exactly, near 1 when it breaks whole nodes for a sliver.
-    pub(crate) fn fragmentation(&self, nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> f64 {
+    pub(crate) fn fragmentation(&self, nodes: Nodes<'_>, span: Span, demand: &Demand) -> f64 {
         match self {
             Plan::One { share, .. } => *share,
-            Plan::Levels(plan) => plan.fragmentation(nodes, type_id, demand),
+            Plan::Levels(plan) => plan.fragmentation(nodes, span, demand),
         }
     }
 
@@ -216,25 +220,25 @@ impl Plan {
     pub(crate) fn for_each_node(
         &self,
         nodes: Nodes<'_>,
-        type_id: usize,
+        span: Span,
         demand: &Demand,
         mut on_node: impl FnMut(usize, usize, u32),
     ) {
         match self {
             Plan::One { shape, node, .. } => on_node(*shape, *node, 1),
             Plan::Levels(plan) => {
-                plan.walk(nodes, type_id, demand, true, on_node);
+                plan.walk(nodes, span, demand, true, on_node);
             }
         }
     }
 }
 
 impl LevelPlan {
-    fn fragmentation(&self, nodes: Nodes<'_>, type_id: usize, demand: &Demand) -> f64 {
+    fn fragmentation(&self, nodes: Nodes<'_>, span: Span, demand: &Demand) -> f64 {
         if self.exact {
             return 0.0;
         }
-        let (share, taken) = self.walk(nodes, type_id, demand, false, |_, _, _| {});
+        let (share, taken) = self.walk(nodes, span, demand, false, |_, _, _| {});
         let touched = self.below_nodes + taken;
         if touched == 0 { 0.0 } else { (self.below_share + share) / f64::from(touched) }
     }
@@ -244,7 +248,7 @@ impl LevelPlan {
     fn walk(
         &self,
         nodes: Nodes<'_>,
-        type_id: usize,
+        span: Span,
         demand: &Demand,
         below: bool,
         mut on_node: impl FnMut(usize, usize, u32),
@@ -256,7 +260,7 @@ impl LevelPlan {
         };
         if below {
             for level in 0..self.threshold {
-                for (shape, node, _, free) in nodes.at_level(type_id, demand, level) {
+                for (shape, node, _, free) in nodes.at_level(span, demand, level) {
                     let fits = fitting(&free);
                     if fits > 0 {
                         on_node(shape, node, fits);
@@ -265,7 +269,7 @@ impl LevelPlan {
             }
         }
         let (mut take, mut share, mut taken) = (self.take, 0.0, 0u32);
-        for (shape, node, nodes_shape, free) in nodes.at_level(type_id, demand, self.threshold) {
+        for (shape, node, nodes_shape, free) in nodes.at_level(span, demand, self.threshold) {
             if take == 0 {
                 break;
             }
@@ -285,16 +289,36 @@ impl LevelPlan {
 }
 
 /// The first option (cheapest first) whose gang fits on free nodes now, with its plan; otherwise
-/// the free GPUs of all acceptable nodes. Placement and [`reserve`] both decide through this, so a
+/// the free GPUs of all acceptable nodes (each type counted once, though a span shares its types
+/// with their own options). Placement and [`reserve`] both decide through this, so a
 /// reservation takes exactly the nodes the decision assumed.
 ///
 /// [`reserve`]: crate::snapshot::ClusterSnapshot::reserve
 pub(crate) fn fit_now(nodes: Nodes<'_>, options: &TypeOptions, demand: &Demand) -> Result<(TypeOption, Plan), u64> {
     let mut free_gpus = 0u64;
+    // Types counted so far, by id (spans hold only ids below 64, so a type above is never
+    // counted twice).
+    let mut counted = 0u64;
     for option in options.iter() {
-        match survey(nodes, option.type_id, demand) {
+        match survey(nodes, option.span, demand) {
             Survey::Fits(plan) => return Ok((*option, plan)),
-            Survey::DoesNotFit { free_gpus: free } => free_gpus += free,
+            Survey::DoesNotFit { free_gpus: free } if !option.span.is_span() => {
+                let id = option.span.first();
+                if id >= Span::MAX_TYPE_ID || counted >> id & 1 == 0 {
+                    free_gpus += free;
+                }
+                if id < Span::MAX_TYPE_ID {
+                    counted |= 1 << id;
+                }
+            }
+            Survey::DoesNotFit { .. } => {
+                for id in option.span.type_ids() {
+                    if counted >> id & 1 == 0 {
+                        free_gpus += nodes.free_gpus(Span::one(id), demand);
+                        counted |= 1 << id;
+                    }
+                }
+            }
         }
     }
     Err(free_gpus)

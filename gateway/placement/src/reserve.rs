@@ -36,7 +36,7 @@ impl ClusterSnapshot {
             return false;
         };
         let mut taken: Vec<(usize, usize, u32)> = Vec::new();
-        plan.for_each_node(nodes, option.type_id, &need.demand, |shape, node, replicas| {
+        plan.for_each_node(nodes, option.span, &need.demand, |shape, node, replicas| {
             taken.push((shape, node, replicas));
         });
         let demand = need.demand;

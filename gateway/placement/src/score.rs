@@ -17,7 +17,7 @@ use crate::config::PlacementConfig;
 use crate::fit::{Nodes, fit_now};
 use crate::need::{Demand, Need};
 use crate::network::NetworkTable;
-use crate::options::{TypeOption, TypeOptions};
+use crate::options::{Span, TypeOption, TypeOptions};
 use crate::snapshot::ClusterSnapshot;
 
 /// Transfer time and egress per cluster region, computed once per region per decision: clusters
@@ -68,7 +68,7 @@ pub(crate) fn score<'a>(
     let mut preempts = false;
     let (option, fits_now, fragmentation, expected_wait_secs) = match fit_now(nodes, options, demand) {
         Ok((option, plan)) => {
-            let fragmentation = plan.fragmentation(nodes, option.type_id, demand);
+            let fragmentation = plan.fragmentation(nodes, option.span, demand);
             (Some(option), true, fragmentation, 0.0)
         }
         Err(free_gpus) => {
@@ -88,8 +88,7 @@ pub(crate) fn score<'a>(
             };
             // Which nodes free up first is unknown here, so fragmentation is what the gang would
             // leave on empty nodes.
-            let gpu_type = option.and_then(|o| o.gpu_type(cluster.index()));
-            let fragmentation = gpu_type.map_or(0.0, |t| empty_node_fragmentation(demand, nodes, t));
+            let fragmentation = option.map_or(0.0, |o| empty_node_fragmentation(demand, nodes, o.span));
             (option, false, fragmentation, wait)
         }
     };
@@ -99,7 +98,7 @@ pub(crate) fn score<'a>(
     let total = combine(expected_start_secs, compute_usd + egress_usd, fragmentation, config.usd_to_seconds, config);
     ScoreBreakdown {
         fits_now,
-        gpu_type: option.and_then(|o| o.gpu_type(cluster.index()).cloned()).unwrap_or_default(),
+        gpu_type: option.and_then(|o| o.gpu_type(cluster.index())).unwrap_or_default(),
         expected_wait_secs,
         quoted,
         preempts,
@@ -130,8 +129,9 @@ fn quoted_option(
     }
     let quote = cluster.quote(need.quote_key())?;
     let mut best: Option<(TypeOption, f64, bool, f64)> = None;
-    for option in options.iter() {
-        let Some(name) = option.gpu_type(cluster.index()) else { continue };
+    // Members quote single types: a span waits by the release profile.
+    for option in options.iter().filter(|o| !o.span.is_span()) {
+        let Some(name) = cluster.index().gpu_type(option.span.first()) else { continue };
         let Some(start) = quote.starts.iter().find(|s| s.gpu_type == *name) else { continue };
         let wait = cluster.secs_until(start.start_at_ms);
         let weight = wait.max(transfer_secs) + config.usd_to_seconds * need.total_gpus as f64 * option.price * hours;
@@ -187,12 +187,16 @@ fn earliest_enough(releases: &[GpuRelease], mut available: u64, needed: u64) -> 
     (None, last)
 }
 
-/// Fragmentation if the gang landed on empty nodes of the best-suited shape of `gpu_type`.
-fn empty_node_fragmentation(demand: &Demand, nodes: Nodes<'_>, gpu_type: &str) -> f64 {
+/// Fragmentation if the gang landed on empty nodes of the best-suited shape of the types of `span`.
+fn empty_node_fragmentation(demand: &Demand, nodes: Nodes<'_>, span: Span) -> f64 {
     nodes
         .shapes
         .iter()
-        .filter(|s| s.gpu_type == gpu_type && s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0)
+        .enumerate()
+        .filter(|(i, s)| {
+            span.covers(nodes.index.type_id(*i)) && s.gpu_memory_gib >= demand.min_gpu_memory_gib && s.gpus_per_node > 0
+        })
+        .map(|(_, s)| s)
         .filter(|s| nodes.selects(s))
         .filter_map(|shape| {
             let per_node = demand.per_empty_node(shape).min(demand.replicas);

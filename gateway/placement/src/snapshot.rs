@@ -174,18 +174,24 @@ impl ClusterSnapshot {
 
     /// Relative throughput of the GPU type of shape `shape` (1 when not known).
     pub(crate) fn speed(&self, shape: usize) -> f64 {
-        self.speeds.get(shape).copied().unwrap_or(1.0)
+        self.known_speed(shape).unwrap_or(1.0)
+    }
+
+    /// Relative throughput of the GPU type of shape `shape`, if the speed table lists it: only
+    /// then may it share a span with another type (`options.rs`).
+    pub(crate) fn known_speed(&self, shape: usize) -> Option<f64> {
+        self.speeds.get(shape).copied().filter(|v| *v > 0.0)
     }
 
     /// Sets each GPU type's relative throughput from `table` (type → speed; a type it does not
-    /// list, and a speed that is not a positive number, count as 1).
+    /// list, and a speed that is not a positive number, count as 1 and are not known).
     pub fn set_gpu_speed(&mut self, table: &BTreeMap<String, f64>) {
         self.statics = StaticsId::fresh();
         self.speeds = self
             .inventory
             .shapes
             .iter()
-            .map(|s| table.get(&s.gpu_type).copied().filter(|v| v.is_finite() && *v > 0.0).unwrap_or(1.0))
+            .map(|s| table.get(&s.gpu_type).copied().filter(|v| v.is_finite() && *v > 0.0).unwrap_or(0.0))
             .collect::<Vec<_>>()
             .into();
     }

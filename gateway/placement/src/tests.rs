@@ -19,6 +19,7 @@ mod properties;
 mod quotes;
 mod score;
 mod selectors;
+mod spans;
 mod statics;
 
 fn shape(gpu_type: &str, gpus_per_node: u32, free_gpus: &[u32]) -> NodeShape {

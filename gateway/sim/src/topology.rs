@@ -177,6 +177,13 @@ impl Topology {
         ((duration_secs as f64 / speed).ceil() as u64).max(1)
     }
 
+    /// The TRUE run time of a gang whose replicas run on `gpu_types`: the run time on the slowest
+    /// of them ([`Self::run_secs`]), since a gang's replicas step together and wait for the
+    /// slowest. A gang on one type runs as [`Self::run_secs`] says.
+    pub fn gang_run_secs<'a>(&self, duration_secs: u64, gpu_types: impl IntoIterator<Item = &'a str>) -> u64 {
+        gpu_types.into_iter().map(|t| self.run_secs(duration_secs, t)).max().unwrap_or_else(|| duration_secs.max(1))
+    }
+
     /// Index into [`Self::clusters`] of the cluster named `name`.
     pub fn cluster_index(&self, name: &str) -> Option<usize> {
         self.clusters.iter().position(|c| c.info.name == name)
@@ -625,6 +632,10 @@ clusters:
         assert_eq!(topology.run_secs(1000, "v100"), 2500);
         assert_eq!(topology.run_secs(1000, "h100"), 400);
         assert_eq!(topology.run_secs(1001, "h100"), 401, "rounded up to whole seconds");
+        // A gang over both types steps at the slower one's pace, whichever node is listed first.
+        assert_eq!(topology.gang_run_secs(1000, ["h100", "v100"]), 2500);
+        assert_eq!(topology.gang_run_secs(1000, ["v100", "h100"]), 2500);
+        assert_eq!(topology.gang_run_secs(1000, ["h100", "h100"]), 400);
         let missing = problems(&format!("{SMALL}gpuSpeed: {{h100: 2.5}}\n"));
         assert_eq!(missing.len(), 1, "{missing:?}");
         assert!(missing[0].starts_with("gpuSpeed.v100: missing"), "{missing:?}");

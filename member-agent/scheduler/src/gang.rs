@@ -284,6 +284,22 @@ mod tests {
     }
 
     #[test]
+    fn a_gang_pinned_to_a_span_of_types_spreads_over_them_and_no_other() {
+        // What the gateway offers a gang too large for either A100: both types pinned.
+        let nodes = vec![
+            Node::new(node("a40-0", "a100-40g", 40, 8)),
+            Node::new(node("h100-0", "h100", 80, 8)),
+            Node::new(node("a80-0", "a100-80g", 80, 8)),
+            Node::new(node("a80-1", "a100-80g", 80, 8)),
+        ];
+        let mut span = job(3, 8);
+        span.gpu_types = vec!["a100-40g".into(), "a100-80g".into()];
+        assert_eq!(place(&nodes, &span), Some(vec![0, 2, 3]));
+        span.replicas = 4;
+        assert_eq!(place(&nodes, &span), None, "the H100 is not in the span");
+    }
+
+    #[test]
     fn gpu_type_and_memory_filters_exclude_nodes() {
         let nodes = vec![
             Node::new(node("a100-40", "a100", 40, 8)),

@@ -158,3 +158,32 @@ fn a_binding_being_stopped_is_neither_missing_nor_changed() {
     h.event(conn, AgentEvent::Heartbeat { seq: 1, jobs: vec![report(&id, 1, JobState::Unknown)] });
     assert_eq!(h.state(&id), JobState::Running, "listed: the member still holds it");
 }
+
+#[test]
+fn a_gang_offered_over_a_span_is_pinned_to_the_span_s_types() {
+    use meridian_proto::inventory::{Inventory, NodeShape};
+    use meridian_proto::testing::dgx_shape;
+
+    let mut config = CoreConfig::default();
+    config.placement.gpu_speed = BTreeMap::from([("a100-40g".to_string(), 1.0), ("a100-80g".to_string(), 1.0)]);
+    let mut h = Harness::new(config);
+    let (conn, _) = h.connect("east", "a1");
+    // Two free 8-GPU nodes of each A100: a 3 × 8 gang fits only over both.
+    let a100 = |gpu_type: &str, memory| NodeShape {
+        name: gpu_type.into(),
+        gpu_type: gpu_type.into(),
+        gpu_memory_gib: memory,
+        ..dgx_shape(&[8, 8])
+    };
+    let shapes = vec![a100("a100-40g", 40), a100("a100-80g", 80)];
+    h.event(conn, AgentEvent::Inventory(Inventory { shapes }));
+    let id = h.submit("name: big\ntenant: t\ngang: {replicas: 3, resources: {gpus: 8}}\npayload: {command: [x]}\n");
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&id).gpu_type.as_deref(), Some("a100-40g+a100-80g"));
+    match sends_to(&fx, conn)[..] {
+        [GatewayCommand::Offer(a)] => {
+            assert_eq!(a.spec.gang.resources.gpu_types, vec!["a100-40g".to_string(), "a100-80g".to_string()]);
+        }
+        ref other => panic!("{other:?}"),
+    }
+}

@@ -7,6 +7,7 @@ use super::*;
 use crate::fit::{self, Nodes};
 use crate::index::FreeIndex;
 use crate::need::Demand;
+use crate::options::Span;
 
 /// Shapes with up to 150 nodes (several 64-node words) and, rarely, nodes past the level cap;
 /// agents may report more free than a node has, which placement must clamp.
@@ -63,15 +64,15 @@ proptest! {
             prop_assert_eq!(demand.per_empty_node(s), expected);
         }
         for (type_id, first) in shapes.iter().enumerate().filter(|(i, _)| c.index().type_id(*i) == *i) {
-            let indexed = fit::survey(every_node(&c), type_id, &demand);
+            let indexed = fit::survey(every_node(&c), Span::one(type_id), &demand);
             let scanned = fit::scan::Fitter::default().survey(shapes, &first.gpu_type, &demand);
             prop_assert_eq!(indexed, scanned);
             if let fit::Survey::Fits(plan) = indexed {
-                let by_index = plan.fragmentation(every_node(&c), type_id, &demand);
+                let by_index = plan.fragmentation(every_node(&c), Span::one(type_id), &demand);
                 let by_scan = fit::scan::fragmentation(&plan, shapes, &first.gpu_type, &demand);
                 prop_assert_eq!(by_index.to_bits(), by_scan.to_bits());
                 let (mut taken_by_index, mut taken_by_scan) = (Vec::new(), Vec::new());
-                plan.for_each_node(every_node(&c), type_id, &demand, |s, n, r| taken_by_index.push((s, n, r)));
+                plan.for_each_node(every_node(&c), Span::one(type_id), &demand, |s, n, r| taken_by_index.push((s, n, r)));
                 fit::scan::for_each_node(&plan, shapes, &first.gpu_type, &demand, |s, n, r| {
                     taken_by_scan.push((s, n, r));
                 });

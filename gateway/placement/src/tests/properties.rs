@@ -1,7 +1,9 @@
 //! Properties over random federations: placement never over-commits, a choice that starts now
 //! really fits, and the order of clusters does not matter.
 
+use meridian_proto::gpu::span_types;
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 use super::*;
 
@@ -79,13 +81,14 @@ fn replicas_on(spec: &JobSpec, nodes: impl Iterator<Item = NodeFree>) -> u64 {
     nodes.map(|n| u64::from(n.replicas_fitting(r.gpus, r.cpu, r.memory_gib))).sum()
 }
 
-/// Reference best fit, the slow obvious way: sort nodes by free GPUs (then shape, node) and fill.
+/// Reference best fit, the slow obvious way: sort nodes by free GPUs (then shape, node) and fill,
+/// over the nodes of the chosen type (or of each type of a span).
 fn reference_reserve(cluster: &ClusterSnapshot, spec: &JobSpec, gpu_type: &str) -> Inventory {
     let r = &spec.gang.resources;
     let mut inventory = cluster.inventory().clone();
     let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
     for (si, s) in inventory.shapes.iter().enumerate() {
-        if s.gpu_type == gpu_type
+        if span_types(gpu_type).any(|t| t == s.gpu_type)
             && s.gpu_memory_gib >= r.gpu_memory_gib
             && spec.placement.node_selector.matches(&s.labels)
         {
@@ -124,23 +127,29 @@ proptest! {
     fn a_starts_now_choice_really_has_free_nodes_and_reserve_takes_exactly_the_gang(
         fed in arb_federation(), spec in arb_job()
     ) {
-        let d = place(&spec, &fed, &PlacementConfig::default());
-        let Some(choice) = d.chosen.clone() else { return Ok(()) };
-        let c = fed.cluster(&choice.cluster).unwrap();
-        let same_type = |s: &&NodeShape| s.gpu_type == choice.gpu_type;
-        let now = replicas_on(&spec, acceptable(&spec, c).filter(same_type).flat_map(|s| s.free.iter().copied()));
-        prop_assert_eq!(choice.starts_now, now >= u64::from(spec.gang.replicas));
+        starts_now_means_free_nodes_and_reserve_takes_the_gang(&fed, &spec)?;
+    }
 
-        let mut reserved = c.clone();
-        prop_assert_eq!(reserved.reserve(&spec), choice.starts_now);
-        if choice.starts_now {
-            prop_assert_eq!(reserved.inventory(), &reference_reserve(c, &spec, &choice.gpu_type));
-            let before = c.inventory().gpus_free();
-            prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
-            for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
-                for (n0, n1) in s0.free.iter().zip(&s1.free) {
-                    prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
-                }
+    #[test]
+    fn the_same_holds_where_two_types_run_alike_and_gangs_may_span_them(
+        mut fed in arb_federation(), spec in arb_job()
+    ) {
+        let alike = [("h100", 1.0), ("a100-80g", 1.0), ("l4", 0.25)];
+        fed.set_gpu_speed(&alike.iter().map(|(t, v)| ((*t).to_owned(), *v)).collect());
+        starts_now_means_free_nodes_and_reserve_takes_the_gang(&fed, &spec)?;
+        // A job that waits could not have started over the span either: where the H100 and
+        // A100 nodes it accepts could hold it empty, they do not hold it now.
+        let d = place(&spec, &fed, &PlacementConfig::default());
+        if let Some(choice) = d.chosen.as_ref().filter(|c| !c.starts_now) {
+            let c = fed.cluster(&choice.cluster).unwrap();
+            let alike = |s: &&NodeShape| s.gpu_type == "h100" || s.gpu_type == "a100-80g";
+            let empty = acceptable(&spec, c).filter(alike).flat_map(|s| {
+                let node = NodeFree { gpus: s.gpus_per_node, cpu: s.cpu_per_node, memory_gib: s.memory_gib_per_node };
+                std::iter::repeat_n(node, s.free.len())
+            });
+            if replicas_on(&spec, empty) >= u64::from(spec.gang.replicas) {
+                let now = acceptable(&spec, c).filter(alike).flat_map(|s| s.free.iter().copied());
+                prop_assert!(replicas_on(&spec, now) < u64::from(spec.gang.replicas));
             }
         }
     }
@@ -230,4 +239,32 @@ proptest! {
             full.candidates.iter().filter(|c| !c.reasons().is_empty()).count()
                 == full.candidates.iter().filter_map(|c| c.reasons().first().map(Rejection::kind)).collect::<std::collections::BTreeSet<_>>().len());
     }
+}
+
+/// A choice that starts now has the free nodes for the whole gang on its type (or span), and
+/// reserving takes exactly the gang, on the nodes reference best fit picks.
+fn starts_now_means_free_nodes_and_reserve_takes_the_gang(
+    fed: &FederationSnapshot,
+    spec: &JobSpec,
+) -> Result<(), TestCaseError> {
+    let d = place(spec, fed, &PlacementConfig::default());
+    let Some(choice) = d.chosen.clone() else { return Ok(()) };
+    let c = fed.cluster(&choice.cluster).unwrap();
+    let same_type = |s: &&NodeShape| span_types(&choice.gpu_type).any(|t| t == s.gpu_type);
+    let now = replicas_on(spec, acceptable(spec, c).filter(same_type).flat_map(|s| s.free.iter().copied()));
+    prop_assert_eq!(choice.starts_now, now >= u64::from(spec.gang.replicas));
+
+    let mut reserved = c.clone();
+    prop_assert_eq!(reserved.reserve(spec), choice.starts_now);
+    if choice.starts_now {
+        prop_assert_eq!(reserved.inventory(), &reference_reserve(c, spec, &choice.gpu_type));
+        let before = c.inventory().gpus_free();
+        prop_assert_eq!(before - reserved.inventory().gpus_free(), spec.total_gpus());
+        for (s0, s1) in c.inventory().shapes.iter().zip(&reserved.inventory().shapes) {
+            for (n0, n1) in s0.free.iter().zip(&s1.free) {
+                prop_assert!(n1.gpus <= n0.gpus && n1.cpu <= n0.cpu && n1.memory_gib <= n0.memory_gib);
+            }
+        }
+    }
+    Ok(())
 }

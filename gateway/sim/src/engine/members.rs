@@ -72,8 +72,9 @@ impl Replay<'_> {
         Ok(())
     }
 
-    /// Books a job that just took GPUs on `cluster`. Its true run time follows the GPU type it
-    /// got ([`Topology::run_secs`](crate::topology::Topology::run_secs)); when the member was
+    /// Books a job that just took GPUs on `cluster`. Its true run time follows the GPU types it
+    /// got, at the pace of the slowest
+    /// ([`Topology::gang_run_secs`](crate::topology::Topology::gang_run_secs)); when the member was
     /// told another run time (a type of other speed, or a staged reservation whose copy landed
     /// early or late), the job is restarted at once on the same type with the true one, as the
     /// same GPUs taken from the same instant.
@@ -86,8 +87,8 @@ impl Replay<'_> {
         let Some(member) = self.members.get_mut(cluster) else {
             return Err(invariant(format!("job {} started on unknown cluster {cluster}", job.id)));
         };
-        let gpu_type = started.nodes.first().and_then(|n| member.nodes.get(n)).map_or("", |(_, _, t)| t.as_str());
-        let run_secs = self.topology.run_secs(job.duration_secs, gpu_type);
+        let types = started.nodes.iter().filter_map(|n| member.nodes.get(n)).map(|(_, _, t)| t.as_str());
+        let run_secs = self.topology.gang_run_secs(job.duration_secs, types);
         let hours = run_secs as f64 / 3600.0;
         let compute_usd: f64 = started
             .nodes
@@ -121,8 +122,8 @@ impl Replay<'_> {
         Ok(())
     }
 
-    /// `started` with its true end: the job's true run time follows the GPU type it got
-    /// ([`Topology::run_secs`](crate::topology::Topology::run_secs)), which the member learns
+    /// `started` with its true end: the job's true run time follows the GPU types it got
+    /// ([`Topology::gang_run_secs`](crate::topology::Topology::gang_run_secs)), which the member learns
     /// only now; its estimate (what the member reports and decides by) stays as it was.
     fn at_true_run_time(
         &mut self,
@@ -137,8 +138,8 @@ impl Replay<'_> {
             Some(r) => r.nodes.clone(),
             None => return Err(invariant(format!("job {} started on `{name}` but does not run there", job.id))),
         };
-        let gpu_type = nodes.first().and_then(|n| member.nodes.get(n)).map_or(String::new(), |(_, _, t)| t.clone());
-        let run_secs = self.topology.run_secs(job.duration_secs, &gpu_type);
+        let types = nodes.iter().filter_map(|n| member.nodes.get(n)).map(|(_, _, t)| t.as_str());
+        let run_secs = self.topology.gang_run_secs(job.duration_secs, types);
         let completes_at = Duration::from_secs(now + run_secs);
         if !member.scheduler.set_true_end(&started.job_id, completes_at) {
             return Err(invariant(format!("job {} vanished from `{name}`", job.id)));

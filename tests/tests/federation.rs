@@ -169,3 +169,38 @@ async fn a_job_that_fits_nowhere_now_stays_queued_and_explains_each_cluster() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("east") && text.contains("west"), "{text}");
 }
+
+/// A cluster with two 8-GPU A100 40 GB nodes and two 8-GPU A100 80 GB nodes, the gateway's
+/// config appended with `placement`.
+async fn two_a100s(placement: &str) -> Federation {
+    let nodes = "  - {shape: a100-40, count: 2, gpuType: a100-40g, gpus: 8, cpu: 96, memoryGiB: 1024}\n  \
+                 - {shape: a100-80, count: 2, gpuType: a100-80g, gpus: 8, cpu: 96, memoryGiB: 1024}\n";
+    let cluster = ClusterOptions::default().prices("{a100-40g: 1.1, a100-80g: 1.3}").nodes(nodes).time_scale(SLOW);
+    let config = format!("{}{placement}", meridian_e2e::GATEWAY_CONFIG);
+    Federation::builder().gateway_config(config).cluster("a100s", cluster).start().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gang_too_large_for_either_a100_runs_over_both_when_the_gateway_knows_they_run_alike() {
+    let f = two_a100s("placement: {gpuSpeed: {a100-40g: 1.0, a100-80g: 1.0, h100: 2.5}}\n").await;
+    let gang = submit(&f.gateway, &job("span", 3, 8, "")).await;
+    let running = f.gateway.wait_for_state(&id(&gang), "Running", WAIT).await.unwrap();
+    assert_eq!(running["gpuType"], "a100-40g+a100-80g", "{running}");
+    // The member's own record of where the replicas run: three nodes, of both types.
+    let mut nodes: Vec<String> =
+        running["nodes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "{running}");
+    assert!(
+        nodes.iter().any(|n| n.starts_with("a100-40")) && nodes.iter().any(|n| n.starts_with("a100-80")),
+        "{nodes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_gpu_speeds_a_gang_never_spans_types_and_is_refused_where_no_type_holds_it() {
+    let f = two_a100s("").await;
+    let refused = f.gateway.client().submit(&job("span", 3, 8, "")).await.unwrap_err().to_string();
+    assert!(refused.contains("a100s") && refused.contains("at most 2"), "{refused}");
+}

@@ -34,6 +34,10 @@ pub(crate) const MAX_IN_FLIGHT_PER_CLUSTER: usize = 4;
 pub(crate) const MAX_ASKS_PER_ROUND: usize = 64;
 /// A request unanswered this long (ms) is forgotten.
 pub(crate) const REQUEST_TIMEOUT_MS: i64 = 15_000;
+/// A data copy longer than this (seconds) is worth a quote round trip to a cluster nearer the
+/// data that could start the job by preemption (see [`QuoteRequests::ask_before_copy`]); a
+/// shorter one is not worth delaying the offer for.
+pub(crate) const COPY_WORTH_A_QUOTE_SECS: f64 = 60.0;
 
 /// A request in flight.
 #[derive(Debug, Clone)]
@@ -125,6 +129,62 @@ impl QuoteRequests {
                 return;
             }
         }
+    }
+
+    /// For a job about to be offered where it starts now only after copying its data (for more
+    /// than [`COPY_WORTH_A_QUOTE_SECS`]): asks every other feasible cluster that could start it
+    /// sooner by preempting lower-priority jobs (they hold enough GPUs, its data is closer, and it
+    /// has no fresh quote for the shape) for a quote. Returns true when such a quote is asked now
+    /// or still in flight: the caller then leaves the job queued for a round trip and decides on
+    /// the answer, instead of starting a copy that a preemption nearer its data would beat.
+    /// `asked` gets the clusters asked now (none when only earlier requests are awaited).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ask_before_copy(
+        &mut self,
+        registry: &Registry,
+        job: &JobRecord,
+        decision: &Decision,
+        config: &PlacementConfig,
+        now_ms: i64,
+        effects: &mut Effects,
+        asked: &mut Vec<String>,
+    ) -> bool {
+        let Some(copy_secs) = decision.chosen_candidate().and_then(|c| c.score()).map(|s| s.expected_start_secs) else {
+            return false;
+        };
+        if config.quote_candidates == 0 || copy_secs <= COPY_WORTH_A_QUOTE_SECS {
+            return false;
+        }
+        let (spec, key) = (&job.spec, quote_key(&job.spec));
+        let (gpus, ttl_ms) = (u64::from(spec.total_gpus()), (config.quote_ttl_secs * 1000.0) as i64);
+        let mut waits = false;
+        for candidate in &decision.candidates {
+            let Verdict::Scored(score) = &candidate.verdict else { continue };
+            let cluster = candidate.cluster.as_str();
+            if score.fits_now || score.transfer_secs + COPY_WORTH_A_QUOTE_SECS >= copy_secs {
+                continue;
+            }
+            let Some(entry) = registry.get(cluster) else { continue };
+            if entry.pressure.preemptible_below(spec.priority) < gpus {
+                continue;
+            }
+            if entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms) {
+                continue; // the decision read its answer already
+            }
+            if self.is_asked(cluster, key) {
+                waits = true;
+                continue;
+            }
+            let Some(conn) = entry.link.as_ref().map(|l| l.conn) else { continue };
+            if !self.ask(cluster, conn, key, &job.id, spec, now_ms, effects) {
+                break;
+            }
+            if self.is_asked(cluster, key) {
+                waits = true;
+                asked.push(cluster.to_string());
+            }
+        }
+        waits
     }
 
     fn is_asked(&self, cluster: &str, key: u64) -> bool {

@@ -275,6 +275,26 @@ impl Round<'_> {
                 continue;
             };
             let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
+            // About to copy its data to start elsewhere, while a cluster nearer the data could
+            // start it by preempting lower-priority jobs and has not quoted: ask it first.
+            let mut asked = Vec::new();
+            if !preempts
+                && self.quotes.ask_before_copy(self.registry, job, &decision, &config, now_ms, effects, &mut asked)
+            {
+                self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
+                if !asked.is_empty() {
+                    // Why a job that could start now waits, for `meridian job`.
+                    let mut waiting = JobRecord::clone(job);
+                    waiting.message = format!(
+                        "{cluster} can start it now after copying its data; asking {} first, which could start it \
+                         sooner by preempting lower-priority jobs",
+                        asked.join(", ")
+                    );
+                    self.ledger.save(waiting, self.registry, effects);
+                }
+                self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
+                continue;
+            }
             let grace_ms = (config.copy_start_grace_secs * 1000.0) as i64;
             if !preempts && let AtCopy::Wait { first } = self.copies.at_copy(&job.id, &cluster, now_ms, grace_ms) {
                 // Its copy there starts at the member's next pass: keep the GPUs for it.

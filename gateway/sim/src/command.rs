@@ -13,7 +13,7 @@ use super::engine::{self, SimConfig};
 use super::metrics;
 use super::plot::{self, PlotSeries};
 use super::policy::Policy;
-use super::preemption::{self, PreemptionMix};
+use super::preemption::{self, JobClass, PreemptionMix};
 use super::progress::ReplayProgress;
 use super::report::{self, Report};
 use super::topology::Topology;
@@ -146,7 +146,7 @@ pub fn run(args: &SimArgs, output: OutputFormat, out: &mut dyn Write) -> Result<
         write_file(path, &plot::render_svg(&title, &series)?)?;
     }
     if let Some(path) = &args.jobs_out {
-        write_file(path, &jobs_csv(&workload, &results))?;
+        write_file(path, &jobs_csv(&workload, &results, args.preemption.as_ref(), args.seed))?;
     }
     let mut text = match output {
         OutputFormat::Json => report::to_json(&report).map_err(|e| SimError::Invalid(format!("JSON: {e}")))?,
@@ -334,11 +334,11 @@ fn file_name(path: &Path) -> String {
 
 /// Header of `--jobs-out`.
 const JOBS_CSV_HEADER: &str = "policy,job,tenant,gpus,replicas,gpu_type,data_gib,data_region,submit_secs,\
-estimate_secs,cluster,tier,start_secs,end_secs,queue_secs,moved_gb,compute_usd,egress_usd\n";
+estimate_secs,cluster,tier,start_secs,end_secs,queue_secs,moved_gb,compute_usd,egress_usd,priority,preemptible\n";
 
-/// Every job's outcome under every run, as `--jobs-out` writes it. Jobs without an outcome
-/// (which the engine never leaves) are skipped.
-fn jobs_csv(workload: &Workload, results: &[RunResult]) -> String {
+/// Every job's outcome under every run, as `--jobs-out` writes it, with its priority class under
+/// `mix` (`--preemption`). Jobs without an outcome (which the engine never leaves) are skipped.
+fn jobs_csv(workload: &Workload, results: &[RunResult], mix: Option<&PreemptionMix>, seed: u64) -> String {
     use std::fmt::Write as _;
     let mut text = String::from(JOBS_CSV_HEADER);
     for run in results {
@@ -349,9 +349,10 @@ fn jobs_csv(workload: &Workload, results: &[RunResult]) -> String {
             let (cluster, tier) =
                 cluster.map_or(("", ""), |c| (c.name.as_str(), if c.tier == Tier::Cloud { "cloud" } else { "owned" }));
             let (data_gib, data_region) = job.dataset.as_ref().map_or((0.0, ""), |d| (d.size_gib, d.region.as_str()));
+            let class = mix.map_or(JobClass::DEFAULT, |mix| mix.class_of(seed, job.id));
             let _ = writeln!(
                 text,
-                "{},{},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2}",
+                "{},{},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{:.1},{:.2},{:.2},{},{}",
                 run.policy,
                 job.id,
                 tenant,
@@ -370,6 +371,8 @@ fn jobs_csv(workload: &Workload, results: &[RunResult]) -> String {
                 outcome.moved_gb,
                 outcome.compute_usd,
                 outcome.egress_usd,
+                class.priority,
+                class.preemptible,
             );
         }
     }

@@ -188,3 +188,80 @@ fn a_cluster_past_the_best_three_is_asked_when_its_preemptible_gpus_could_hold_a
     assert_eq!(asked.len(), 3, "{asked:?}");
     assert!(!asked.contains(&e), "{asked:?}");
 }
+
+#[test]
+fn a_higher_priority_job_asks_the_cluster_by_its_data_before_copying_its_data_away() {
+    let mut h = Harness::new(CoreConfig::default());
+    // `home`, in the data's region, is full of preemptible priority-10 jobs and frees nothing for
+    // two hours; `far`, in another region, is idle.
+    let (home, _) = h.connect("home", "home");
+    h.event(home, inventory_event(&[0, 0]));
+    let pressure = QueuePressure {
+        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
+        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
+        ..Default::default()
+    };
+    h.event(home, AgentEvent::Pressure(pressure));
+    let (far, _) = h.attach(AgentHello {
+        info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
+        ..hello("far", "far")
+    });
+    h.event(far, inventory_event(&[8, 8]));
+    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
+    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
+
+    // It starts now on `far` only after a long copy: the round asks `home` first, offers nothing.
+    let fx = h.step(Input::Round);
+    assert_eq!(h.state(&urgent), JobState::Queued);
+    let asked = quote_requests(&fx);
+    assert!(matches!(&asked[..], [(c, _, _)] if *c == home), "{asked:?}");
+    assert!(offers(&fx).is_empty(), "{:?}", fx.sends);
+    let message = h.job(&urgent).message;
+    assert!(message.contains("far can start it now after copying its data; asking home first"), "{message}");
+    // While the answer is on its way, later rounds wait for it.
+    let fx = h.step(Input::Round);
+    assert!(offers(&fx).is_empty() && quote_requests(&fx).is_empty(), "{:?}", fx.sends);
+
+    // `home` would preempt for it in 30 s: it is offered there, with no copy.
+    let starts = vec![TypeStart { gpu_type: "h100".into(), after_secs: 30, preempts: true }];
+    let answer =
+        AgentEvent::Quote { request_id: asked[0].1, result: Ok(StartQuote { starts, basis: "EASY plan".into() }) };
+    h.event(home, answer);
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&urgent).cluster.as_deref(), Some("home"), "{:?}", fx.sends);
+    assert_eq!(offers(&fx), vec![urgent.clone()]);
+
+    // A job that does not outrank `home`'s preemptible jobs gains nothing there: with a copy
+    // of its data shorter than the wait at `home`, it goes to `far` at once.
+    let small = "data: [{uri: 's3://b/e', sizeGiB: 200, region: us-east}]\n";
+    let low = h.submit(&format!("{}priority: 10\n{small}", GANG.replace("name: gang", "name: low")));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&low).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
+}
+
+#[test]
+fn the_answer_that_home_cannot_preempt_soon_sends_the_job_to_its_copy() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (home, _) = h.connect("home", "home");
+    h.event(home, inventory_event(&[0, 0]));
+    let pressure = QueuePressure {
+        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
+        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
+        ..Default::default()
+    };
+    h.event(home, AgentEvent::Pressure(pressure));
+    let (far, _) = h.attach(AgentHello {
+        info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
+        ..hello("far", "far")
+    });
+    h.event(far, inventory_event(&[8, 8]));
+    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
+    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
+    let fx = h.step(Input::Round);
+    let asked = quote_requests(&fx);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    // Its plan starts the gang only in two hours: the copy wins.
+    h.event(home, quote(asked[0].1, 7200));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&urgent).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
+}

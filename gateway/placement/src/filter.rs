@@ -41,7 +41,10 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     // type or any, and Kueue gives a pod set one flavor), and only types whose speeds the
     // operator listed are known to run alike.
     let spans = info.backend == BackendKind::Builtin;
-    let mut spannable: Vec<(usize, u64, f64, f64)> = Vec::new();
+    // On the stack: this runs for every cluster of every check that misses the static cache
+    // (`fits_now`, `reserve`). Types past the first MAX_SPANNABLE join no span.
+    let mut spannable = [(0usize, 0u64, 0.0f64, 0.0f64); MAX_SPANNABLE];
+    let mut spannable_len = 0usize;
     for (type_id, first) in shapes.iter().enumerate() {
         // Visit each GPU type once, at its first shape (whose index is the type's id).
         if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type, index.is_slice(type_id)) {
@@ -72,8 +75,10 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
             && type_id < Span::MAX_TYPE_ID
             && !index.is_slice(type_id)
             && let Some(speed) = cluster.known_speed(type_id)
+            && let Some(slot) = spannable.get_mut(spannable_len)
         {
-            spannable.push((type_id, capacity, price, speed));
+            *slot = (type_id, capacity, price, speed);
+            spannable_len += 1;
         }
         if capacity < u64::from(demand.replicas) {
             continue;
@@ -89,7 +94,7 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
         // an hour.
         options.insert(TypeOption { span: Span::one(type_id), price: price / cluster.speed(type_id) }, shapes);
     }
-    for (mask, capacity, price, speed) in span_groups(&spannable) {
+    for (mask, capacity, price, speed) in span_groups(spannable.get(..spannable_len).unwrap_or(&[])) {
         max_replicas = max_replicas.max(capacity);
         if capacity < u64::from(demand.replicas) {
             continue;
@@ -160,6 +165,9 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     }
     options
 }
+
+/// Whole-GPU types per cluster that may join spans (a cluster rarely has more than three).
+const MAX_SPANNABLE: usize = 8;
 
 /// The spans a gang may spread over: every group of two or more of `types` (id, replicas on
 /// empty nodes, hourly price, speed) with the same speed, as (mask of ids, replicas on empty

@@ -296,8 +296,8 @@ impl LevelPlan {
 /// [`reserve`]: crate::snapshot::ClusterSnapshot::reserve
 pub(crate) fn fit_now(nodes: Nodes<'_>, options: &TypeOptions, demand: &Demand) -> Result<(TypeOption, Plan), u64> {
     let mut free_gpus = 0u64;
-    // Types counted so far, by id (spans hold only ids below 64, so a type above is never
-    // counted twice).
+    // Types counted so far, by id (spans hold only ids below `Span::MAX_TYPE_ID`, so a type
+    // above it is never counted twice).
     let mut counted = 0u64;
     for option in options.iter() {
         match survey(nodes, option.span, demand) {

@@ -15,36 +15,41 @@ pub(crate) const MAX_TYPES: usize = 4;
 /// The GPU types one option lets a gang use on a cluster: a single type, or a *span* of several
 /// whole-GPU types of equal speed (A100 40 GB and 80 GB nodes), over which the gang may spread.
 /// A type is named by its id in the cluster's [`FreeIndex`]: the index of its first shape.
+///
+/// Eight bytes, as the plain type id it replaced: every static verdict keeps up to
+/// [`MAX_TYPES`] of these per cluster.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Span {
     /// The lowest type id of the span (for a single type, the type).
-    first: usize,
-    /// For a span, bit `t` is set for every type id `t` in it (ids below 64 only); 0 for a
-    /// single type.
-    mask: u64,
+    first: u32,
+    /// For a span, bit `t` is set for every type id `t` in it (ids below
+    /// [`Span::MAX_TYPE_ID`] only); 0 for a single type.
+    mask: u32,
 }
 
 impl Span {
     /// Types with ids from here on cannot join a span (a cluster rarely has more than a few
     /// shapes).
-    pub(crate) const MAX_TYPE_ID: usize = 64;
+    pub(crate) const MAX_TYPE_ID: usize = 32;
 
     /// A single GPU type.
     pub(crate) fn one(type_id: usize) -> Self {
-        Self { first: type_id, mask: 0 }
+        // A type id is a shape's index: far below 2³².
+        Self { first: u32::try_from(type_id).unwrap_or(u32::MAX), mask: 0 }
     }
 
     /// The types whose ids are set in `mask` (ids below [`Self::MAX_TYPE_ID`]); a mask of one
-    /// type is that type. None when `mask` is empty.
+    /// type is that type. None when `mask` is empty or names a higher id.
     pub(crate) fn of_mask(mask: u64) -> Option<Self> {
-        let first = usize::try_from(mask.trailing_zeros()).ok().filter(|&f| f < Self::MAX_TYPE_ID)?;
-        Some(if mask.count_ones() == 1 { Self::one(first) } else { Self { first, mask } })
+        let mask = u32::try_from(mask).ok().filter(|&m| m != 0)?;
+        let first = mask.trailing_zeros();
+        Some(if mask.count_ones() == 1 { Self { first, mask: 0 } } else { Self { first, mask } })
     }
 
     /// Whether the gang may use nodes of type `type_id`.
     pub(crate) fn covers(self, type_id: usize) -> bool {
         if self.mask == 0 {
-            type_id == self.first
+            type_id == self.first as usize
         } else {
             type_id < Self::MAX_TYPE_ID && self.mask >> type_id & 1 == 1
         }
@@ -52,7 +57,7 @@ impl Span {
 
     /// The lowest type id: no shape before it has a type of the span.
     pub(crate) fn first(self) -> usize {
-        self.first
+        self.first as usize
     }
 
     /// Whether this spans several types.
@@ -62,7 +67,7 @@ impl Span {
 
     /// The type ids, lowest first.
     pub(crate) fn type_ids(self) -> impl Iterator<Item = usize> {
-        let single = (self.mask == 0).then_some(self.first);
+        let single = (self.mask == 0).then_some(self.first());
         let spanned = (0..Self::MAX_TYPE_ID).filter(move |&t| self.mask >> t & 1 == 1);
         single.into_iter().chain(spanned)
     }

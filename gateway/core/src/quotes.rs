@@ -34,6 +34,8 @@ pub(crate) const MAX_IN_FLIGHT_PER_CLUSTER: usize = 4;
 pub(crate) const MAX_ASKS_PER_ROUND: usize = 64;
 /// A request unanswered this long (ms) is forgotten.
 pub(crate) const REQUEST_TIMEOUT_MS: i64 = 15_000;
+/// How long a timed-out request is remembered (ms), for [`QuoteRequests::ask_before_copy`].
+pub(crate) const UNANSWERED_KEPT_MS: i64 = 600_000;
 /// A data copy longer than this (seconds) is worth a quote round trip to a cluster nearer the
 /// data that could start the job by preemption (see [`QuoteRequests::ask_before_copy`]); a
 /// shorter one is not worth delaying the offer for.
@@ -60,6 +62,9 @@ pub(crate) struct QuoteRequests {
     /// When the newest answer arrived (Unix ms; 0 before any): decisions older than that are
     /// placed again, within the round's refresh budget.
     newest_answer_ms: i64,
+    /// Requests that timed out, by (cluster, shape), with when (Unix ms): a job does not wait
+    /// for such a cluster again before a copy (`ask_before_copy`) until `quoteTtlSecs` passed.
+    unanswered: HashMap<(String, u64), i64>,
 }
 
 impl QuoteRequests {
@@ -67,6 +72,10 @@ impl QuoteRequests {
     /// forgotten.
     pub(crate) fn new_round(&mut self, now_ms: i64) {
         self.asked_this_round = 0;
+        if !self.unanswered.is_empty() {
+            // Forgotten after 10 minutes, well past the usual quote ttl (60 s).
+            self.unanswered.retain(|_, at| now_ms.saturating_sub(*at) <= UNANSWERED_KEPT_MS);
+        }
         if self.pending.is_empty() {
             return;
         }
@@ -77,7 +86,9 @@ impl QuoteRequests {
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
-            self.take(id);
+            if let Some(lost) = self.take(id) {
+                self.unanswered.insert((lost.cluster, lost.key), now_ms);
+            }
         }
     }
 
@@ -170,6 +181,11 @@ impl QuoteRequests {
             }
             if entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms) {
                 continue; // the decision read its answer already
+            }
+            // A member that let this question time out is not waited for again soon: the job
+            // would otherwise wait for it forever.
+            if self.unanswered.get(&(cluster.to_string(), key)).is_some_and(|at| now_ms.saturating_sub(*at) < ttl_ms) {
+                continue;
             }
             if self.is_asked(cluster, key) {
                 waits = true;

@@ -265,3 +265,32 @@ fn the_answer_that_home_cannot_preempt_soon_sends_the_job_to_its_copy() {
     let fx = h.step(Input::Round);
     assert_eq!(h.job(&urgent).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
 }
+
+#[test]
+fn a_member_that_never_answers_is_not_waited_for_before_the_copy_again() {
+    let mut h = Harness::new(CoreConfig::default());
+    let (home, _) = h.connect("home", "home");
+    h.event(home, inventory_event(&[0, 0]));
+    let pressure = QueuePressure {
+        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
+        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
+        ..Default::default()
+    };
+    h.event(home, AgentEvent::Pressure(pressure));
+    let (far, _) = h.attach(AgentHello {
+        info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
+        ..hello("far", "far")
+    });
+    h.event(far, inventory_event(&[8, 8]));
+    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
+    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
+    let fx = h.step(Input::Round);
+    assert_eq!(quote_requests(&fx).len(), 1);
+    assert!(offers(&fx).is_empty());
+    // `home` never answers: past the request timeout the copy goes ahead, and `home` is not
+    // asked again for it.
+    h.advance(Duration::from_secs(16));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&urgent).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
+    assert!(quote_requests(&fx).iter().all(|(c, _, _)| *c != home), "{:?}", fx.sends);
+}

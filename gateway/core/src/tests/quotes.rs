@@ -192,23 +192,7 @@ fn a_cluster_past_the_best_three_is_asked_when_its_preemptible_gpus_could_hold_a
 #[test]
 fn a_higher_priority_job_asks_the_cluster_by_its_data_before_copying_its_data_away() {
     let mut h = Harness::new(CoreConfig::default());
-    // `home`, in the data's region, is full of preemptible priority-10 jobs and frees nothing for
-    // two hours; `far`, in another region, is idle.
-    let (home, _) = h.connect("home", "home");
-    h.event(home, inventory_event(&[0, 0]));
-    let pressure = QueuePressure {
-        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
-        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
-        ..Default::default()
-    };
-    h.event(home, AgentEvent::Pressure(pressure));
-    let (far, _) = h.attach(AgentHello {
-        info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
-        ..hello("far", "far")
-    });
-    h.event(far, inventory_event(&[8, 8]));
-    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
-    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
+    let (home, urgent) = home_full_of_preemptible_jobs_and_far_idle(&mut h);
 
     // It starts now on `far` only after a long copy: the round asks `home` first, offers nothing.
     let fx = h.step(Input::Round);
@@ -242,21 +226,7 @@ fn a_higher_priority_job_asks_the_cluster_by_its_data_before_copying_its_data_aw
 #[test]
 fn the_answer_that_home_cannot_preempt_soon_sends_the_job_to_its_copy() {
     let mut h = Harness::new(CoreConfig::default());
-    let (home, _) = h.connect("home", "home");
-    h.event(home, inventory_event(&[0, 0]));
-    let pressure = QueuePressure {
-        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
-        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
-        ..Default::default()
-    };
-    h.event(home, AgentEvent::Pressure(pressure));
-    let (far, _) = h.attach(AgentHello {
-        info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
-        ..hello("far", "far")
-    });
-    h.event(far, inventory_event(&[8, 8]));
-    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
-    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
+    let (home, urgent) = home_full_of_preemptible_jobs_and_far_idle(&mut h);
     let fx = h.step(Input::Round);
     let asked = quote_requests(&fx);
     assert_eq!(asked.len(), 1, "{asked:?}");
@@ -269,6 +239,22 @@ fn the_answer_that_home_cannot_preempt_soon_sends_the_job_to_its_copy() {
 #[test]
 fn a_member_that_never_answers_is_not_waited_for_before_the_copy_again() {
     let mut h = Harness::new(CoreConfig::default());
+    let (home, urgent) = home_full_of_preemptible_jobs_and_far_idle(&mut h);
+    let fx = h.step(Input::Round);
+    assert_eq!(quote_requests(&fx).len(), 1);
+    assert!(offers(&fx).is_empty());
+    // `home` never answers: past the request timeout the copy goes ahead, and `home` is not
+    // asked again for it.
+    h.advance(Duration::from_secs(16));
+    let fx = h.step(Input::Round);
+    assert_eq!(h.job(&urgent).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
+    assert!(quote_requests(&fx).iter().all(|(c, _, _)| *c != home), "{:?}", fx.sends);
+}
+
+/// `home`, in the data's region, full of preemptible priority-10 jobs and freeing nothing for two
+/// hours; `far`, in another region, idle; and a priority-90 gang whose 2 TiB of data sit by
+/// `home`, submitted. Returns `home`'s stream and the gang's id.
+fn home_full_of_preemptible_jobs_and_far_idle(h: &mut Harness) -> (ConnId, String) {
     let (home, _) = h.connect("home", "home");
     h.event(home, inventory_event(&[0, 0]));
     let pressure = QueuePressure {
@@ -283,14 +269,5 @@ fn a_member_that_never_answers_is_not_waited_for_before_the_copy_again() {
     });
     h.event(far, inventory_event(&[8, 8]));
     let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
-    let urgent = h.submit(&format!("{}priority: 90\n{data}", GANG));
-    let fx = h.step(Input::Round);
-    assert_eq!(quote_requests(&fx).len(), 1);
-    assert!(offers(&fx).is_empty());
-    // `home` never answers: past the request timeout the copy goes ahead, and `home` is not
-    // asked again for it.
-    h.advance(Duration::from_secs(16));
-    let fx = h.step(Input::Round);
-    assert_eq!(h.job(&urgent).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
-    assert!(quote_requests(&fx).iter().all(|(c, _, _)| *c != home), "{:?}", fx.sends);
+    (home, h.submit(&format!("{}priority: 90\n{data}", GANG)))
 }

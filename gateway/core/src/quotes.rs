@@ -26,7 +26,7 @@ use meridian_proto::spec::JobSpec;
 
 use crate::io::{ConnId, Effects};
 use crate::record::JobRecord;
-use crate::registry::Registry;
+use crate::registry::{ClusterEntry, Registry};
 
 /// Requests one cluster may have unanswered.
 pub(crate) const MAX_IN_FLIGHT_PER_CLUSTER: usize = 4;
@@ -106,7 +106,7 @@ impl QuoteRequests {
     ) {
         let (job_id, spec) = (job.id.as_str(), &job.spec);
         let candidates = config.quote_candidates;
-        let ttl_ms = (config.quote_ttl_secs * 1000.0) as i64;
+        let ttl_ms = ttl_ms(config);
         if candidates == 0 || self.asked_this_round >= MAX_ASKS_PER_ROUND {
             return;
         }
@@ -132,8 +132,7 @@ impl QuoteRequests {
                 continue;
             }
             let Some(conn) = entry.link.as_ref().map(|l| l.conn) else { continue };
-            let fresh = entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms);
-            if fresh || self.is_asked(cluster, key) {
+            if has_fresh_quote(entry, key, now_ms, ttl_ms) || self.is_asked(cluster, key) {
                 continue;
             }
             if !self.ask(cluster, conn, key, job_id, spec, now_ms, effects) {
@@ -147,9 +146,9 @@ impl QuoteRequests {
     /// sooner by preempting lower-priority jobs (they hold enough GPUs, its data is closer, and it
     /// has no fresh quote for the shape) for a quote. Returns true when such a quote is asked now
     /// or still in flight: the caller then leaves the job queued for a round trip and decides on
-    /// the answer, instead of starting a copy that a preemption nearer its data would beat.
-    /// `asked` gets the clusters asked now (none when only earlier requests are awaited).
-    #[allow(clippy::too_many_arguments)]
+    /// the answer, instead of starting a copy that a preemption nearer its data would beat. The
+    /// clusters it returns are those asked now (none when only earlier requests are awaited).
+    /// None: nothing to wait for, offer the job.
     pub(crate) fn ask_before_copy(
         &mut self,
         registry: &Registry,
@@ -158,17 +157,14 @@ impl QuoteRequests {
         config: &PlacementConfig,
         now_ms: i64,
         effects: &mut Effects,
-        asked: &mut Vec<String>,
-    ) -> bool {
-        let Some(copy_secs) = decision.chosen_candidate().and_then(|c| c.score()).map(|s| s.expected_start_secs) else {
-            return false;
-        };
+    ) -> Option<Vec<String>> {
+        let copy_secs = decision.chosen_candidate().and_then(|c| c.score()).map(|s| s.expected_start_secs)?;
         if config.quote_candidates == 0 || copy_secs <= COPY_WORTH_A_QUOTE_SECS {
-            return false;
+            return None;
         }
         let (spec, key) = (&job.spec, quote_key(&job.spec));
-        let (gpus, ttl_ms) = (u64::from(spec.total_gpus()), (config.quote_ttl_secs * 1000.0) as i64);
-        let mut waits = false;
+        let (gpus, ttl_ms) = (u64::from(spec.total_gpus()), ttl_ms(config));
+        let (mut waits, mut asked) = (false, Vec::new());
         for candidate in &decision.candidates {
             let Verdict::Scored(score) = &candidate.verdict else { continue };
             let cluster = candidate.cluster.as_str();
@@ -179,12 +175,17 @@ impl QuoteRequests {
             if entry.pressure.preemptible_below(spec.priority) < gpus {
                 continue;
             }
-            if entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms) {
+            if has_fresh_quote(entry, key, now_ms, ttl_ms) {
                 continue; // the decision read its answer already
             }
             // A member that let this question time out is not waited for again soon: the job
             // would otherwise wait for it forever.
-            if self.unanswered.get(&(cluster.to_string(), key)).is_some_and(|at| now_ms.saturating_sub(*at) < ttl_ms) {
+            let timed_out = !self.unanswered.is_empty()
+                && self
+                    .unanswered
+                    .get(&(cluster.to_string(), key))
+                    .is_some_and(|at| now_ms.saturating_sub(*at) < ttl_ms);
+            if timed_out {
                 continue;
             }
             if self.is_asked(cluster, key) {
@@ -200,7 +201,7 @@ impl QuoteRequests {
                 asked.push(cluster.to_string());
             }
         }
-        waits
+        waits.then_some(asked)
     }
 
     fn is_asked(&self, cluster: &str, key: u64) -> bool {
@@ -265,6 +266,16 @@ impl QuoteRequests {
     pub(crate) fn in_flight(&self) -> usize {
         self.pending.len()
     }
+}
+
+/// How long a quote is used before it is asked again, in ms (`placement.quoteTtlSecs`).
+fn ttl_ms(config: &PlacementConfig) -> i64 {
+    (config.quote_ttl_secs * 1000.0) as i64
+}
+
+/// Whether `entry` holds a quote for shape `key` younger than `ttl_ms`.
+fn has_fresh_quote(entry: &ClusterEntry, key: u64, now_ms: i64, ttl_ms: i64) -> bool {
+    entry.quotes.get(key).is_some_and(|q| now_ms.saturating_sub(q.received_at_ms) < ttl_ms)
 }
 
 /// What a member's answer keeps: per quoted GPU type its start on the gateway's clock; an error

@@ -277,10 +277,12 @@ impl Round<'_> {
             let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
             // About to copy its data to start elsewhere, while a cluster nearer the data could
             // start it by preempting lower-priority jobs and has not quoted: ask it first.
-            let mut asked = Vec::new();
-            if !preempts
-                && self.quotes.ask_before_copy(self.registry, job, &decision, &config, now_ms, effects, &mut asked)
-            {
+            let before_copy = if preempts {
+                None
+            } else {
+                self.quotes.ask_before_copy(self.registry, job, &decision, &config, now_ms, effects)
+            };
+            if let Some(asked) = before_copy {
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
                 if !asked.is_empty() {
                     // Why a job that could start now waits, for `meridian job`.

@@ -45,6 +45,22 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
     // (`fits_now`, `reserve`). Types past the first MAX_SPANNABLE join no span.
     let mut spannable = [(0usize, 0u64, 0.0f64, 0.0f64); MAX_SPANNABLE];
     let mut spannable_len = 0usize;
+    // Whether an option (one type or a span) of `capacity` replicas on empty nodes, at `price` a
+    // GPU-hour, may run the gang: it holds the gang, and the whole gang's price per hour is within
+    // the burst budget (the cheapest price over it is kept for the rejection).
+    let mut admits = |capacity: u64, price: f64| {
+        if capacity < u64::from(demand.replicas) {
+            return false;
+        }
+        let hourly = need.total_gpus as f64 * price;
+        match budget {
+            Some(max) if hourly > max => {
+                cheapest_over_budget = cheapest_over_budget.min(hourly);
+                false
+            }
+            _ => true,
+        }
+    };
     for (type_id, first) in shapes.iter().enumerate() {
         // Visit each GPU type once, at its first shape (whose index is the type's id).
         if index.type_id(type_id) != type_id || !accepts_type(wanted, &first.gpu_type, index.is_slice(type_id)) {
@@ -80,33 +96,17 @@ pub(crate) fn static_rejections(need: &Need<'_>, cluster: &ClusterSnapshot, reas
             *slot = (type_id, capacity, price, speed);
             spannable_len += 1;
         }
-        if capacity < u64::from(demand.replicas) {
-            continue;
-        }
-        if let Some(max) = budget {
-            let hourly = need.total_gpus as f64 * price;
-            if hourly > max {
-                cheapest_over_budget = cheapest_over_budget.min(hourly);
-                continue;
-            }
-        }
         // Options compete on the price of work: a type twice as fast does an hour's work in half
         // an hour.
-        options.insert(TypeOption { span: Span::one(type_id), price: price / cluster.speed(type_id) }, shapes);
+        if admits(capacity, price) {
+            options.insert(TypeOption { span: Span::one(type_id), price: price / cluster.speed(type_id) }, shapes);
+        }
     }
     for (mask, capacity, price, speed) in span_groups(spannable.get(..spannable_len).unwrap_or(&[])) {
         max_replicas = max_replicas.max(capacity);
-        if capacity < u64::from(demand.replicas) {
-            continue;
-        }
-        if let Some(max) = budget {
-            let hourly = need.total_gpus as f64 * price;
-            if hourly > max {
-                cheapest_over_budget = cheapest_over_budget.min(hourly);
-                continue;
-            }
-        }
-        if let Some(span) = Span::of_mask(mask) {
+        if admits(capacity, price)
+            && let Some(span) = Span::of_mask(mask)
+        {
             options.insert(TypeOption { span, price: price / speed }, shapes);
         }
     }

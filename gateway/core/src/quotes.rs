@@ -37,8 +37,8 @@ pub(crate) const REQUEST_TIMEOUT_MS: i64 = 15_000;
 /// How long a timed-out request is remembered (ms), for [`QuoteRequests::ask_before_copy`].
 pub(crate) const UNANSWERED_KEPT_MS: i64 = 600_000;
 /// A data copy longer than this (seconds) is worth a quote round trip to a cluster nearer the
-/// data that could start the job by preemption (see [`QuoteRequests::ask_before_copy`]); a
-/// shorter one is not worth delaying the offer for.
+/// data (see [`QuoteRequests::ask_before_copy`]); a shorter one is not worth delaying the offer
+/// for.
 pub(crate) const COPY_WORTH_A_QUOTE_SECS: f64 = 60.0;
 
 /// A request in flight.
@@ -142,11 +142,12 @@ impl QuoteRequests {
     }
 
     /// For a job about to be offered where it starts now only after copying its data (for more
-    /// than [`COPY_WORTH_A_QUOTE_SECS`]): asks every other feasible cluster that could start it
-    /// sooner by preempting lower-priority jobs (they hold enough GPUs, its data is closer, and it
-    /// has no fresh quote for the shape) for a quote. Returns true when such a quote is asked now
-    /// or still in flight: the caller then leaves the job queued for a round trip and decides on
-    /// the answer, instead of starting a copy that a preemption nearer its data would beat. The
+    /// than [`COPY_WORTH_A_QUOTE_SECS`]): asks every other feasible cluster nearer its data (a
+    /// copy shorter by that much or more) that cannot start it now and has no fresh quote for
+    /// the shape when its own plan would start it: there the wait was only the release
+    /// profile's guess, and the member may free the GPUs, or preempt lower-priority jobs, sooner
+    /// than the copy ends. Returns `Some` when such a quote is asked now or still in flight: the
+    /// caller then leaves the job queued for a round trip and decides on the answer. The
     /// clusters it returns are those asked now (none when only earlier requests are awaited).
     /// None: nothing to wait for, offer the job.
     pub(crate) fn ask_before_copy(
@@ -163,7 +164,7 @@ impl QuoteRequests {
             return None;
         }
         let (spec, key) = (&job.spec, quote_key(&job.spec));
-        let (gpus, ttl_ms) = (u64::from(spec.total_gpus()), ttl_ms(config));
+        let ttl_ms = ttl_ms(config);
         let (mut waits, mut asked) = (false, Vec::new());
         for candidate in &decision.candidates {
             let Verdict::Scored(score) = &candidate.verdict else { continue };
@@ -172,9 +173,6 @@ impl QuoteRequests {
                 continue;
             }
             let Some(entry) = registry.get(cluster) else { continue };
-            if entry.pressure.preemptible_below(spec.priority) < gpus {
-                continue;
-            }
             if has_fresh_quote(entry, key, now_ms, ttl_ms) {
                 continue; // the decision read its answer already
             }

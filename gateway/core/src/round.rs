@@ -275,8 +275,8 @@ impl Round<'_> {
                 continue;
             };
             let preempts = decision.chosen_candidate().and_then(|c| c.score()).is_some_and(|s| s.preempts);
-            // About to copy its data to start elsewhere, while a cluster nearer the data could
-            // start it by preempting lower-priority jobs and has not quoted: ask it first.
+            // About to copy its data to start elsewhere, while a cluster nearer the data has not
+            // said when its own plan (or a preemption) would start it: ask it first.
             let before_copy = if preempts {
                 None
             } else {
@@ -288,8 +288,8 @@ impl Round<'_> {
                     // Why a job that could start now waits, for `meridian job`.
                     let mut waiting = JobRecord::clone(job);
                     waiting.message = format!(
-                        "{cluster} can start it now after copying its data; asking {} first, which could start it \
-                         sooner by preempting lower-priority jobs",
+                        "{cluster} can start it now after copying its data; asking {} first, nearer its data, when \
+                         its own plan would start it",
                         asked.join(", ")
                     );
                     self.ledger.save(waiting, self.registry, effects);

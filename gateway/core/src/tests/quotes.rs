@@ -214,13 +214,38 @@ fn a_higher_priority_job_asks_the_cluster_by_its_data_before_copying_its_data_aw
     let fx = h.step(Input::Round);
     assert_eq!(h.job(&urgent).cluster.as_deref(), Some("home"), "{:?}", fx.sends);
     assert_eq!(offers(&fx), vec![urgent.clone()]);
+}
 
-    // A job that does not outrank `home`'s preemptible jobs gains nothing there: with a copy
-    // of its data shorter than the wait at `home`, it goes to `far` at once.
-    let small = "data: [{uri: 's3://b/e', sizeGiB: 200, region: us-east}]\n";
-    let low = h.submit(&format!("{}priority: 10\n{small}", GANG.replace("name: gang", "name: low")));
+#[test]
+fn a_job_asks_the_cluster_by_its_data_before_a_copy_and_waits_there_when_its_plan_starts_it_sooner() {
+    // `home`, by the data, is full and holds no preemptible job; its release profile guesses two
+    // hours. `far` starts the gang now, after copying 2 TiB (well over an hour).
+    let mut h = Harness::new(CoreConfig::default());
+    let home = full_cluster_by_the_data(&mut h, Vec::new());
+    let gang = h.submit(&format!("{GANG}{TWO_TIB}"));
     let fx = h.step(Input::Round);
-    assert_eq!(h.job(&low).cluster.as_deref(), Some("far"), "{:?}", fx.sends);
+    assert!(offers(&fx).is_empty(), "{:?}", fx.sends);
+    let asked = quote_requests(&fx);
+    assert!(matches!(&asked[..], [(c, _, j)] if *c == home && *j == gang), "{asked:?}");
+    let message = h.job(&gang).message;
+    assert!(message.contains("far can start it now after copying its data; asking home first"), "{message}");
+
+    // Its own plan frees the nodes in 5 minutes: the job waits for `home` instead of copying.
+    h.event(home, quote(asked[0].1, 300));
+    let fx = h.step(Input::Round);
+    assert!(offers(&fx).is_empty(), "{:?}", fx.sends);
+    assert_eq!(h.state(&gang), JobState::Queued);
+    assert_eq!(wait_on(&mut h, &gang, "home"), Some((300.0, true)));
+    let explained = h.core.view().explain(&gang).expect("explained");
+    assert!(explained.summary.starts_with("Waiting for home"), "{}", explained.summary);
+
+    // A job whose copy takes less than a minute longer than at `home` is offered to `far` at
+    // once: the question is not worth the round trip.
+    let near = "data: [{uri: 's3://b/n', sizeGiB: 1, region: us-east}]\n";
+    let small = h.submit(&format!("{}{near}", GANG.replace("name: gang", "name: small")));
+    let fx = h.step(Input::Round);
+    assert_eq!(offers(&fx), vec![small.clone()], "{:?}", fx.sends);
+    assert_eq!(h.job(&small).cluster.as_deref(), Some("far"));
 }
 
 #[test]
@@ -251,23 +276,30 @@ fn a_member_that_never_answers_is_not_waited_for_before_the_copy_again() {
     assert!(quote_requests(&fx).iter().all(|(c, _, _)| *c != home), "{:?}", fx.sends);
 }
 
-/// `home`, in the data's region, full of preemptible priority-10 jobs and freeing nothing for two
-/// hours; `far`, in another region, idle; and a priority-90 gang whose 2 TiB of data sit by
-/// `home`, submitted. Returns `home`'s stream and the gang's id.
-fn home_full_of_preemptible_jobs_and_far_idle(h: &mut Harness) -> (ConnId, String) {
+/// Data by `home` (us-east) that takes well over an hour to copy to `far` (eu-west).
+const TWO_TIB: &str = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
+
+/// `home`, in the data's region, full and freeing nothing for two hours by its release profile,
+/// with `preemptible` GPUs of running jobs; `far`, in another region, idle. Returns `home`'s
+/// stream.
+fn full_cluster_by_the_data(h: &mut Harness, preemptible: Vec<meridian_proto::inventory::PreemptibleGpus>) -> ConnId {
     let (home, _) = h.connect("home", "home");
     h.event(home, inventory_event(&[0, 0]));
-    let pressure = QueuePressure {
-        releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }],
-        preemptible: vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }],
-        ..Default::default()
-    };
+    let pressure =
+        QueuePressure { releases: vec![GpuRelease { after_secs: 7200, gpus: 16 }], preemptible, ..Default::default() };
     h.event(home, AgentEvent::Pressure(pressure));
     let (far, _) = h.attach(AgentHello {
         info: meridian_proto::inventory::ClusterInfo { region: "eu-west".into(), ..cluster_info("far") },
         ..hello("far", "far")
     });
     h.event(far, inventory_event(&[8, 8]));
-    let data = "data: [{uri: 's3://b/d', sizeGiB: 2000, region: us-east}]\n";
-    (home, h.submit(&format!("{}priority: 90\n{data}", GANG)))
+    home
+}
+
+/// [`full_cluster_by_the_data`], its running jobs preemptible at priority 10, and a priority-90
+/// gang whose 2 TiB of data sit by `home`, submitted. Returns `home`'s stream and the gang's id.
+fn home_full_of_preemptible_jobs_and_far_idle(h: &mut Harness) -> (ConnId, String) {
+    let preemptible = vec![meridian_proto::inventory::PreemptibleGpus { priority: 10, gpus: 16 }];
+    let home = full_cluster_by_the_data(h, preemptible);
+    (home, h.submit(&format!("{GANG}priority: 90\n{TWO_TIB}")))
 }

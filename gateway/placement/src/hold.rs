@@ -22,8 +22,9 @@ use crate::reasons::Rejection;
 use crate::snapshot::FederationSnapshot;
 use crate::verdict::Verdict;
 
-/// Oldest queued jobs looked at per round when deciding holds: holds go to the oldest jobs, one
-/// per cluster, so a few dozen cover any federation while keeping rounds cheap.
+/// Queued jobs looked at per round when deciding holds: holds go to the first of the jobs that
+/// have waited long enough, by priority and then age, one per cluster, so a few dozen cover any
+/// federation while keeping rounds cheap.
 pub const HOLD_SCAN: usize = 64;
 
 /// Clusters held for gangs, by index into a [`FederationSnapshot`]'s clusters.
@@ -54,9 +55,10 @@ impl<Id: PartialEq + Clone> Holds<Id> {
     }
 
     /// This round's holds. `oldest_first` yields queued jobs (id, spec, seconds waited), oldest
-    /// first; of the first [`HOLD_SCAN`], those that have waited `holdAfterSecs` and cannot start
-    /// now hold the cluster placement prefers for them, until their expected start (seconds from
-    /// `now_secs` on the caller's clock). One hold per cluster.
+    /// first. Of those that have waited `holdAfterSecs`, the first [`HOLD_SCAN`] by priority
+    /// (highest first) and then age, as a member's own scheduler reserves for the head of its
+    /// queue, hold the cluster placement prefers for them when they cannot start now, until their
+    /// expected start (seconds from `now_secs` on the caller's clock). One hold per cluster.
     pub fn for_round<'a>(
         oldest_first: impl IntoIterator<Item = (Id, &'a JobSpec, f64)>,
         snapshot: &FederationSnapshot,
@@ -64,8 +66,12 @@ impl<Id: PartialEq + Clone> Holds<Id> {
         now_secs: f64,
     ) -> Self {
         let mut holds = Self::new(snapshot.clusters.len());
-        for (id, job, waited_secs) in oldest_first.into_iter().take(HOLD_SCAN) {
-            if waited_secs < config.hold_after_secs || holds.all_held() {
+        let mut due: Vec<(Id, &JobSpec, f64)> =
+            oldest_first.into_iter().take_while(|(_, _, waited)| *waited >= config.hold_after_secs).collect();
+        // Stable: the oldest first among equal priorities (and no reordering when all are equal).
+        due.sort_by_key(|(_, job, _)| std::cmp::Reverse(job.priority));
+        for (id, job, waited_secs) in due.into_iter().take(HOLD_SCAN) {
+            if holds.all_held() {
                 break;
             }
             if let Some(choice) = choose_waited(job, snapshot, config, waited_secs).filter(|c| !c.starts_now)

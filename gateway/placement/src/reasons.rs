@@ -77,8 +77,9 @@ pub enum Rejection {
         /// The cluster's backend.
         backend: BackendKind,
     },
-    /// The cluster's free GPUs are held for an older gang that is expected to start there first,
-    /// and this job would still be running then (see [`crate::Holds`]).
+    /// The cluster's free GPUs are held for a long-waiting gang (first by priority, then age) that
+    /// is expected to start there first, and this job would still be running then (see
+    /// [`crate::Holds`]). The metric label keeps its first name, `held_for_older_gang`.
     HeldForOlderGang {
         /// Seconds until the holding gang is expected to start.
         in_secs: f64,
@@ -175,8 +176,8 @@ impl fmt::Display for Rejection {
         match self {
             Rejection::HeldForOlderGang { in_secs } => write!(
                 f,
-                "free GPUs here are held for an older gang expected to start in {}, and this job would still be \
-                 running then",
+                "free GPUs here are held for a long-waiting gang expected to start in {}, and this job would \
+                 still be running then",
                 Secs(*in_secs)
             ),
             Rejection::Disconnected => {

@@ -33,7 +33,7 @@ fn a_long_waiting_gang_holds_its_cluster_and_only_shorter_jobs_backfill() {
     h.step(Input::Round);
     assert_eq!(h.state(&long), JobState::Queued);
     let explained = h.core.view().explain(&long).unwrap();
-    assert!(explained.candidates.iter().flat_map(|c| &c.reasons).any(|r| r.contains("held for an older gang")));
+    assert!(explained.candidates.iter().flat_map(|c| &c.reasons).any(|r| r.contains("held for a long-waiting gang")));
     let short = h.submit(&job("short", 1));
     h.step(Input::Round);
     assert_eq!(h.state(&short), JobState::Offered, "backfill ends before the gang");

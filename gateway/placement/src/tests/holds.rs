@@ -36,7 +36,7 @@ fn held_clusters_take_only_jobs_that_end_before_the_holder_starts() {
     holds.restore(&mut fed, &masked, Some(&mut d));
     assert_eq!(chosen(&d), Some("b"));
     assert_eq!(rejections(&d, "a"), vec![Rejection::HeldForOlderGang { in_secs: 600.0 }]);
-    assert!(rejections(&d, "a")[0].to_string().contains("held for an older gang expected to start in 10m"));
+    assert!(rejections(&d, "a")[0].to_string().contains("held for a long-waiting gang expected to start in 10m"));
     assert!(fed.clusters.iter().all(|c| c.connected), "restore puts every cluster back");
 
     // A 5-minute job ends before 1600 s: it may backfill `a` (the best fit for a whole node).
@@ -49,4 +49,26 @@ fn held_clusters_take_only_jobs_that_end_before_the_holder_starts() {
     holds.release(&"old-gang");
     assert!(holds.is_empty());
     assert!(holds.mask(&mut fed, &"long", 1000.0, 3600.0).is_empty());
+}
+
+#[test]
+fn holds_go_to_the_highest_priority_gang_that_waited_long_enough_then_the_oldest() {
+    // Two full clusters that free their GPUs in 10 and 20 minutes: every 2 × 8 gang waits for `a`.
+    let a = busy("a", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 600);
+    let b = busy("b", "us-east", Tier::Owned, vec![shape("h100", 8, &[0, 0])], 1200);
+    let fed = federation(vec![a, b]);
+    let config = PlacementConfig { hold_after_secs: 1800.0, ..PlacementConfig::default() };
+    let gang = |priority: u32| JobSpec { priority, ..job(2, 8) };
+    let (old, urgent, new) = (gang(50), gang(90), gang(100));
+    // Oldest first, as the caller lists them: `new` has not waited long enough to hold anything.
+    let queue = [("old", &old, 7200.0), ("urgent", &urgent, 1900.0), ("new", &new, 60.0)];
+    let holds = Holds::for_round(queue, &fed, &config, 0.0);
+    assert_eq!(holds.holder_of(&"urgent"), Some(0), "the higher priority holds the best cluster");
+    assert_eq!(holds.holder_of(&"old"), None, "its best cluster is held already");
+    assert_eq!(holds.holder_of(&"new"), None);
+    // Equal priorities: the oldest first.
+    let peer = gang(50);
+    let queue = [("old", &old, 7200.0), ("peer", &peer, 1900.0)];
+    let holds = Holds::for_round(queue, &fed, &config, 0.0);
+    assert_eq!(holds.holder_of(&"old"), Some(0));
 }

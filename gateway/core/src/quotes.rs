@@ -36,10 +36,6 @@ pub(crate) const MAX_ASKS_PER_ROUND: usize = 64;
 pub(crate) const REQUEST_TIMEOUT_MS: i64 = 15_000;
 /// How long a timed-out request is remembered (ms), for [`QuoteRequests::ask_before_copy`].
 pub(crate) const UNANSWERED_KEPT_MS: i64 = 600_000;
-/// A data copy longer than this (seconds) is worth a quote round trip to a cluster nearer the
-/// data (see [`QuoteRequests::ask_before_copy`]); a shorter one is not worth delaying the offer
-/// for.
-pub(crate) const COPY_WORTH_A_QUOTE_SECS: f64 = 60.0;
 
 /// A request in flight.
 #[derive(Debug, Clone)]
@@ -142,8 +138,8 @@ impl QuoteRequests {
     }
 
     /// For a job about to be offered where it starts now only after copying its data (for more
-    /// than [`COPY_WORTH_A_QUOTE_SECS`]): asks every other feasible cluster nearer its data (a
-    /// copy shorter by that much or more) that cannot start it now and has no fresh quote for
+    /// than `placement.quoteBeforeCopySecs`): asks every other feasible cluster nearer its data
+    /// (a copy more than that much shorter) that cannot start it now and has no fresh quote for
     /// the shape when its own plan would start it: there the wait was only the release
     /// profile's guess, and the member may free the GPUs, or preempt lower-priority jobs, sooner
     /// than the copy ends. Returns `Some` when such a quote is asked now or still in flight: the
@@ -160,7 +156,8 @@ impl QuoteRequests {
         effects: &mut Effects,
     ) -> Option<Vec<String>> {
         let copy_secs = decision.chosen_candidate().and_then(|c| c.score()).map(|s| s.expected_start_secs)?;
-        if config.quote_candidates == 0 || copy_secs <= COPY_WORTH_A_QUOTE_SECS {
+        let worth_asking = config.quote_before_copy_secs;
+        if config.quote_candidates == 0 || copy_secs <= worth_asking {
             return None;
         }
         let (spec, key) = (&job.spec, quote_key(&job.spec));
@@ -169,7 +166,7 @@ impl QuoteRequests {
         for candidate in &decision.candidates {
             let Verdict::Scored(score) = &candidate.verdict else { continue };
             let cluster = candidate.cluster.as_str();
-            if score.fits_now || score.transfer_secs + COPY_WORTH_A_QUOTE_SECS >= copy_secs {
+            if score.fits_now || score.transfer_secs + worth_asking >= copy_secs {
                 continue;
             }
             let Some(entry) = registry.get(cluster) else { continue };

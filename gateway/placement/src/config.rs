@@ -51,6 +51,13 @@ pub struct PlacementConfig {
     /// move as jobs start and end, and asking costs the member a plan (on Slurm, an
     /// `sbatch --test-only`).
     pub quote_ttl_secs: f64,
+    /// When the cluster that could start a job now needs a data copy longer than this (seconds),
+    /// the round first asks the feasible clusters nearer the data (a copy more than this much
+    /// shorter) that cannot start it now for a start quote, and the job waits for the answer
+    /// (one round trip) instead of copying at once. Default 60: a copy of a minute or less is
+    /// never delayed for a question; a long one is worth a round trip to learn whether the
+    /// cluster by the data frees the GPUs sooner than the copy ends. Very high: never ask.
+    pub quote_before_copy_secs: f64,
     /// How many members a queued job that cannot start now may wait on as **sibling copies**:
     /// queued in each member's own scheduler (which plans and reserves for it exactly), started
     /// by whichever is ready first under a start lock the gateway grants once (see
@@ -80,6 +87,7 @@ impl Default for PlacementConfig {
             deadline_miss_penalty_secs: 21_600.0,
             quote_candidates: 3,
             quote_ttl_secs: 60.0,
+            quote_before_copy_secs: 60.0,
             sibling_copies: 0,
             copy_start_grace_secs: 15.0,
         }
@@ -98,6 +106,7 @@ impl PlacementConfig {
             ("holdAfterSecs", self.hold_after_secs),
             ("deadlineMissPenaltySecs", self.deadline_miss_penalty_secs),
             ("quoteTtlSecs", self.quote_ttl_secs),
+            ("quoteBeforeCopySecs", self.quote_before_copy_secs),
             ("copyStartGraceSecs", self.copy_start_grace_secs),
         ]
         .into_iter()

@@ -303,3 +303,20 @@ fn home_full_of_preemptible_jobs_and_far_idle(h: &mut Harness) -> (ConnId, Strin
     let home = full_cluster_by_the_data(h, preemptible);
     (home, h.submit(&format!("{GANG}priority: 90\n{TWO_TIB}")))
 }
+
+#[test]
+fn quote_before_copy_secs_sets_which_copies_wait_for_a_question_and_must_not_be_negative() {
+    // A copy of well over an hour, but a threshold above it: the job copies at once.
+    let mut config = CoreConfig::default();
+    config.placement.quote_before_copy_secs = 86_400.0;
+    let mut h = Harness::new(config);
+    full_cluster_by_the_data(&mut h, Vec::new());
+    let gang = h.submit(&format!("{GANG}{TWO_TIB}"));
+    let fx = h.step(Input::Round);
+    assert!(quote_requests(&fx).is_empty(), "{:?}", fx.sends);
+    assert_eq!(offers(&fx), vec![gang.clone()]);
+    assert_eq!(h.job(&gang).cluster.as_deref(), Some("far"));
+
+    let bad = meridian_placement::PlacementConfig { quote_before_copy_secs: -1.0, ..Default::default() };
+    assert_eq!(bad.problems("placement."), ["placement.quoteBeforeCopySecs: -1 must be a finite number >= 0"]);
+}

@@ -70,6 +70,13 @@ impl Round<'_> {
         number
     }
 
+    /// Saves queued `job` with `message` (why it waits, for `meridian job`).
+    fn tell(&mut self, job: &JobRecord, message: String, effects: &mut Effects) {
+        let mut waiting = JobRecord::clone(job);
+        waiting.message = message;
+        self.ledger.save(waiting, self.registry, effects);
+    }
+
     /// Makes `hold` the explanation of queued job `id`, unless it already is (`previous`).
     fn wait_for_quota(&mut self, id: &str, previous: Option<&Decided>, hold: Hold<'_>, now_ms: i64) {
         if let Some(decided) = Decided::held(previous, hold, now_ms) {
@@ -259,12 +266,14 @@ impl Round<'_> {
                 let copies = self.copies.place(self.registry, job, &decision, config.sibling_copies, effects);
                 if !copies.is_empty() {
                     // Where it waits, for `meridian job` (a job gets copies once per wait).
-                    let mut waiting = JobRecord::clone(job);
-                    waiting.message = format!(
-                        "waiting as sibling copies on {}: the first whose own scheduler is ready starts it",
-                        copies.join(", ")
+                    self.tell(
+                        job,
+                        format!(
+                            "waiting as sibling copies on {}: the first whose own scheduler is ready starts it",
+                            copies.join(", ")
+                        ),
+                        effects,
                     );
-                    self.ledger.save(waiting, self.registry, effects);
                 }
                 self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;
@@ -286,13 +295,15 @@ impl Round<'_> {
                 self.ledger.tally().count_decision(Outcome::Waiting, Some(&decision));
                 if !asked.is_empty() {
                     // Why a job that could start now waits, for `meridian job`.
-                    let mut waiting = JobRecord::clone(job);
-                    waiting.message = format!(
-                        "{cluster} can start it now after copying its data; asking {} first, nearer its data, when \
-                         its own plan would start it",
-                        asked.join(", ")
+                    self.tell(
+                        job,
+                        format!(
+                            "{cluster} can start it now after copying its data; asking {} first, nearer its data, when \
+                             its own plan would start it",
+                            asked.join(", ")
+                        ),
+                        effects,
                     );
-                    self.ledger.save(waiting, self.registry, effects);
                 }
                 self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;
@@ -306,12 +317,14 @@ impl Round<'_> {
                     fits_somewhere_now.clear();
                 }
                 if first {
-                    let mut waiting = JobRecord::clone(job);
-                    waiting.message = format!(
-                        "{cluster} can start it now and holds its sibling copy: waiting for its scheduler to start \
-                         the copy and ask for the start lock"
+                    self.tell(
+                        job,
+                        format!(
+                            "{cluster} can start it now and holds its sibling copy: waiting for its scheduler to start \
+                             the copy and ask for the start lock"
+                        ),
+                        effects,
                     );
-                    self.ledger.save(waiting, self.registry, effects);
                 }
                 self.ledger.decide(&job.id, Decided::waiting(now_ms, decision));
                 continue;

@@ -66,11 +66,21 @@ impl<Id: PartialEq + Clone> Holds<Id> {
         now_secs: f64,
     ) -> Self {
         let mut holds = Self::new(snapshot.clusters.len());
-        let mut due: Vec<(Id, &JobSpec, f64)> =
-            oldest_first.into_iter().take_while(|(_, _, waited)| *waited >= config.hold_after_secs).collect();
-        // Stable: the oldest first among equal priorities (and no reordering when all are equal).
-        due.sort_by_key(|(_, job, _)| std::cmp::Reverse(job.priority));
-        for (id, job, waited_secs) in due.into_iter().take(HOLD_SCAN) {
+        // Each with its place in `oldest_first`, which orders equal priorities oldest first.
+        let mut due: Vec<(usize, Id, &JobSpec, f64)> = oldest_first
+            .into_iter()
+            .take_while(|(_, _, waited)| *waited >= config.hold_after_secs)
+            .enumerate()
+            .map(|(at, (id, job, waited))| (at, id, job, waited))
+            .collect();
+        let order = |(at, _, job, _): &(usize, Id, &JobSpec, f64)| (std::cmp::Reverse(job.priority), *at);
+        // Only the first HOLD_SCAN are looked at: select them in linear time, then order those.
+        if due.len() > HOLD_SCAN {
+            due.select_nth_unstable_by_key(HOLD_SCAN, order);
+            due.truncate(HOLD_SCAN);
+        }
+        due.sort_unstable_by_key(order);
+        for (_, id, job, waited_secs) in due {
             if holds.all_held() {
                 break;
             }

@@ -32,6 +32,36 @@ use crate::{Store, Write};
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
+/// A port that was free a moment ago on 127.0.0.1, for test servers (etcd members here, the
+/// gateways and agents of the end-to-end tests).
+///
+/// The port is taken from just below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), where nothing that binds port 0 (a process under
+/// test, any outgoing connection) can take it between this call and the caller's bind, or while a
+/// server that was stopped waits to start again on it; a port handed out by the kernel for port
+/// 0 could be taken again that way, which once left an agent without its metrics port and an
+/// etcd member unable to restart. Successive calls in one process walk the range, so they repeat
+/// a port only after thousands of calls; calls in different processes start at different places.
+pub fn free_port() -> io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let low = ephemeral_low.saturating_sub(12_000).max(1_024);
+    let span = ephemeral_low.saturating_sub(low).max(1);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let Ok(port) = u16::try_from(low + (start + step) % span) else { continue };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// Runs the behaviour every [`Store`] implementation must show, panicking on the first deviation.
 ///
 /// `store` must hold no keys under `conformance/`. Atomicity under failure needs a way to make a

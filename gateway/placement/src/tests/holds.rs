@@ -71,4 +71,11 @@ fn holds_go_to_the_highest_priority_gang_that_waited_long_enough_then_the_oldest
     let queue = [("old", &old, 7200.0), ("peer", &peer, 1900.0)];
     let holds = Holds::for_round(queue, &fed, &config, 0.0);
     assert_eq!(holds.holder_of(&"old"), Some(0));
+    // Past the first HOLD_SCAN jobs by age, a higher priority is still looked at first.
+    let names: Vec<String> = (0..=HOLD_SCAN).map(|i| format!("old-{i}")).collect();
+    let mut queue: Vec<(&str, &JobSpec, f64)> = names.iter().map(|n| (n.as_str(), &old, 7200.0)).collect();
+    queue.push(("urgent", &urgent, 1900.0));
+    let holds = Holds::for_round(queue, &fed, &config, 0.0);
+    assert_eq!(holds.holder_of(&"urgent"), Some(0));
+    assert_eq!(holds.holder_of(&"old-0"), None);
 }

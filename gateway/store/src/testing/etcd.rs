@@ -19,7 +19,6 @@
 //! ```
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -283,40 +282,13 @@ fn check_installed() {
     }
 }
 
-/// `count` distinct loopback ports that were free a moment ago (all held at once while choosing,
-/// so they differ), chosen below the kernel's ephemeral range. A port from that range, left free
-/// while a member is stopped, may be taken as the source port of any outgoing connection on the
-/// machine, and the member could not start again on it ("address already in use").
+/// `count` distinct loopback ports that were free a moment ago, below the kernel's ephemeral
+/// range ([`super::free_port`]): a stopped member must be able to start again on its ports.
 fn free_ports(count: usize) -> Vec<u16> {
-    const LOWEST: u32 = 10_000;
-    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next().and_then(|first| first.parse::<u32>().ok()))
-        .unwrap_or(32_768)
-        .max(LOWEST + 1_000);
-    let span = ephemeral_start - LOWEST;
-    // Where to start looking: differs between test processes and calls, so they rarely collide.
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let start = std::process::id().wrapping_mul(7_919).wrapping_add(nanos);
-    let mut listeners: Vec<TcpListener> = Vec::new();
-    for step in 0..span {
-        if listeners.len() == count {
-            break;
-        }
-        let offset = start.wrapping_add(step.wrapping_mul(4_099)) % span;
-        let Ok(port) = u16::try_from(LOWEST + offset) else { continue };
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            listeners.push(listener);
-        }
-    }
-    if listeners.len() < count {
-        panic!("cannot find {count} free loopback ports below {ephemeral_start}");
-    }
-    listeners
-        .iter()
-        .map(|listener| match listener.local_addr() {
-            Ok(address) => address.port(),
-            Err(error) => panic!("cannot read a bound port: {error}"),
+    (0..count)
+        .map(|_| match super::free_port() {
+            Ok(port) => port,
+            Err(error) => panic!("cannot find a free loopback port: {error}"),
         })
         .collect()
 }
